@@ -1,0 +1,124 @@
+package store_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/store"
+)
+
+func newUnmigrated(t *testing.T) *store.Store {
+	t.Helper()
+	pool := dbtest.Pool(t)
+	schema := dbtest.SchemaName(t)
+	dbtest.DropSchemaOnCleanup(t, pool, schema)
+	s, err := store.New(pool, schema)
+	require.NoError(t, err)
+	return s
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newUnmigrated(t)
+
+	var wg sync.WaitGroup
+	applied := make([][]store.Migration, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			applied[i], errs[i] = s.MigrateUp(ctx)
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	// Each migration applied exactly once between the two runners.
+	total := len(applied[0]) + len(applied[1])
+	require.Equal(t, store.LatestVersion(store.LineMessaging)+store.LatestVersion(store.LineSaga), total)
+	require.NoError(t, s.CheckSchema(ctx, store.AllLines...))
+}
+
+func TestMigrateTwiceIsNoOp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newUnmigrated(t)
+
+	first, err := s.MigrateUp(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, first)
+	second, err := s.MigrateUp(ctx)
+	require.NoError(t, err)
+	require.Empty(t, second)
+
+	states, err := s.MigrationStates(ctx)
+	require.NoError(t, err)
+	for _, st := range states {
+		require.NotNil(t, st.AppliedAt, "%s %d", st.Line, st.Version)
+	}
+}
+
+func TestMigrateDownThenUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newUnmigrated(t)
+
+	_, err := s.MigrateUp(ctx)
+	require.NoError(t, err)
+	down, err := s.MigrateDown(ctx, store.LineSaga, 1)
+	require.NoError(t, err)
+	require.Len(t, down, 1)
+	err = s.CheckSchema(ctx, store.LineSaga)
+	require.ErrorIs(t, err, store.ErrSchemaOutdated)
+	require.Contains(t, err.Error(), "sagabox migrate up --schema "+s.Schema())
+	require.NoError(t, s.CheckSchema(ctx, store.LineMessaging))
+
+	_, err = s.MigrateDown(ctx, store.LineMessaging, 10)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, s.Pool().QueryRow(ctx,
+		"SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'sagabox_migration'", s.Schema()).Scan(&n))
+	require.Zero(t, n, "down must drop every table")
+
+	up, err := s.MigrateUp(ctx)
+	require.NoError(t, err)
+	require.Len(t, up, 2)
+	require.NoError(t, s.CheckSchema(ctx, store.AllLines...))
+}
+
+func TestCheckSchemaOnEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	s := newUnmigrated(t)
+	err := s.CheckSchema(context.Background(), store.LineMessaging)
+	require.ErrorIs(t, err, store.ErrSchemaOutdated)
+	require.Contains(t, err.Error(), "version 0 of 1")
+}
+
+func TestMigrationSQLNamesSchema(t *testing.T) {
+	t.Parallel()
+	s, err := store.New(dbtest.Pool(t), "billing")
+	require.NoError(t, err)
+	sql, err := s.MigrationSQL(store.LineMessaging, 1, false)
+	require.NoError(t, err)
+	require.Contains(t, sql, `CREATE TABLE "billing".sagabox_outbox`)
+	require.NotContains(t, sql, "TEMPLATE")
+	_, err = s.MigrationSQL(store.LineMessaging, 99, false)
+	require.ErrorContains(t, err, "does not exist")
+}
+
+func TestValidateSchema(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"", "Upper", "1abc", "a-b", `x"; DROP TABLE y; --`, strings.Repeat("a", 64)} {
+		require.Error(t, store.ValidateSchema(bad), bad)
+	}
+	for _, good := range []string{"sagabox", "orders_v2", "_x"} {
+		require.NoError(t, store.ValidateSchema(good), good)
+	}
+}
