@@ -1,0 +1,357 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+const waitFor = 30 * time.Second
+
+// sink consumes every test event of a namespace and records what arrived.
+type sink struct {
+	mu    sync.Mutex
+	seen  map[uuid.UUID]int   // message id -> deliveries
+	order map[string][]int    // ordering key -> payload sequence numbers in arrival order
+	keys  map[uuid.UUID]string
+	cond  chan struct{}
+}
+
+type payload struct {
+	Key string `json:"key"`
+	N   int    `json:"n"`
+}
+
+func newSink(t *testing.T, b transport.Broker) *sink {
+	t.Helper()
+	s := &sink{seen: map[uuid.UUID]int{}, order: map[string][]int{}, cond: make(chan struct{}, 1)}
+	spec := transport.QueueSpec{Name: "sink", Events: []string{"test.#"}}
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, b.Declare(ctx, spec))
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+			var p payload
+			if err := json.Unmarshal(d.Payload, &p); err != nil {
+				return transport.DeadLetter(err.Error())
+			}
+			s.mu.Lock()
+			s.seen[d.MessageID]++
+			if s.seen[d.MessageID] == 1 {
+				s.order[p.Key] = append(s.order[p.Key], p.N)
+			}
+			s.mu.Unlock()
+			select {
+			case s.cond <- struct{}{}:
+			default:
+			}
+			return transport.Ack()
+		}), &transport.SubscribeOpts{Concurrency: 1, Prefetch: 200})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return s
+}
+
+// waitDistinct waits until n distinct messages arrived.
+func (s *sink) waitDistinct(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		s.mu.Lock()
+		got := len(s.seen)
+		s.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-s.cond:
+		case <-time.After(100 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("only %d of %d messages arrived within %s", got, n, waitFor)
+		}
+	}
+}
+
+func (s *sink) snapshot() (map[uuid.UUID]int, map[string][]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := make(map[uuid.UUID]int, len(s.seen))
+	for k, v := range s.seen {
+		seen[k] = v
+	}
+	order := make(map[string][]int, len(s.order))
+	for k, v := range s.order {
+		order[k] = append([]int(nil), v...)
+	}
+	return seen, order
+}
+
+func events(key string, from, n int) []transport.Message {
+	msgs := make([]transport.Message, n)
+	for i := range n {
+		body, _ := json.Marshal(payload{Key: key, N: from + i})
+		msgs[i] = transport.Message{
+			Envelope: transport.Envelope{Type: "test.event", Kind: transport.KindEvent, OrderingKey: key},
+			Payload:  body,
+		}
+	}
+	return msgs
+}
+
+func writeCommitted(t *testing.T, s *store.Store, msgs []transport.Message) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }))
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.MessageID
+	}
+	return ids
+}
+
+func runRelay(t *testing.T, cfg Config) (*Relay, func()) {
+	t.Helper()
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 50 * time.Millisecond
+	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff, cfg.MaxBackoff = 20*time.Millisecond, 200*time.Millisecond
+	}
+	cfg.Logger = amqptest.Logger(t)
+	r, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		require.NoError(t, <-done)
+	}
+	t.Cleanup(stop)
+	return r, stop
+}
+
+func waitBacklogZero(t *testing.T, s *store.Store) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		st, err := s.OutboxStats(context.Background())
+		return err == nil && st.Backlog == 0
+	}, waitFor, 20*time.Millisecond)
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{})
+	require.ErrorContains(t, err, "Config.Store is required")
+	s := dbtest.Store(t, store.LineMessaging)
+	_, err = New(Config{Store: s})
+	require.ErrorContains(t, err, "Config.Publisher is required")
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	_, err = New(Config{Store: s, Publisher: b, Lease: time.Second, PublishTimeout: 2 * time.Second})
+	require.ErrorContains(t, err, "Config.Lease (1s) must exceed Config.PublishTimeout (2s)")
+}
+
+func TestGuaranteeAtomicOutboxOnlyCommittedRowsPublished(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	ctx := context.Background()
+
+	rolledBack := events("rb", 0, 5)
+	err := s.InTx(ctx, func(tx pgx.Tx) error {
+		if err := s.OutboxWrite(ctx, tx, rolledBack); err != nil {
+			return err
+		}
+		return fmt.Errorf("abort")
+	})
+	require.ErrorContains(t, err, "abort")
+	committed := writeCommitted(t, s, events("ok", 0, 20))
+
+	r, _ := runRelay(t, Config{Store: s, Publisher: b})
+	r.Wake()
+	snk.waitDistinct(t, len(committed))
+	waitBacklogZero(t, s)
+
+	seen, _ := snk.snapshot()
+	require.Len(t, seen, len(committed), "exactly the committed rows arrive")
+	for _, id := range committed {
+		require.Contains(t, seen, id)
+	}
+	for _, m := range rolledBack {
+		require.NotContains(t, seen, m.MessageID, "a rolled-back row must never be published")
+	}
+}
+
+// A relay killed after the broker confirmed a batch and before it marked the
+// rows published loses nothing: once the lease ends, another relay publishes
+// them again (duplicates allowed).
+func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	ids := writeCommitted(t, s, events("k", 0, 30))
+
+	crashed := make(chan struct{})
+	cfg := Config{Store: s, Publisher: b, Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}
+	r, err := New(cfg.WithDefaults())
+	require.NoError(t, err)
+	var once sync.Once
+	r.testHookAfterPublish = func([]store.OutboxRow) bool {
+		once.Do(func() { close(crashed) })
+		return true
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-crashed
+	cancel()
+	require.NoError(t, <-done)
+
+	st, err := s.OutboxStats(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, len(ids), st.Backlog, "the crashed relay marked nothing")
+
+	_, _ = runRelay(t, Config{Store: s, Publisher: b, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second})
+	snk.waitDistinct(t, len(ids))
+	waitBacklogZero(t, s)
+	seen, order := snk.snapshot()
+	for _, id := range ids {
+		require.GreaterOrEqual(t, seen[id], 1, "message %s lost", id)
+	}
+	require.IsIncreasing(t, order["k"], "first deliveries of one key arrive in write order")
+}
+
+// The broker connection is force-closed while rows are being written and
+// published: the relay resumes on its own and every committed row arrives.
+func TestGuaranteeNoLostMessageConnectionClosedMidStream(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	cfg := amqptest.Config(t)
+	b := amqptest.NewBroker(t, cfg)
+	snk := newSink(t, b)
+	r, _ := runRelay(t, Config{Store: s, Publisher: b, BatchSize: 20})
+
+	var ids []uuid.UUID
+	for i := range 20 {
+		ids = append(ids, writeCommitted(t, s, events("k", i*10, 10))...)
+		r.Wake()
+		if i == 10 {
+			require.Positive(t, amqptest.CloseConnections(t, cfg.ConnectionName), "no connection closed")
+		}
+	}
+	snk.waitDistinct(t, len(ids))
+	waitBacklogZero(t, s)
+	seen, order := snk.snapshot()
+	for _, id := range ids {
+		require.Contains(t, seen, id)
+	}
+	require.IsIncreasing(t, order["k"])
+}
+
+// countingObserver counts confirmed publishes per relay.
+type countingObserver struct{ n atomic.Int64 }
+
+func (o *countingObserver) Published(_ context.Context, _ []transport.Message, confirmed []bool, _ error, _ time.Duration) {
+	for _, ok := range confirmed {
+		if ok {
+			o.n.Add(1)
+		}
+	}
+}
+
+// Two relays drain one outbox: every row is published once in total (no row
+// by both in one pass) and each key's rows arrive in write order.
+func TestGuaranteeOrderingTwoRelaysKeepPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+
+	const keys, perKey = 8, 60
+	var ids []uuid.UUID
+	// Interleave keys across several commits so each key's rows are spread
+	// over many claim batches.
+	for round := range 6 {
+		var batch []transport.Message
+		for k := range keys {
+			batch = append(batch, events(fmt.Sprintf("key-%d", k), round*perKey/6, perKey/6)...)
+		}
+		ids = append(ids, writeCommitted(t, s, batch)...)
+	}
+
+	var obsA, obsB countingObserver
+	ra, _ := runRelay(t, Config{Store: s, Publisher: b, Name: "relay-a", BatchSize: 7, Workers: 2, Observer: &obsA})
+	rb, _ := runRelay(t, Config{Store: s, Publisher: b, Name: "relay-b", BatchSize: 5, Workers: 2, Observer: &obsB})
+	ra.Wake()
+	rb.Wake()
+
+	snk.waitDistinct(t, len(ids))
+	waitBacklogZero(t, s)
+	require.EqualValues(t, len(ids), obsA.n.Load()+obsB.n.Load(), "each row is published by exactly one relay")
+	require.Positive(t, obsA.n.Load())
+	require.Positive(t, obsB.n.Load())
+	_, order := snk.snapshot()
+	require.Len(t, order, keys)
+	for k, seq := range order {
+		require.Len(t, seq, perKey, k)
+		require.IsIncreasing(t, seq, "key %s out of order", k)
+	}
+}
+
+func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	// A poll interval far beyond the test's patience: only the NOTIFY can
+	// wake the relay in time.
+	_, _ = runRelay(t, Config{Store: s, Publisher: b, Listen: true, PollInterval: time.Hour})
+	// The listener's first wake-up polls once; wait for the LISTEN to be in
+	// place by publishing a first message through it.
+	ctx := context.Background()
+	first := events("n", 0, 1)
+	require.Eventually(t, func() bool {
+		_ = s.InTx(ctx, func(tx pgx.Tx) error {
+			if err := s.OutboxWrite(ctx, tx, events("probe", 0, 1)); err != nil {
+				return err
+			}
+			return s.OutboxNotify(ctx, tx, s.NotifyChannel())
+		})
+		seen, _ := snk.snapshot()
+		return len(seen) > 0
+	}, waitFor, 200*time.Millisecond)
+	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
+		if err := s.OutboxWrite(ctx, tx, first); err != nil {
+			return err
+		}
+		return s.OutboxNotify(ctx, tx, s.NotifyChannel())
+	}))
+	require.Eventually(t, func() bool {
+		seen, _ := snk.snapshot()
+		return seen[first[0].MessageID] > 0
+	}, waitFor, 10*time.Millisecond)
+}
