@@ -1,0 +1,325 @@
+// Package bench measures the relay against the raw ceilings it sits between:
+// the broker's pipelined-confirm publish rate and Postgres's single-row commit
+// rate, all in one run on one machine, so results are read as ratios.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+// RelayConfig configures RunRelay.
+type RelayConfig struct {
+	// DatabaseURL and AMQPURL locate the services.
+	DatabaseURL, AMQPURL string
+	// PublishCount is the number of messages of the raw publish measurement.
+	PublishCount int
+	// Backlog is the number of rows drained by the relay drain measurement.
+	Backlog int
+	// CommitWriters is the number of concurrent writers of the raw commit
+	// measurement.
+	CommitWriters int
+	// Duration is how long each timed measurement runs.
+	Duration time.Duration
+	// ProcessedRows is the size of the backlog of old published rows for the
+	// "hop stays flat" measurement.
+	ProcessedRows int
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+// RelayReport is what RunRelay measured.
+type RelayReport struct {
+	RawPublishPerSec  float64
+	RawCommitPerSec   float64
+	DrainPerSec       float64
+	LatencyRatePerSec float64
+	Latency           Percentiles
+	LatencyOldRows    Percentiles
+	ProcessedRows     int
+}
+
+// Percentiles of commit→consume latency.
+type Percentiles struct {
+	N             int
+	P50, P99, Max time.Duration
+}
+
+func percentiles(d []time.Duration) Percentiles {
+	if len(d) == 0 {
+		return Percentiles{}
+	}
+	slices.Sort(d)
+	at := func(q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
+	return Percentiles{N: len(d), P50: at(0.50), P99: at(0.99), Max: d[len(d)-1]}
+}
+
+type benchPayload struct {
+	N int `json:"n"`
+}
+
+// RunRelay runs every measurement and returns the report.
+func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, format+"\n", args...)
+		}
+	}
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer pool.Close()
+	schema := "bench_" + uuid.NewString()[:8]
+	st, err := store.New(pool, schema)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	if _, err := st.MigrateUp(ctx, store.LineMessaging); err != nil {
+		return nil, err
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	broker, err := rabbitmq.New(ctx, rabbitmq.Config{URL: cfg.AMQPURL, Namespace: "sagabox-bench", ConnectionName: "sagabox-bench", Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	defer broker.Close()
+	spec := transport.QueueSpec{Name: "sink", Events: []string{"bench.#"}}
+	if err := broker.Declare(ctx, spec); err != nil {
+		return nil, err
+	}
+
+	// The sink consumes everything and reports each arrival.
+	arrivals := make(chan uuid.UUID, 1<<16)
+	var consumed atomic.Int64
+	subCtx, stopSub := context.WithCancel(ctx)
+	subDone := make(chan error, 1)
+	go func() {
+		subDone <- broker.Subscribe(subCtx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+			consumed.Add(1)
+			select {
+			case arrivals <- d.MessageID:
+			default:
+			}
+			return transport.Ack()
+		}), &transport.SubscribeOpts{Concurrency: 4, Prefetch: 1000})
+	}()
+	defer func() { stopSub(); <-subDone }()
+	waitConsumed := func(target int64, timeout time.Duration) error {
+		deadline := time.Now().Add(timeout)
+		for consumed.Load() < target {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("consumed %d of %d within %s", consumed.Load(), target, timeout)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	}
+	drainArrivals := func() {
+		for {
+			select {
+			case <-arrivals:
+			default:
+				return
+			}
+		}
+	}
+
+	rep := &RelayReport{ProcessedRows: cfg.ProcessedRows}
+
+	// 1. Raw pipelined-confirm publish rate.
+	logf("raw publish: %d messages, batches of 500, pipelined confirms", cfg.PublishCount)
+	msgs := make([]transport.Message, 500)
+	for i := range msgs {
+		msgs[i] = transport.Message{Envelope: transport.Envelope{
+			Version: 1, Type: "bench.event", Kind: transport.KindEvent, RoutingKey: "bench.event", CreatedAt: time.Now(),
+		}, Payload: []byte(`{"n":0}`)}
+	}
+	base := consumed.Load()
+	start := time.Now()
+	for sent := 0; sent < cfg.PublishCount; sent += len(msgs) {
+		for i := range msgs {
+			msgs[i].MessageID = uuid.New()
+		}
+		if err := broker.Publish(ctx, msgs...); err != nil {
+			return nil, fmt.Errorf("raw publish: %w", err)
+		}
+	}
+	rep.RawPublishPerSec = float64(cfg.PublishCount) / time.Since(start).Seconds()
+	if err := waitConsumed(base+int64(cfg.PublishCount), time.Minute); err != nil {
+		return nil, err
+	}
+	drainArrivals()
+
+	// 2. Raw single-row insert commit rate (no relay running).
+	logf("raw commits: %d writers for %s", cfg.CommitWriters, cfg.Duration)
+	var commits atomic.Int64
+	commitCtx, stopCommits := context.WithTimeout(ctx, cfg.Duration)
+	var wg sync.WaitGroup
+	for range cfg.CommitWriters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for commitCtx.Err() == nil {
+				err := st.InTx(commitCtx, func(tx pgx.Tx) error {
+					return st.OutboxWrite(commitCtx, tx, []transport.Message{benchMessage(0)})
+				})
+				if err == nil {
+					commits.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	stopCommits()
+	rep.RawCommitPerSec = float64(commits.Load()) / cfg.Duration.Seconds()
+	if _, err := pool.Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
+		return nil, err
+	}
+
+	// 3. Drain a pre-filled backlog.
+	logf("drain: pre-filling %d rows", cfg.Backlog)
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.sagabox_outbox (message_id, ordering_key, kind, type, routing_key, payload)
+		SELECT gen_random_uuid(), g::text, 'event', 'bench.event', 'bench.event', '{"n":0}'::bytea FROM generate_series(1, %d) g`,
+		pgx.Identifier{schema}.Sanitize(), cfg.Backlog)); err != nil {
+		return nil, fmt.Errorf("pre-fill backlog: %w", err)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
+		return nil, err
+	}
+	rl, err := relay.New(relay.Config{Store: st, Publisher: broker, BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	base = consumed.Load()
+	start = time.Now()
+	go func() { relayDone <- rl.Run(relayCtx) }()
+	defer func() { stopRelay(); <-relayDone }()
+	if err := waitConsumed(base+int64(cfg.Backlog), 5*time.Minute); err != nil {
+		return nil, fmt.Errorf("drain: %w", err)
+	}
+	rep.DrainPerSec = float64(cfg.Backlog) / time.Since(start).Seconds()
+	drainArrivals()
+
+	// 4. Commit→consume latency at half the saturated drain rate.
+	rep.LatencyRatePerSec = rep.DrainPerSec / 2
+	logf("latency: %.0f msg/s for %s", rep.LatencyRatePerSec, cfg.Duration)
+	if rep.Latency, err = measureLatency(ctx, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+		return nil, err
+	}
+
+	// 5. The same with a large backlog of old published rows.
+	logf("latency with %d old published rows", cfg.ProcessedRows)
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.sagabox_outbox (message_id, ordering_key, kind, type, routing_key, payload, published_at)
+		SELECT gen_random_uuid(), g::text, 'event', 'old.event', 'old.event', '{}'::bytea, now() - interval '1 hour' FROM generate_series(1, %d) g`,
+		pgx.Identifier{schema}.Sanitize(), cfg.ProcessedRows)); err != nil {
+		return nil, fmt.Errorf("insert old rows: %w", err)
+	}
+	// Steady state: autovacuum has seen the old rows (as it would have long
+	// before in production), so it does not compete with the measurement.
+	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
+		return nil, err
+	}
+	if rep.LatencyOldRows, err = measureLatency(ctx, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+func benchMessage(n int) transport.Message {
+	body, _ := json.Marshal(benchPayload{N: n})
+	return transport.Message{Envelope: transport.Envelope{Type: "bench.event", Kind: transport.KindEvent}, Payload: body}
+}
+
+// measureLatency commits single-row transactions at rate for d, waking the
+// relay after each commit as sagabox's own writers do, and returns the
+// commit→consume latency distribution.
+func measureLatency(ctx context.Context, st *store.Store, rl *relay.Relay, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
+	var mu sync.Mutex
+	committed := map[uuid.UUID]time.Time{}
+	var latencies []time.Duration
+	total := int(rate * d.Seconds())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(latencies) < total {
+			select {
+			case id := <-arrivals:
+				now := time.Now()
+				mu.Lock()
+				at, ok := committed[id]
+				mu.Unlock()
+				if ok {
+					latencies = append(latencies, now.Sub(at))
+				}
+			case <-time.After(30 * time.Second):
+				return
+			}
+		}
+	}()
+	// Writers run in parallel so that the offered rate does not depend on
+	// one commit's round trip.
+	const writers = 8
+	interval := time.Duration(float64(time.Second) * writers / rate)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for i := w; i < total; i += writers {
+				<-tick.C
+				msg := []transport.Message{benchMessage(i)}
+				msg[0].MessageID = uuid.Must(uuid.NewV7())
+				err := st.InTx(ctx, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) })
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				mu.Lock()
+				committed[msg[0].MessageID] = time.Now()
+				mu.Unlock()
+				rl.Wake()
+			}
+		}()
+	}
+	wg.Wait()
+	<-done
+	if err, ok := firstErr.Load().(error); ok {
+		return Percentiles{}, err
+	}
+	return percentiles(latencies), nil
+}
+
+// Print writes the report with each rate as a ratio of its ceiling.
+func (r *RelayReport) Print(w io.Writer) {
+	fmt.Fprintf(w, "raw RabbitMQ publish, pipelined confirms : %8.0f msg/s  (baseline)\n", r.RawPublishPerSec)
+	fmt.Fprintf(w, "raw single-row insert commits             : %8.0f tx/s   (baseline)\n", r.RawCommitPerSec)
+	fmt.Fprintf(w, "relay drain of a pre-filled backlog        : %8.0f msg/s  = %.2f × raw publish\n", r.DrainPerSec, r.DrainPerSec/r.RawPublishPerSec)
+	fmt.Fprintf(w, "commit→consume at %6.0f msg/s (½ drain)   : p50 %v  p99 %v  max %v  (n=%d)\n", r.LatencyRatePerSec, r.Latency.P50.Round(10*time.Microsecond), r.Latency.P99.Round(10*time.Microsecond), r.Latency.Max.Round(10*time.Microsecond), r.Latency.N)
+	fmt.Fprintf(w, "same with %d old published rows      : p50 %v  p99 %v  max %v  (n=%d)\n", r.ProcessedRows, r.LatencyOldRows.P50.Round(10*time.Microsecond), r.LatencyOldRows.P99.Round(10*time.Microsecond), r.LatencyOldRows.Max.Round(10*time.Microsecond), r.LatencyOldRows.N)
+	if r.Latency.P50 > 0 {
+		fmt.Fprintf(w, "p50 with old rows / p50 without           : %.2f\n", float64(r.LatencyOldRows.P50)/float64(r.Latency.P50))
+	}
+}
