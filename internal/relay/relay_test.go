@@ -25,8 +25,8 @@ const waitFor = 30 * time.Second
 // sink consumes every test event of a namespace and records what arrived.
 type sink struct {
 	mu    sync.Mutex
-	seen  map[uuid.UUID]int   // message id -> deliveries
-	order map[string][]int    // ordering key -> payload sequence numbers in arrival order
+	seen  map[uuid.UUID]int // message id -> deliveries
+	order map[string][]int  // ordering key -> payload sequence numbers in arrival order
 	keys  map[uuid.UUID]string
 	cond  chan struct{}
 }

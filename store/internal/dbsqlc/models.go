@@ -34,7 +34,9 @@ type SagaboxInbox struct {
 
 type SagaboxInboxAttempt struct {
 	MessageID      uuid.UUID
+	Kind           string
 	Type           string
+	SagaID         uuid.NullUUID
 	Attempts       int32
 	LastError      string
 	DeadLetteredAt *time.Time

@@ -62,7 +62,9 @@ CREATE INDEX sagabox_inbox_duplicates_idx
 -- broker redeliveries.
 CREATE TABLE /* TEMPLATE: schema */sagabox_inbox_attempt (
     message_id      uuid        PRIMARY KEY,
+    kind            text        NOT NULL DEFAULT '',
     type            text        NOT NULL,
+    saga_id         uuid,
     attempts        integer     NOT NULL DEFAULT 0,
     last_error      text        NOT NULL DEFAULT '',
     dead_lettered_at timestamptz,
@@ -78,8 +80,12 @@ CREATE TABLE /* TEMPLATE: schema */sagabox_barrier (
     step            text        NOT NULL,
     phase           text        NOT NULL,
     message_id      uuid        NOT NULL,
-    -- outcome is applied, rejected, skipped (null compensation) or blocked (hanging action).
+    -- outcome is applied, rejected, skipped (null compensation) or blocked
+    -- (an action row written by a compensation that arrived first: the
+    -- late action is never applied).
     outcome         text        NOT NULL,
+    -- The reply every later message of the same (saga, step, phase) gets:
+    -- a re-sent action is answered with the first run's reply.
     reply_kind      text        NOT NULL DEFAULT '',
     reply_payload   bytea,
     created_at      timestamptz NOT NULL DEFAULT now(),
