@@ -1,0 +1,383 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Definition is a validated saga definition with typed data D. Build it
+// with New or MustNew. It is immutable and safe for concurrent use, and it
+// implements Runner.
+type Definition[D any] struct {
+	name    string
+	version int
+	steps   []*StepSpec[D]
+}
+
+// StepSpec is one step of a definition, built by Step or LocalStep and
+// passed to New. Its fields are set by StepOptions.
+type StepSpec[D any] struct {
+	name    string
+	local   func(ctx context.Context, d *D) error
+	isLocal bool
+
+	action       *phaseSpec[D]
+	actions      int
+	compensation *phaseSpec[D]
+	compensates  int
+
+	when           func(d *D) bool
+	hasWhen        bool
+	timeout        time.Duration
+	hasTimeout     bool
+	compTimeout    time.Duration
+	hasCompTimeout bool
+	retry          RetryPolicy
+	hasRetry       bool
+}
+
+// phaseSpec is a type-erased command of a step: its name, how to build its
+// request from the data and, for an action, how to apply its reply.
+type phaseSpec[D any] struct {
+	command string
+	// request encodes the request built from d; nil if no builder was given.
+	request func(d *D) ([]byte, error)
+	// apply decodes a success reply and applies it to d; nil for
+	// compensations.
+	apply func(d *D, payload []byte) error
+}
+
+// StepOption configures a step. Options are created by Invoke, Compensate,
+// WithTimeout, WithCompensationTimeout, WithRetry and When.
+type StepOption[D any] interface {
+	applyStep(s *StepSpec[D])
+}
+
+type stepOptionFunc[D any] func(s *StepSpec[D])
+
+func (f stepOptionFunc[D]) applyStep(s *StepSpec[D]) { f(s) }
+
+// Step declares a step that sends a command to a participant. It needs
+// exactly one Invoke option; the others are optional.
+func Step[D any](name string, opts ...StepOption[D]) *StepSpec[D] {
+	s := &StepSpec[D]{name: name}
+	for _, o := range opts {
+		if o != nil {
+			o.applyStep(s)
+		}
+	}
+	return s
+}
+
+// LocalStep declares a step that runs fn in the orchestrator's process,
+// inside the transaction that applies the preceding event (the orchestrator
+// passes its transaction through ctx). fn may modify the data. If fn returns
+// an error wrapping ErrRejected (see Reject) the saga compensates; any other
+// error is returned by Start or Apply so that the orchestrator rolls back and
+// retries. A local step may take Compensate (a command compensates it) and
+// When; it cannot take Invoke, WithTimeout or WithRetry.
+func LocalStep[D any](name string, fn func(ctx context.Context, d *D) error, opts ...StepOption[D]) *StepSpec[D] {
+	s := Step(name, opts...)
+	s.isLocal = true
+	s.local = fn
+	return s
+}
+
+// Invoke sets the step's action: send cmd with the request built by request
+// from the saga data, and apply its success reply to the data with apply
+// (nil if the reply carries nothing the saga needs). The reply is decoded
+// strictly (see Command.DecodeReply).
+func Invoke[D, Req, Reply any](cmd Command[Req, Reply], request func(d *D) Req, apply func(d *D, reply Reply)) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.actions++
+		p := &phaseSpec[D]{command: cmd.Name()}
+		if request != nil {
+			p.request = func(d *D) ([]byte, error) { return cmd.EncodeRequest(request(d)) }
+		}
+		p.apply = func(d *D, payload []byte) error {
+			reply, err := cmd.DecodeReply(payload)
+			if err != nil {
+				return err
+			}
+			if apply != nil {
+				apply(d, reply)
+			}
+			return nil
+		}
+		s.action = p
+	})
+}
+
+// Compensate sets the step's compensation: send cmd with the request built
+// by request from the saga data (as it is when the compensation starts). Its
+// success reply payload is not decoded. A compensation cannot be rejected: a
+// failure reply leaves the saga failed for an operator.
+func Compensate[D, Req, Reply any](cmd Command[Req, Reply], request func(d *D) Req) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.compensates++
+		p := &phaseSpec[D]{command: cmd.Name()}
+		if request != nil {
+			p.request = func(d *D) ([]byte, error) { return cmd.EncodeRequest(request(d)) }
+		}
+		s.compensation = p
+	})
+}
+
+// WithTimeout sets how long the orchestrator waits for the reply to each
+// attempt of the step's action. When it expires the command is re-sent
+// (see WithRetry) or, once the attempts are exhausted, the saga compensates,
+// starting with this step's own compensation. Without it the step waits
+// forever (an operator can abort it).
+func WithTimeout[D any](timeout time.Duration) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.timeout = timeout
+		s.hasTimeout = true
+	})
+}
+
+// WithCompensationTimeout sets how long the orchestrator waits for the reply
+// to the step's compensation before re-sending it (attempt+1, no limit: a
+// compensation must eventually be performed, and the participant's barrier
+// performs it at most once). Without it a compensation is sent once and
+// waits for its reply.
+func WithCompensationTimeout[D any](timeout time.Duration) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.compTimeout = timeout
+		s.hasCompTimeout = true
+	})
+}
+
+// WithRetry sets the step's retry policy (see RetryPolicy). Zero fields take
+// their defaults. A policy allowing more than one attempt needs WithTimeout.
+func WithRetry[D any](p RetryPolicy) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.retry = p
+		s.hasRetry = true
+	})
+}
+
+// When makes the step conditional: when the saga reaches it, pred is called
+// with the data and the step is skipped if it returns false. A skipped step
+// is not compensated.
+func When[D any](pred func(d *D) bool) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.when = pred
+		s.hasWhen = true
+	})
+}
+
+// StepInfo describes a step of a definition, for tools and the
+// orchestrator.
+type StepInfo struct {
+	// Name is the step's name.
+	Name string
+	// Local is true for a LocalStep.
+	Local bool
+	// Action is the action command's name; "" for a local step.
+	Action string
+	// Compensation is the compensation command's name; "" if none.
+	Compensation string
+	// Timeout is the action's timeout; 0 if none.
+	Timeout time.Duration
+	// CompensationTimeout is the compensation's re-send timeout; 0 if none.
+	CompensationTimeout time.Duration
+	// Retry is the step's retry policy with defaults applied.
+	Retry RetryPolicy
+	// Conditional is true when the step has a When predicate.
+	Conditional bool
+}
+
+// New builds and validates a definition called name, at version (>= 1),
+// with typed data D and the given steps in order. It reports every problem
+// at once, joined, each wrapping ErrInvalidDefinition and naming the
+// definition and step at fault.
+func New[D any](name string, version int, steps ...*StepSpec[D]) (*Definition[D], error) {
+	def := &Definition[D]{name: name, version: version, steps: steps}
+	if err := def.validate(); err != nil {
+		return nil, err
+	}
+	// Copy the specs so that the caller's cannot change the definition.
+	def.steps = make([]*StepSpec[D], len(steps))
+	for i, s := range steps {
+		c := *s
+		c.retry = c.retry.WithDefaults()
+		def.steps[i] = &c
+	}
+	return def, nil
+}
+
+// MustNew is like New but panics on an invalid definition. Use it for
+// package-level definitions, so that a mistake stops the program at start.
+func MustNew[D any](name string, version int, steps ...*StepSpec[D]) *Definition[D] {
+	def, err := New(name, version, steps...)
+	if err != nil {
+		panic(err)
+	}
+	return def
+}
+
+func (def *Definition[D]) validate() error {
+	var errs []error
+	where := fmt.Sprintf("saga %q v%d", def.name, def.version)
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalidDefinition, where, fmt.Sprintf(format, args...)))
+	}
+	if strings.TrimSpace(def.name) == "" {
+		add("name is empty")
+	}
+	if def.version < 1 {
+		add("version %d is less than 1", def.version)
+	}
+	if _, err := json.Marshal(new(D)); err != nil {
+		add("data type %s is not JSON-serialisable: %v", reflect.TypeFor[D](), err)
+	}
+	if len(def.steps) == 0 {
+		add("no steps")
+	}
+	seen := make(map[string]int, len(def.steps))
+	for i, s := range def.steps {
+		if s == nil {
+			add("step %d is nil", i)
+			continue
+		}
+		if strings.TrimSpace(s.name) == "" {
+			add("step %d has an empty name", i)
+		} else if j, dup := seen[s.name]; dup {
+			add("step %q (index %d) has the same name as step %d", s.name, i, j)
+		} else {
+			seen[s.name] = i
+		}
+		step := func(format string, args ...any) {
+			add("step %q (index %d): %s", s.name, i, fmt.Sprintf(format, args...))
+		}
+		for _, err := range s.problems() {
+			step("%s", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// problems returns what is wrong with s alone.
+func (s *StepSpec[D]) problems() []string {
+	var p []string
+	switch {
+	case s.isLocal && s.local == nil:
+		p = append(p, "local step function is nil")
+	case s.isLocal && s.actions > 0:
+		p = append(p, "a local step cannot also have an action (Invoke)")
+	case !s.isLocal && s.actions == 0:
+		p = append(p, "no action: use Invoke, or LocalStep for a local function")
+	case s.actions > 1:
+		p = append(p, fmt.Sprintf("%d actions (Invoke), want one", s.actions))
+	}
+	if s.compensates > 1 {
+		p = append(p, fmt.Sprintf("%d compensations (Compensate), want at most one", s.compensates))
+	}
+	check := func(what string, ph *phaseSpec[D]) {
+		if ph == nil {
+			return
+		}
+		if strings.TrimSpace(ph.command) == "" {
+			p = append(p, what+" command has an empty name")
+		}
+		if ph.request == nil {
+			p = append(p, fmt.Sprintf("%s %q has no request builder", what, ph.command))
+		}
+	}
+	if !s.isLocal {
+		check("action", s.action)
+	}
+	check("compensation", s.compensation)
+	if !s.isLocal && s.action != nil && s.compensation != nil && s.action.command == s.compensation.command && s.action.command != "" {
+		p = append(p, fmt.Sprintf("action and compensation both use command %q, so their replies could not be told apart", s.action.command))
+	}
+	if s.hasWhen && s.when == nil {
+		p = append(p, "When predicate is nil")
+	}
+	if s.isLocal {
+		if s.hasTimeout {
+			p = append(p, "a local step cannot have a timeout (WithTimeout)")
+		}
+		if s.hasRetry {
+			p = append(p, "a local step cannot have a retry policy (WithRetry); return a plain error to have the orchestrator retry its transaction")
+		}
+	} else {
+		if s.timeout < 0 {
+			p = append(p, fmt.Sprintf("timeout %s is negative", s.timeout))
+		} else if s.hasTimeout && s.timeout == 0 {
+			p = append(p, "timeout is zero; omit WithTimeout for no timeout")
+		}
+		if err := s.retry.validate(); err != nil {
+			for _, e := range strings.Split(err.Error(), "\n") {
+				p = append(p, e)
+			}
+		} else if n := s.retry.WithDefaults().MaxAttempts; n > 1 && s.timeout <= 0 {
+			p = append(p, fmt.Sprintf("retry policy allows %d attempts but the step has no timeout, so nothing would ever trigger a retry", n))
+		}
+	}
+	if s.hasCompTimeout {
+		switch {
+		case s.compTimeout <= 0:
+			p = append(p, fmt.Sprintf("compensation timeout %s is not positive", s.compTimeout))
+		case s.compensation == nil:
+			p = append(p, "compensation timeout without a compensation (Compensate)")
+		}
+	}
+	return p
+}
+
+// Name returns the definition's name, the saga type.
+func (def *Definition[D]) Name() string { return def.name }
+
+// Version returns the definition's version.
+func (def *Definition[D]) Version() int { return def.version }
+
+// String returns "name v<version>".
+func (def *Definition[D]) String() string { return fmt.Sprintf("%s v%d", def.name, def.version) }
+
+// Steps describes the definition's steps, in order.
+func (def *Definition[D]) Steps() []StepInfo {
+	infos := make([]StepInfo, len(def.steps))
+	for i, s := range def.steps {
+		info := StepInfo{
+			Name:                s.name,
+			Local:               s.isLocal,
+			Timeout:             s.timeout,
+			CompensationTimeout: s.compTimeout,
+			Retry:               s.retry,
+			Conditional:         s.when != nil,
+		}
+		if s.action != nil && !s.isLocal {
+			info.Action = s.action.command
+		}
+		if s.compensation != nil {
+			info.Compensation = s.compensation.command
+		}
+		infos[i] = info
+	}
+	return infos
+}
+
+// EncodeData encodes typed saga data as the JSON that Start takes.
+func (def *Definition[D]) EncodeData(data D) (json.RawMessage, error) {
+	b, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("encode data of saga %s: %w", def, err)
+	}
+	return b, nil
+}
+
+// DecodeData decodes an Instance's Data into the typed saga data. Unknown
+// fields are tolerated, so that stored data survives a field's removal.
+func (def *Definition[D]) DecodeData(data json.RawMessage) (D, error) {
+	var d D
+	if err := json.Unmarshal(data, &d); err != nil {
+		return d, fmt.Errorf("%w: decode data of saga %s: %w", ErrInvalidPayload, def, err)
+	}
+	return d, nil
+}
