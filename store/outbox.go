@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 	"github.com/sagabox/sagabox/transport"
@@ -28,8 +29,9 @@ type OutboxRow struct {
 // they are published if and only if tx commits. It fills in what the caller
 // left empty: MessageID (a UUIDv7, set once here and never changed),
 // Version, CreatedAt, RoutingKey (Type) and OrderingKey (SagaID, or
-// MessageID without a saga). It modifies msgs in place so the caller learns
-// the ids.
+// MessageID without a saga) and the W3C trace context of ctx's span, so the
+// trace continues wherever the message goes. It modifies msgs in place so the
+// caller learns the ids.
 func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []transport.Message) error {
 	if tx == nil {
 		return fmt.Errorf("write outbox: transaction is nil")
@@ -47,8 +49,14 @@ func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []transport.Mes
 		Payload: make([][]byte, n), CreatedAt: make([]time.Time, n),
 	}
 	now := time.Now().UTC()
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	traceparent, tracestate := carrier.Get("traceparent"), carrier.Get("tracestate")
 	for i := range msgs {
 		m := &msgs[i]
+		if m.TraceParent == "" {
+			m.TraceParent, m.TraceState = traceparent, tracestate
+		}
 		if err := prepareOutgoing(m, now); err != nil {
 			return fmt.Errorf("write outbox: message %d (type %q): %w", i, m.Type, err)
 		}

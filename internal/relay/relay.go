@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -71,8 +73,11 @@ type Config struct {
 	Listen bool
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Observer is told about every batch (metrics, tracing). Optional.
+	// Observer is told about every batch (metrics). Optional.
 	Observer Observer
+	// Telemetry, when set, traces every publish as a producer span that is a
+	// child of the span that wrote the row. Optional.
+	Telemetry *telemetry.Telemetry
 }
 
 // Observer receives the outcome of each published batch.
@@ -253,9 +258,23 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	// cancelled, so a clean shutdown leaves nothing leased.
 	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
 	defer cancel()
+	var spans []trace.Span
+	if r.cfg.Telemetry != nil {
+		spans = make([]trace.Span, len(msgs))
+		for i := range msgs {
+			spans[i] = r.cfg.Telemetry.StartPublish(ctx, &msgs[i])
+		}
+	}
 	start := time.Now()
 	pubErr := r.cfg.Publisher.Publish(pubCtx, msgs...)
 	confirmed := transport.Confirmed(len(msgs), pubErr)
+	for i, span := range spans {
+		var err error
+		if !confirmed[i] {
+			err = fmt.Errorf("not confirmed: %w", pubErr)
+		}
+		telemetry.EndPublish(span, err)
+	}
 	if r.cfg.Observer != nil {
 		r.cfg.Observer.Published(ctx, msgs, confirmed, pubErr, time.Since(start))
 	}
