@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
@@ -330,4 +331,14 @@ func (s *Store) CheckSchema(ctx context.Context, lines ...Line) error {
 		}
 	}
 	return nil
+}
+
+// ListSchemas returns the schemas of the database behind pool that hold
+// sagabox tables, so that tools can inspect every service at once.
+func ListSchemas(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	schemas, err := dbsqlc.New().SchemaList(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("list sagabox schemas: %w", err)
+	}
+	return schemas, nil
 }

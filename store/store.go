@@ -151,3 +151,15 @@ func IsUndefinedTable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
 }
+
+// NewOffline returns a Store that is not connected to a database, for
+// rendering migration SQL. Calls that need the database fail.
+func NewOffline(schema string) (*Store, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateSchema(schema); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	return &Store{schema: schema, prefix: pgx.Identifier{schema}.Sanitize() + ".", queries: dbsqlc.New()}, nil
+}

@@ -79,3 +79,32 @@ func (q *Queries) MigrationLock(ctx context.Context, db DBTX, key int64) error {
 	_, err := db.Exec(ctx, migrationLock, key)
 	return err
 }
+
+const schemaList = `-- name: SchemaList :many
+SELECT n.nspname::text AS schema
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'sagabox_migration' AND c.relkind = 'r'
+ORDER BY n.nspname
+`
+
+// Lists the schemas that hold sagabox tables (they have a migration table).
+func (q *Queries) SchemaList(ctx context.Context, db DBTX) ([]string, error) {
+	rows, err := db.Query(ctx, schemaList)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var schema string
+		if err := rows.Scan(&schema); err != nil {
+			return nil, err
+		}
+		items = append(items, schema)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -1,0 +1,20 @@
+// Command sagabox operates sagabox: it applies migrations, inspects sagas,
+// outboxes and inboxes, runs operator actions (retry, abort) and measures
+// the relay. Run `sagabox help` for the commands.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sagabox/sagabox/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

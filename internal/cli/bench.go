@@ -1,0 +1,37 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sagabox/sagabox/internal/bench"
+)
+
+func (a *app) benchCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "bench", Short: "Measure sagabox on this machine"}
+	cfg := bench.RelayConfig{}
+	relay := &cobra.Command{
+		Use:   "relay",
+		Short: "Relay throughput and latency as ratios of raw publish and commit rates measured in the same run",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.DatabaseURL = a.databaseURL
+			cfg.Log = a.stderr
+			rep, err := bench.RunRelay(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	relay.Flags().StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
+	relay.Flags().IntVar(&cfg.PublishCount, "publish", 50_000, "messages in the raw publish measurement")
+	relay.Flags().IntVar(&cfg.Backlog, "backlog", 100_000, "rows in the drain measurement")
+	relay.Flags().IntVar(&cfg.CommitWriters, "writers", 16, "concurrent writers in the raw commit measurement")
+	relay.Flags().DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each timed measurement")
+	relay.Flags().IntVar(&cfg.ProcessedRows, "old-rows", 1_000_000, "old published rows for the flat-latency measurement")
+	cmd.AddCommand(relay)
+	return cmd
+}
