@@ -1,0 +1,433 @@
+// Package rabbitmq is the RabbitMQ adapter of package transport, built on
+// github.com/rabbitmq/amqp091-go.
+//
+// A Broker owns one AMQP connection. It declares a namespaced topology
+// (durable exchanges, quorum or classic queues, a dead-letter queue per
+// service queue), publishes batches with pipelined publisher confirms and
+// mandatory routing, consumes with prefetch and manual acknowledgement, and
+// reconnects on its own with exponential backoff: publishing resumes and
+// every running Subscribe re-subscribes after the connection comes back.
+//
+// Names: with Namespace "shop", the exchanges are "shop.commands" (direct),
+// "shop.replies" (direct), "shop.events" (topic) and "shop.dead-letter"
+// (direct); the queue of QueueSpec{Name: "inventory"} is "shop.inventory" and
+// its dead-letter queue "shop.inventory.dead-letter".
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sagabox/sagabox/transport"
+)
+
+// Errors returned by a Broker. Test for them with errors.Is.
+var (
+	// ErrClosed is returned by calls on a closed Broker.
+	ErrClosed = errors.New("rabbitmq: broker closed")
+	// ErrNotConnected is returned by Publish while the connection is down
+	// and being re-established. Retry later.
+	ErrNotConnected = errors.New("rabbitmq: not connected to the broker (reconnecting)")
+	// ErrBlocked is returned by Publish while the broker blocks the
+	// connection (a memory or disk alarm). Retry later.
+	ErrBlocked = errors.New("rabbitmq: connection blocked by the broker")
+	// ErrUnroutable is the per-message error of a message that no queue is
+	// bound to receive.
+	ErrUnroutable = errors.New("rabbitmq: message unroutable")
+	// ErrNacked is the per-message error of a message the broker refused.
+	ErrNacked = errors.New("rabbitmq: message nacked by the broker")
+)
+
+var _ transport.Broker = (*Broker)(nil)
+
+// Broker is a transport.Broker over one RabbitMQ connection. It is safe for
+// concurrent use.
+type Broker struct {
+	cfg Config
+	log *slog.Logger
+
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	wg        sync.WaitGroup // the connection manager
+
+	mu     sync.Mutex
+	sess   *session      // nil while disconnected
+	ready  chan struct{} // closed when sess becomes non-nil
+	specs  map[string]transport.QueueSpec
+	queues []string // logical queue names, in declaration order
+
+	// blockedHook, when set (tests), replaces the connection's
+	// NotifyBlocked channel.
+	blockedHook chan amqp.Blocking
+}
+
+// session is one live connection and the goroutines serving it.
+type session struct {
+	conn   *amqp.Connection
+	lost   chan struct{} // closed once the connection is gone
+	pubReq chan *pubRequest
+	wg     sync.WaitGroup
+
+	mu            sync.Mutex
+	blockedReason string
+	blocked       chan struct{} // closed while blocked; nil when not
+}
+
+func (s *session) blockState() (string, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blockedReason, s.blocked
+}
+
+// New connects to RabbitMQ and declares the exchanges of cfg.Namespace. A
+// failure to connect is returned at once (New does not retry); after New
+// succeeds the broker reconnects on its own.
+func New(ctx context.Context, cfg Config) (*Broker, error) {
+	return newBroker(ctx, cfg, nil)
+}
+
+func newBroker(ctx context.Context, cfg Config, blockedHook chan amqp.Blocking) (*Broker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	b := &Broker{
+		cfg:   cfg,
+		log:   cfg.Logger.With("component", "rabbitmq"),
+		done:  make(chan struct{}),
+		ready: make(chan struct{}),
+		specs: make(map[string]transport.QueueSpec),
+
+		blockedHook: blockedHook,
+	}
+	sess, err := b.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.wg.Add(1)
+	go b.run(sess)
+	return b, nil
+}
+
+// Close closes the connection and stops reconnecting. Publish and Declare
+// calls in flight fail; running Subscribe calls return ErrClosed after their
+// handlers finish. Close is idempotent.
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() { close(b.done) })
+	b.wg.Wait()
+	return nil
+}
+
+func (b *Broker) closed() bool {
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// connect dials, declares the topology and starts the session's publishers.
+func (b *Broker) connect(ctx context.Context) (*session, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(b.cfg.ConnectionName)
+	props["product"] = "sagabox"
+	for k, v := range b.cfg.ClientProperties {
+		props[k] = v
+	}
+	timeout := b.cfg.DialTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = max(time.Until(dl), time.Millisecond)
+	}
+	conn, err := amqp.DialConfig(b.cfg.URL, amqp.Config{
+		Properties: props,
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Dial:       amqp.DefaultDial(timeout),
+	})
+	if err != nil {
+		return nil, dialError(b.cfg.URL, err)
+	}
+	if err := b.declareAll(ctx, conn); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	sess := &session{
+		conn:   conn,
+		lost:   make(chan struct{}),
+		pubReq: make(chan *pubRequest),
+	}
+	return sess, nil
+}
+
+// run is the connection manager: it serves a session until its connection
+// is lost, then reconnects with backoff, until Close.
+func (b *Broker) run(sess *session) {
+	defer b.wg.Done()
+	for {
+		if b.serve(sess) {
+			return
+		}
+		sess = b.reconnect()
+		if sess == nil {
+			return
+		}
+	}
+}
+
+// serve publishes sess, starts its workers and waits until its connection
+// is lost (false) or the broker is closed (true).
+func (b *Broker) serve(sess *session) (closed bool) {
+	closeCh := sess.conn.NotifyClose(make(chan *amqp.Error, 1))
+	blockCh := b.blockedHook
+	if blockCh == nil {
+		blockCh = sess.conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+	}
+	for range b.cfg.PublishChannels {
+		sess.wg.Add(1)
+		go b.publisher(sess)
+	}
+	sess.wg.Add(1)
+	go b.watchBlocked(sess, blockCh)
+
+	b.mu.Lock()
+	b.sess = sess
+	close(b.ready)
+	b.mu.Unlock()
+
+	var cause *amqp.Error
+	select {
+	case cause = <-closeCh:
+	case <-b.done:
+		closed = true
+	}
+
+	b.mu.Lock()
+	b.sess = nil
+	b.ready = make(chan struct{})
+	b.mu.Unlock()
+	close(sess.lost)
+	if closed {
+		_ = sess.conn.Close()
+	} else {
+		b.log.Warn("rabbitmq connection lost; reconnecting", "err", redactErr(b.cfg.URL, causeErr(cause)))
+		_ = sess.conn.Close()
+	}
+	sess.wg.Wait()
+	return closed
+}
+
+func causeErr(e *amqp.Error) error {
+	if e == nil {
+		return errors.New("connection closed")
+	}
+	return e
+}
+
+// watchBlocked tracks connection.blocked/unblocked notifications so that
+// Publish fails fast while the broker has an alarm.
+func (b *Broker) watchBlocked(sess *session, ch <-chan amqp.Blocking) {
+	defer sess.wg.Done()
+	for {
+		select {
+		case bl, ok := <-ch:
+			if !ok {
+				return
+			}
+			sess.mu.Lock()
+			switch {
+			case bl.Active && sess.blocked == nil:
+				sess.blockedReason = bl.Reason
+				sess.blocked = make(chan struct{})
+				close(sess.blocked)
+				b.log.Warn("rabbitmq connection blocked by the broker; publishing fails until it is unblocked", "reason", bl.Reason)
+			case !bl.Active && sess.blocked != nil:
+				sess.blockedReason = ""
+				sess.blocked = nil
+				b.log.Info("rabbitmq connection unblocked")
+			}
+			sess.mu.Unlock()
+		case <-sess.lost:
+			return
+		}
+	}
+}
+
+// reconnect dials with exponential backoff and jitter until it succeeds
+// (returning the new session) or the broker is closed (nil).
+func (b *Broker) reconnect() *session {
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-b.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		if !sleepCtx(ctx, backoff(b.cfg.ReconnectMin, b.cfg.ReconnectMax, attempt)) {
+			return nil
+		}
+		sess, err := b.connect(ctx)
+		if err == nil {
+			b.log.Info("rabbitmq connection restored", "attempts", attempt, "downtime", time.Since(start).Round(time.Millisecond))
+			return sess
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		lvl := slog.LevelDebug
+		if attempt%10 == 1 {
+			lvl = slog.LevelWarn
+		}
+		b.log.Log(ctx, lvl, "rabbitmq reconnect failed", "attempt", attempt, "err", err)
+	}
+}
+
+// backoff returns the delay before the given attempt (1-based): min·2^(n-1)
+// capped at max, with full jitter over its upper half.
+func backoff(lo, hi time.Duration, attempt int) time.Duration {
+	d := lo
+	for i := 1; i < attempt && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	if d <= 0 {
+		return 0
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// sleepCtx waits d or until ctx is done; it reports whether d elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// current returns the live session, or nil while disconnected.
+func (b *Broker) current() *session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sess
+}
+
+// awaitSession waits until a session is live, ctx is done or the broker is
+// closed.
+func (b *Broker) awaitSession(ctx context.Context) (*session, error) {
+	for {
+		b.mu.Lock()
+		sess, ready := b.sess, b.ready
+		b.mu.Unlock()
+		if sess != nil {
+			return sess, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-b.done:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// dialError explains a failed dial without the password and says what to do.
+func dialError(rawURL string, err error) error {
+	hint := ""
+	var aerr *amqp.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		hint = `; is RabbitMQ running? start it with "rabbitmq-server -detached"`
+	case errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused:
+		hint = "; check the user name, password and vhost in the URL"
+	case errors.Is(err, amqp.ErrCredentials):
+		hint = "; check the user name and password in the URL"
+	case errors.Is(err, amqp.ErrVhost):
+		hint = "; check the vhost in the URL"
+	}
+	return &redactedError{
+		msg: fmt.Sprintf("rabbitmq: cannot connect to %s: %s%s", redactURL(rawURL), scrub(rawURL, err.Error()), hint),
+		err: err,
+	}
+}
+
+// redactedError carries an error whose text had the URL password removed.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+func redactErr(rawURL string, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := scrub(rawURL, err.Error())
+	if msg == err.Error() {
+		return err
+	}
+	return &redactedError{msg: msg, err: err}
+}
+
+// redactURL returns rawURL with its password replaced by "***".
+func redactURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// Do not echo what we cannot parse: it may hold a password.
+		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
+			if j := strings.Index(rawURL, "://"); j >= 0 && j < i {
+				return rawURL[:j+3] + "***" + rawURL[i:]
+			}
+			return "***" + rawURL[i:]
+		}
+		return rawURL
+	}
+	if u.User == nil {
+		return u.String()
+	}
+	if _, has := u.User.Password(); !has {
+		return u.String()
+	}
+	s := u.Scheme + "://" + u.User.Username() + ":***@" + u.Host + u.EscapedPath()
+	if u.RawQuery != "" {
+		s += "?" + u.RawQuery
+	}
+	return s
+}
+
+// scrub removes the password of rawURL from msg.
+func scrub(rawURL, msg string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.User == nil {
+		return msg
+	}
+	if pw, ok := u.User.Password(); ok && pw != "" {
+		msg = strings.ReplaceAll(msg, rawURL, redactURL(rawURL))
+		msg = strings.ReplaceAll(msg, ":"+pw+"@", ":***@")
+	}
+	return msg
+}

@@ -1,0 +1,191 @@
+package rabbitmq
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"time"
+)
+
+// QueueType is the RabbitMQ queue type used for every queue the broker
+// declares.
+type QueueType string
+
+// The supported queue types.
+const (
+	// QueueTypeQuorum declares replicated, durable quorum queues. It is the
+	// right choice for production.
+	QueueTypeQuorum QueueType = "quorum"
+	// QueueTypeClassic declares durable classic queues.
+	QueueTypeClassic QueueType = "classic"
+)
+
+// Defaults used by Config.WithDefaults.
+const (
+	DefaultURL             = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultNamespace       = "sagabox"
+	DefaultQueueType       = QueueTypeQuorum
+	DefaultConfirmTimeout  = 15 * time.Second
+	DefaultMaxMessageBytes = 1 << 20 // 1 MiB
+	DefaultReconnectMin    = 100 * time.Millisecond
+	DefaultReconnectMax    = 10 * time.Second
+	DefaultDialTimeout     = 10 * time.Second
+	DefaultPublishChannels = 2
+	DefaultConnectionName  = "sagabox"
+)
+
+// Config configures a Broker. The zero value is usable: every field has a
+// default.
+type Config struct {
+	// URL is the AMQP URL of the broker, with credentials and vhost. It never
+	// appears in errors or logs with its password. Defaults to DefaultURL
+	// (amqp://guest:guest@127.0.0.1:5672/).
+	URL string
+
+	// Namespace prefixes every exchange and queue the broker declares, so that
+	// several systems (or tests) share one vhost without seeing each other's
+	// messages: exchanges "<ns>.commands" (direct), "<ns>.replies" (direct),
+	// "<ns>.events" (topic) and "<ns>.dead-letter" (direct); a service queue
+	// "<ns>.<name>" and its dead-letter queue "<ns>.<name>.dead-letter". It may
+	// contain letters, digits, '.', '_' and '-'. Defaults to DefaultNamespace
+	// ("sagabox").
+	Namespace string
+
+	// QueueType is the type of every queue declared. Changing it for an
+	// existing queue fails the declaration: RabbitMQ cannot convert a queue.
+	// Defaults to DefaultQueueType (quorum).
+	QueueType QueueType
+
+	// DeliveryLimit, when positive, sets x-delivery-limit on quorum queues:
+	// the broker dead-letters a message (into the queue's dead-letter queue)
+	// after that many failed deliveries. It is a safety net under the
+	// handler's own retry policy. Ignored for classic queues. Defaults to 0,
+	// no limit.
+	DeliveryLimit int
+
+	// ConfirmTimeout bounds how long Publish waits for the broker to confirm
+	// a batch. Messages not confirmed by then are reported as failed.
+	// Defaults to DefaultConfirmTimeout (15s).
+	ConfirmTimeout time.Duration
+
+	// MaxMessageBytes is the largest payload published or accepted. Larger
+	// payloads are refused by Publish and dead-lettered by Subscribe.
+	// Defaults to DefaultMaxMessageBytes (1 MiB).
+	MaxMessageBytes int
+
+	// ReconnectMin is the first delay before reconnecting after the
+	// connection is lost; the delay doubles (with jitter) on every failed
+	// attempt up to ReconnectMax. Defaults to DefaultReconnectMin (100ms).
+	ReconnectMin time.Duration
+
+	// ReconnectMax caps the delay between reconnection attempts. Defaults to
+	// DefaultReconnectMax (10s).
+	ReconnectMax time.Duration
+
+	// DialTimeout bounds the TCP connect and AMQP handshake. Defaults to
+	// DefaultDialTimeout (10s).
+	DialTimeout time.Duration
+
+	// PublishChannels is how many confirm-mode channels publish concurrently.
+	// Each channel publishes one batch at a time, pipelined. Defaults to
+	// DefaultPublishChannels (2).
+	PublishChannels int
+
+	// ConnectionName is shown by RabbitMQ (connection_name client property)
+	// in its management UI and rabbitmqctl. Defaults to DefaultConnectionName
+	// ("sagabox").
+	ConnectionName string
+
+	// ClientProperties are extra client properties advertised to the broker.
+	// Defaults to none.
+	ClientProperties map[string]any
+
+	// Logger receives connection events and dead letters, with the
+	// attribute component=rabbitmq. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.QueueType == "" {
+		c.QueueType = DefaultQueueType
+	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = DefaultConfirmTimeout
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectMin)
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.PublishChannels == 0 {
+		c.PublishChannels = DefaultPublishChannels
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = DefaultConnectionName
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+var namespaceRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+// validate checks a config that went through WithDefaults.
+func (c *Config) validate() error {
+	var errs []error
+	u, err := url.Parse(c.URL)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("URL %s is not a valid URL", redactURL(c.URL)))
+	case u.Scheme != "amqp" && u.Scheme != "amqps":
+		errs = append(errs, fmt.Errorf("URL %s: scheme must be amqp or amqps", redactURL(c.URL)))
+	}
+	if !namespaceRE.MatchString(c.Namespace) {
+		errs = append(errs, fmt.Errorf("Namespace %q: use letters, digits, '_', '-' and inner '.'", c.Namespace))
+	}
+	if c.QueueType != QueueTypeQuorum && c.QueueType != QueueTypeClassic {
+		errs = append(errs, fmt.Errorf("QueueType %q: want %q or %q", c.QueueType, QueueTypeQuorum, QueueTypeClassic))
+	}
+	if c.DeliveryLimit < 0 {
+		errs = append(errs, fmt.Errorf("DeliveryLimit %d is negative", c.DeliveryLimit))
+	}
+	if c.ConfirmTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ConfirmTimeout %s is negative", c.ConfirmTimeout))
+	}
+	if c.MaxMessageBytes < 0 {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is negative", c.MaxMessageBytes))
+	}
+	if c.ReconnectMin < 0 {
+		errs = append(errs, fmt.Errorf("ReconnectMin %s is negative", c.ReconnectMin))
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		errs = append(errs, fmt.Errorf("ReconnectMax %s is less than ReconnectMin %s", c.ReconnectMax, c.ReconnectMin))
+	}
+	if c.DialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("DialTimeout %s is negative", c.DialTimeout))
+	}
+	if c.PublishChannels < 0 {
+		errs = append(errs, fmt.Errorf("PublishChannels %d is negative", c.PublishChannels))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("rabbitmq: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,343 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sagabox/sagabox/transport"
+)
+
+// pubItem is one message of a batch, ready for the wire.
+type pubItem struct {
+	idx      int // index in the caller's batch
+	exchange string
+	key      string
+	msg      amqp.Publishing
+}
+
+// pubRequest is a batch handed to a publisher goroutine.
+type pubRequest struct {
+	items    []pubItem
+	deadline time.Time
+	cancel   <-chan struct{} // the caller's ctx.Done()
+	result   chan pubResult  // buffered: the publisher never blocks on it
+}
+
+type pubResult struct {
+	failed map[int]error // by pubItem.idx
+}
+
+// Publish sends msgs to the exchange of their kind with their routing key,
+// pipelined on a confirm-mode channel, and waits for every confirm, at most
+// Config.ConfirmTimeout. It returns nil when all were confirmed and a
+// *transport.PublishError naming the failed ones otherwise: unroutable
+// (ErrUnroutable), refused (ErrNacked), invalid or oversized messages, and
+// messages whose confirm did not arrive in time. While the connection is down
+// or blocked by a broker alarm it fails at once with ErrNotConnected or
+// ErrBlocked: nothing was published.
+func (b *Broker) Publish(ctx context.Context, msgs ...transport.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	failed := make(map[int]error)
+	items := make([]pubItem, 0, len(msgs))
+	for i, m := range msgs {
+		p, err := EncodeMessage(m)
+		if err == nil && len(m.Payload) > b.cfg.MaxMessageBytes {
+			err = fmt.Errorf("message %s: payload is %d bytes, over MaxMessageBytes %d", m.MessageID, len(m.Payload), b.cfg.MaxMessageBytes)
+		}
+		if err != nil {
+			failed[i] = fmt.Errorf("rabbitmq: %w", err)
+			continue
+		}
+		items = append(items, pubItem{idx: i, exchange: b.ExchangeName(m.Kind.Exchange()), key: m.RoutingKey, msg: p})
+	}
+	if len(items) > 0 {
+		res, err := b.publish(ctx, items)
+		if err != nil {
+			if len(failed) == 0 {
+				return err
+			}
+			for _, it := range items {
+				failed[it.idx] = err
+			}
+		}
+		for i, err := range res {
+			failed[i] = err
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &transport.PublishError{Failed: failed}
+}
+
+// publish hands items to a publisher goroutine of the live session and
+// waits for its verdict. A non-nil error means none of items was published.
+func (b *Broker) publish(ctx context.Context, items []pubItem) (map[int]error, error) {
+	if b.closed() {
+		return nil, ErrClosed
+	}
+	sess := b.current()
+	if sess == nil {
+		return nil, ErrNotConnected
+	}
+	reason, blocked := sess.blockState()
+	if blocked != nil {
+		return nil, fmt.Errorf("%w: %s", ErrBlocked, reason)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("rabbitmq: publish: %w", err)
+	}
+	deadline := time.Now().Add(b.cfg.ConfirmTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	req := &pubRequest{items: items, deadline: deadline, cancel: ctx.Done(), result: make(chan pubResult, 1)}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+
+	select {
+	case sess.pubReq <- req:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("rabbitmq: publish: %w", ctx.Err())
+	case <-timer.C:
+		return nil, fmt.Errorf("rabbitmq: publish: no publisher channel free within %s", b.cfg.ConfirmTimeout)
+	case <-sess.lost:
+		return nil, ErrNotConnected
+	case <-b.done:
+		return nil, ErrClosed
+	}
+	// From here the publisher owns the batch and replies by the deadline:
+	// waiting for its reply rather than for ctx keeps the answer exact. The
+	// grace period covers a publisher stuck writing to a socket the broker
+	// stopped reading (a blocked connection).
+	timer.Reset(time.Until(deadline) + publishGrace)
+	select {
+	case res := <-req.result:
+		return res.failed, nil
+	case <-timer.C:
+		return nil, fmt.Errorf("rabbitmq: publish: no answer from the broker within %s; the batch may or may not have been published", b.cfg.ConfirmTimeout+publishGrace)
+	}
+}
+
+// publishGrace is how long Publish waits past its deadline for a publisher
+// to report.
+const publishGrace = time.Second
+
+// publisher serves batches on confirm-mode channels of sess until the
+// connection is lost or the broker is closed, reopening its channel when the
+// broker closes it.
+func (b *Broker) publisher(sess *session) {
+	defer sess.wg.Done()
+	for {
+		pc, err := openPubChannel(sess.conn)
+		if err != nil {
+			t := time.NewTimer(b.cfg.ReconnectMin)
+			select {
+			case <-t.C:
+				continue
+			case <-sess.lost:
+				t.Stop()
+				return
+			}
+		}
+		reopen := b.servePublisher(sess, pc)
+		pc.close()
+		if !reopen {
+			return
+		}
+	}
+}
+
+// pubChannel is a confirm-mode channel and its notifications. Only its
+// publisher goroutine uses it.
+type pubChannel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	closed  chan *amqp.Error
+}
+
+func openPubChannel(conn *amqp.Connection) (*pubChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	return &pubChannel{
+		ch: ch,
+		// Unbuffered on purpose: the connection's reader hands a return to
+		// us before it processes the confirm of the same message, so a
+		// message is never seen confirmed before its return was seen.
+		returns: ch.NotifyReturn(make(chan amqp.Return)),
+		closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
+}
+
+// close closes the channel, draining returns meanwhile so that the
+// connection's reader never waits on us.
+func (pc *pubChannel) close() {
+	if pc.ch.IsClosed() {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = pc.ch.Close()
+	}()
+	returns := pc.returns
+	for {
+		select {
+		case _, ok := <-returns:
+			if !ok {
+				returns = nil
+			}
+		case <-done:
+			return
+		}
+	}
+}
+
+// servePublisher publishes batches on pc. It returns true to get a new
+// channel, false when the session is over.
+func (b *Broker) servePublisher(sess *session, pc *pubChannel) (reopen bool) {
+	for {
+		select {
+		case req := <-sess.pubReq:
+			if !b.publishBatch(pc, req) {
+				return true
+			}
+		case r, ok := <-pc.returns:
+			if !ok {
+				return !b.sessionOver(sess)
+			}
+			b.log.Warn("rabbitmq return for a message no longer awaited", "message_id", r.MessageId, "reply_code", r.ReplyCode, "reply_text", r.ReplyText)
+		case <-pc.closed:
+			return !b.sessionOver(sess)
+		case <-sess.lost:
+			return false
+		}
+	}
+}
+
+func (b *Broker) sessionOver(sess *session) bool {
+	select {
+	case <-sess.lost:
+		return true
+	default:
+		return sess.conn.IsClosed()
+	}
+}
+
+// publishBatch publishes req on pc and replies. It returns false when pc is
+// no longer usable (closed, or confirms outstanding after a timeout).
+func (b *Broker) publishBatch(pc *pubChannel, req *pubRequest) (healthy bool) {
+	failed := make(map[int]error)
+	defer func() { req.result <- pubResult{failed: failed} }()
+
+	select {
+	case <-req.cancel:
+		for _, it := range req.items {
+			failed[it.idx] = errors.New("rabbitmq: publish cancelled before sending")
+		}
+		return true
+	default:
+	}
+
+	// Message ids of this batch, for correlating returns; a batch may hold
+	// the same id twice.
+	byID := make(map[string][]int, len(req.items))
+	for i, it := range req.items {
+		byID[it.msg.MessageId] = append(byID[it.msg.MessageId], i)
+	}
+	returned := make(map[int]error)
+	onReturn := func(r amqp.Return) {
+		pos := byID[r.MessageId]
+		if len(pos) == 0 {
+			b.log.Warn("rabbitmq return for a message no longer awaited", "message_id", r.MessageId, "reply_code", r.ReplyCode, "reply_text", r.ReplyText)
+			return
+		}
+		byID[r.MessageId] = pos[1:]
+		returned[pos[0]] = fmt.Errorf("%w: message %s to exchange %s with routing key %q: %s (no queue is bound for it)",
+			ErrUnroutable, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyText)
+	}
+
+	healthy = true
+	dcs := make([]*amqp.DeferredConfirmation, len(req.items))
+	for i, it := range req.items {
+		// A return may come back while we are still sending: take it now
+		// so the connection's reader is never stalled by us.
+		for drained := false; !drained; {
+			select {
+			case r, ok := <-pc.returns:
+				if ok {
+					onReturn(r)
+				} else {
+					pc.returns = nil
+				}
+			default:
+				drained = true
+			}
+		}
+		dc, err := pc.ch.PublishWithDeferredConfirm(it.exchange, it.key, true, false, it.msg)
+		if err != nil {
+			healthy = false
+			for _, rest := range req.items[i:] {
+				failed[rest.idx] = fmt.Errorf("rabbitmq: publish message %s: %w", rest.msg.MessageId, err)
+			}
+			break
+		}
+		dcs[i] = dc
+	}
+
+	timer := time.NewTimer(time.Until(req.deadline))
+	defer timer.Stop()
+	var giveUp error
+	for i, dc := range dcs {
+		if dc == nil {
+			continue
+		}
+		for giveUp == nil {
+			select {
+			case <-dc.Done():
+			case r, ok := <-pc.returns:
+				if ok {
+					onReturn(r)
+				} else {
+					pc.returns = nil
+				}
+				continue
+			case <-timer.C:
+				giveUp = errors.New("rabbitmq: no confirm from the broker before the deadline (Config.ConfirmTimeout or ctx)")
+				continue
+			case <-req.cancel:
+				giveUp = errors.New("rabbitmq: publish cancelled before the broker confirmed")
+				continue
+			}
+			break
+		}
+		it := req.items[i]
+		switch {
+		case giveUp != nil:
+			healthy = false
+			failed[it.idx] = giveUp
+		case returned[i] != nil:
+			failed[it.idx] = returned[i]
+		case !dc.Acked():
+			if pc.ch.IsClosed() {
+				healthy = false
+				failed[it.idx] = fmt.Errorf("rabbitmq: message %s: channel closed before the broker confirmed", it.msg.MessageId)
+			} else {
+				failed[it.idx] = fmt.Errorf("%w: message %s", ErrNacked, it.msg.MessageId)
+			}
+		}
+	}
+	return healthy
+}

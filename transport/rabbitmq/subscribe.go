@@ -1,0 +1,258 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sagabox/sagabox/transport"
+)
+
+const (
+	// panicRetryDelay is the Retry delay of a delivery whose handler
+	// panicked.
+	panicRetryDelay = time.Second
+	// deadLetterRetryDelay is how long a delivery that could not be
+	// dead-lettered waits before it is returned to its queue.
+	deadLetterRetryDelay = time.Second
+)
+
+// Subscribe declares spec and hands every delivery of its queue to h, from
+// opts.Concurrency goroutines with a prefetch of opts.Prefetch, until ctx is
+// cancelled; then it waits for the handlers in flight and returns nil.
+//
+// The handler's Outcome decides: Ack acknowledges; Retry(d) waits d (or
+// until ctx is cancelled) and returns the message to the queue; DeadLetter
+// copies the message, with the reason, to the queue's dead-letter queue
+// (confirmed) and then acknowledges it. A delivery that cannot be decoded is
+// dead-lettered without calling h. A handler that panics is treated as
+// Retry(1s) and logged.
+//
+// When the connection is lost Subscribe waits for the broker to reconnect
+// and resumes; deliveries that were in flight are redelivered by RabbitMQ.
+// It returns ErrClosed when the broker is closed, and an error when spec
+// cannot be declared as asked (for instance a queue that exists with
+// another type).
+func (b *Broker) Subscribe(ctx context.Context, spec transport.QueueSpec, h transport.Handler, opts *transport.SubscribeOpts) error {
+	if err := validateSpec(spec); err != nil {
+		return err
+	}
+	if h == nil {
+		return errors.New("rabbitmq: subscribe: handler is nil")
+	}
+	var o transport.SubscribeOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if o.Prefetch <= 0 {
+		o.Prefetch = 2 * o.Concurrency
+	}
+	log := b.log.With("queue", b.QueueName(spec.Name))
+	for attempt := 1; ; attempt++ {
+		sess, err := b.awaitSession(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		started, err := b.consume(ctx, sess, spec, h, o)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if b.closed() {
+			return ErrClosed
+		}
+		if started {
+			attempt = 1
+		} else if isPermanent(err) {
+			return err
+		}
+		if !b.sessionOver(sess) {
+			// The channel failed on a live connection (or the consumer was
+			// cancelled, e.g. its queue deleted): back off before retrying.
+			log.Warn("rabbitmq consumer interrupted; resubscribing", "err", err)
+			if !sleepCtx(ctx, backoff(b.cfg.ReconnectMin, b.cfg.ReconnectMax, attempt)) {
+				return nil
+			}
+		}
+	}
+}
+
+// isPermanent reports whether a declare or consume error will not go away
+// by retrying.
+func isPermanent(err error) bool {
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) {
+		return false
+	}
+	switch aerr.Code {
+	case amqp.PreconditionFailed, amqp.AccessRefused, amqp.NotAllowed:
+		return true
+	}
+	return false
+}
+
+// consume runs one consumer on a new channel of sess until ctx is done or
+// the channel closes, then waits for its handlers. started reports whether
+// consuming began.
+func (b *Broker) consume(ctx context.Context, sess *session, spec transport.QueueSpec, h transport.Handler, o transport.SubscribeOpts) (started bool, err error) {
+	ch, err := sess.conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", spec.Name, err)
+	}
+	defer func() { _ = ch.Close() }()
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := b.declareSpec(ch, spec); err != nil {
+		return false, err
+	}
+	b.remember(spec)
+	if err := ch.Qos(o.Prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("rabbitmq: subscribe %s: qos: %w", spec.Name, err)
+	}
+	queue := b.QueueName(spec.Name)
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("rabbitmq: subscribe %s: consume: %w", spec.Name, err)
+	}
+
+	var wg sync.WaitGroup
+	for range o.Concurrency {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case d, ok := <-deliveries:
+					if !ok {
+						return
+					}
+					b.handle(ctx, spec.Name, queue, h, d)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case cerr := <-closed:
+		if cerr != nil {
+			return true, cerr
+		}
+		return true, errors.New("channel closed")
+	default:
+		if ctx.Err() != nil {
+			return true, nil
+		}
+		return true, errors.New("consumer cancelled by the broker")
+	}
+}
+
+// handle decodes d, runs h and settles d according to its outcome.
+func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
+	del, err := DecodeDelivery(d, b.cfg.MaxMessageBytes)
+	if err != nil {
+		b.deadLetter(ctx, queue, d, nil, "malformed message: "+err.Error())
+		return
+	}
+	del.Queue = name
+	out := b.call(ctx, queue, h, del)
+	switch out.Action {
+	case transport.ActionAck:
+		b.settle(d.Ack(false), queue, d, "ack")
+	case transport.ActionDeadLetter:
+		b.deadLetter(ctx, queue, d, &del.Envelope, out.Reason)
+	default:
+		if out.Action != transport.ActionRetry {
+			b.log.Error("rabbitmq handler returned an unknown action; retrying", "queue", queue, "message_id", d.MessageId, "action", int(out.Action))
+		}
+		sleepCtx(ctx, out.Delay)
+		b.settle(d.Nack(false, true), queue, d, "nack")
+	}
+}
+
+// call runs h, turning a panic into Retry.
+func (b *Broker) call(ctx context.Context, queue string, h transport.Handler, d *transport.Delivery) (out transport.Outcome) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("rabbitmq handler panicked; retrying the message",
+				"queue", queue, "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "type", d.Type,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			out = transport.Retry(panicRetryDelay)
+		}
+	}()
+	return h.HandleDelivery(ctx, d)
+}
+
+func (b *Broker) settle(err error, queue string, d amqp.Delivery, what string) {
+	if err != nil {
+		// The channel is gone: RabbitMQ redelivers the message.
+		b.log.Debug("rabbitmq "+what+" failed; the message will be redelivered", "queue", queue, "message_id", d.MessageId, "err", err)
+	}
+}
+
+// deadLetter publishes a copy of d, with reason, to the dead-letter exchange
+// (routing key = queue) and acknowledges d once the broker confirmed the
+// copy. If the copy cannot be confirmed, d goes back to its queue.
+func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, env *transport.Envelope, reason string) {
+	headers := maps.Clone(d.Headers)
+	if headers == nil {
+		headers = amqp.Table{}
+	}
+	now := time.Now().UTC()
+	headers[HeaderDeadLetterReason] = reason
+	headers[HeaderDeadLetterQueue] = queue
+	headers[HeaderDeadLetterAt] = now.Format(time.RFC3339Nano)
+	if headers.Validate() != nil {
+		// Headers we cannot re-send as they are: keep ours only.
+		headers = amqp.Table{
+			HeaderDeadLetterReason: reason,
+			HeaderDeadLetterQueue:  queue,
+			HeaderDeadLetterAt:     now.Format(time.RFC3339Nano),
+		}
+	}
+	msg := amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+	attrs := []any{"queue", queue, "message_id", d.MessageId, "type", d.Type, "reason", reason}
+	if env != nil {
+		attrs = append(attrs, "saga_id", env.SagaID.String())
+	} else if s, ok := d.Headers[HeaderSagaID].(string); ok {
+		attrs = append(attrs, "saga_id", s)
+	}
+
+	// The decision is taken: finish it even if ctx is being cancelled.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.ConfirmTimeout)
+	defer cancel()
+	failed, err := b.publish(pctx, []pubItem{{exchange: b.ExchangeName(ExchangeDeadLetter), key: queue, msg: msg}})
+	if err == nil {
+		err = failed[0]
+	}
+	if err != nil {
+		b.log.Error("rabbitmq dead-letter publish failed; returning the message to its queue", append(attrs, "err", err)...)
+		sleepCtx(ctx, deadLetterRetryDelay)
+		b.settle(d.Nack(false, true), queue, d, "nack")
+		return
+	}
+	b.log.Warn("rabbitmq message dead-lettered", attrs...)
+	b.settle(d.Ack(false), queue, d, "ack")
+}

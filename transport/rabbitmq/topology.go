@@ -1,0 +1,198 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sagabox/sagabox/transport"
+)
+
+// ExchangeDeadLetter is the logical name of the exchange dead letters are
+// published to, with the service queue's name as routing key.
+const ExchangeDeadLetter = "dead-letter"
+
+const deadLetterSuffix = ".dead-letter"
+
+// ExchangeName returns the exchange name of a logical exchange
+// (transport.ExchangeCommands, ExchangeReplies, ExchangeEvents or
+// ExchangeDeadLetter): "<namespace>.<logical>".
+func (b *Broker) ExchangeName(logical string) string { return b.cfg.Namespace + "." + logical }
+
+// QueueName returns the queue name of a logical queue: "<namespace>.<name>".
+func (b *Broker) QueueName(name string) string { return b.cfg.Namespace + "." + name }
+
+// DeadLetterQueueName returns the name of the dead-letter queue of a logical
+// queue: "<namespace>.<name>.dead-letter".
+func (b *Broker) DeadLetterQueueName(name string) string {
+	return b.cfg.Namespace + "." + name + deadLetterSuffix
+}
+
+// DeclaredQueues returns the logical names of the queues declared through
+// this broker (by Declare or Subscribe), in declaration order.
+func (b *Broker) DeclaredQueues() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.queues)
+}
+
+// Declare creates the queue described by spec with its bindings and its
+// dead-letter queue. It is idempotent, waits for the connection while it is
+// being re-established, and is repeated by the broker after every reconnect.
+func (b *Broker) Declare(ctx context.Context, spec transport.QueueSpec) error {
+	if err := validateSpec(spec); err != nil {
+		return err
+	}
+	sess, err := b.awaitSession(ctx)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %s: %w", spec.Name, err)
+	}
+	ch, err := sess.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %s: open channel: %w", spec.Name, err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := b.declareSpec(ch, spec); err != nil {
+		return err
+	}
+	b.remember(spec)
+	return nil
+}
+
+func (b *Broker) remember(spec transport.QueueSpec) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old, ok := b.specs[spec.Name]
+	if !ok {
+		b.queues = append(b.queues, spec.Name)
+		b.specs[spec.Name] = transport.QueueSpec{
+			Name:     spec.Name,
+			Commands: slices.Clone(spec.Commands),
+			Replies:  spec.Replies,
+			Events:   slices.Clone(spec.Events),
+		}
+		return
+	}
+	// Bindings are additive on the broker; keep the union.
+	for _, c := range spec.Commands {
+		if !slices.Contains(old.Commands, c) {
+			old.Commands = append(old.Commands, c)
+		}
+	}
+	for _, e := range spec.Events {
+		if !slices.Contains(old.Events, e) {
+			old.Events = append(old.Events, e)
+		}
+	}
+	old.Replies = old.Replies || spec.Replies
+	b.specs[spec.Name] = old
+}
+
+func validateSpec(spec transport.QueueSpec) error {
+	var errs []error
+	if !namespaceRE.MatchString(spec.Name) {
+		errs = append(errs, fmt.Errorf("name %q: use letters, digits, '_', '-' and inner '.'", spec.Name))
+	}
+	if strings.HasSuffix(spec.Name, deadLetterSuffix) {
+		errs = append(errs, fmt.Errorf("name %q must not end in %s", spec.Name, deadLetterSuffix))
+	}
+	for _, c := range spec.Commands {
+		if strings.TrimSpace(c) == "" {
+			errs = append(errs, errors.New("commands: empty type"))
+		}
+	}
+	for _, e := range spec.Events {
+		if strings.TrimSpace(e) == "" {
+			errs = append(errs, errors.New("events: empty pattern"))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("rabbitmq: invalid queue spec: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// declareAll declares the exchanges and every remembered queue on conn.
+func (b *Broker) declareAll(ctx context.Context, conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare topology: open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	for _, x := range []struct{ name, kind string }{
+		{transport.ExchangeCommands, amqp.ExchangeDirect},
+		{transport.ExchangeReplies, amqp.ExchangeDirect},
+		{transport.ExchangeEvents, amqp.ExchangeTopic},
+		{ExchangeDeadLetter, amqp.ExchangeDirect},
+	} {
+		if err := ch.ExchangeDeclare(b.ExchangeName(x.name), x.kind, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: declare exchange %s: %w", b.ExchangeName(x.name), err)
+		}
+	}
+	b.mu.Lock()
+	specs := make([]transport.QueueSpec, 0, len(b.queues))
+	for _, name := range b.queues {
+		specs = append(specs, b.specs[name])
+	}
+	b.mu.Unlock()
+	for _, spec := range specs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := b.declareSpec(ch, spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// declareSpec declares the queue of spec, its dead-letter queue and its
+// bindings on ch.
+func (b *Broker) declareSpec(ch *amqp.Channel, spec transport.QueueSpec) error {
+	q, dlq := b.QueueName(spec.Name), b.DeadLetterQueueName(spec.Name)
+	fail := func(what string, err error) error {
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
+			return fmt.Errorf("rabbitmq: declare queue %s: %s: %w (it exists with other arguments, e.g. another queue type: delete it or use another Namespace)", spec.Name, what, err)
+		}
+		return fmt.Errorf("rabbitmq: declare queue %s: %s: %w", spec.Name, what, err)
+	}
+	dlqArgs := amqp.Table{amqp.QueueTypeArg: string(b.cfg.QueueType)}
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, dlqArgs); err != nil {
+		return fail("declare "+dlq, err)
+	}
+	if err := ch.QueueBind(dlq, q, b.ExchangeName(ExchangeDeadLetter), false, nil); err != nil {
+		return fail("bind "+dlq, err)
+	}
+	args := amqp.Table{
+		amqp.QueueTypeArg:           string(b.cfg.QueueType),
+		"x-dead-letter-exchange":    b.ExchangeName(ExchangeDeadLetter),
+		"x-dead-letter-routing-key": q,
+	}
+	if b.cfg.QueueType == QueueTypeQuorum && b.cfg.DeliveryLimit > 0 {
+		args["x-delivery-limit"] = int64(b.cfg.DeliveryLimit)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
+		return fail("declare "+q, err)
+	}
+	for _, c := range spec.Commands {
+		if err := ch.QueueBind(q, c, b.ExchangeName(transport.ExchangeCommands), false, nil); err != nil {
+			return fail("bind command "+c, err)
+		}
+	}
+	if spec.Replies {
+		if err := ch.QueueBind(q, spec.Name, b.ExchangeName(transport.ExchangeReplies), false, nil); err != nil {
+			return fail("bind replies", err)
+		}
+	}
+	for _, e := range spec.Events {
+		if err := ch.QueueBind(q, e, b.ExchangeName(transport.ExchangeEvents), false, nil); err != nil {
+			return fail("bind events "+e, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,451 @@
+// Package transporttest is the conformance suite every transport backend
+// must pass. A backend's tests call Run with a function that returns a
+// broker connected to a fresh, isolated namespace (cleaned up when the test
+// ends) that also implements Inspector:
+//
+//	func TestConformance(t *testing.T) {
+//		transporttest.Run(t, func(t *testing.T) transport.Broker { return newInspectableBroker(t) })
+//	}
+package transporttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/transport"
+)
+
+// Timeout bounds every wait of the suite.
+const Timeout = 30 * time.Second
+
+// Inspector is what the suite needs from a backend beyond transport.Broker:
+// a way to put malformed input on the wire and a way to read dead letters.
+// Backends implement it in their tests, typically by wrapping their broker.
+type Inspector interface {
+	// PublishRaw puts raw on the wire as the backend would publish
+	// raw.Valid, with the corruptions raw asks for, bypassing every check
+	// of the Publisher. It returns once the broker has accepted it.
+	PublishRaw(ctx context.Context, raw RawMessage) error
+	// NextDeadLetter returns the next message of the dead-letter queue of
+	// the logical queue, waiting for one until ctx is done.
+	NextDeadLetter(ctx context.Context, queue string) (DeadLetter, error)
+	// MaxMessageBytes is the largest body the backend accepts; 0 for no
+	// limit.
+	MaxMessageBytes() int
+}
+
+// RawMessage describes malformed input: a valid message and what to break.
+type RawMessage struct {
+	// Valid is the message the raw one derives from; it decides routing.
+	Valid transport.Message
+	// Body, when non-nil, replaces the encoded body (an empty, non-nil
+	// slice sends an empty body).
+	Body []byte
+	// ContentType, when not empty, replaces the content type.
+	ContentType string
+	// OmitMessageID sends the message without a message id.
+	OmitMessageID bool
+}
+
+// DeadLetter is a message read from a dead-letter queue.
+type DeadLetter struct {
+	// MessageID is the message id as sent ("" if there was none).
+	MessageID string
+	// Type is the message type as sent.
+	Type string
+	// Reason is why it was dead-lettered.
+	Reason string
+	// Body is the message body as sent.
+	Body []byte
+}
+
+// Run runs the conformance suite. newBroker must return a broker in a
+// namespace of its own that also implements Inspector; the suite's
+// subtests run in parallel, each with its own broker.
+func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
+	s := suite{newBroker: newBroker}
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"RoundTripPreservesEnvelope", s.roundTrip},
+		{"BatchPipelinedAllDelivered", s.batch},
+		{"UnroutableFailsOnlyThatMessage", s.unroutable},
+		{"RetryRedelivers", s.retry},
+		{"DeadLetterRecordsReason", s.deadLetter},
+		{"MalformedInputDeadLettered", s.malformed},
+		{"SubscribeReturnsOnCancelAfterDraining", s.cancel},
+		{"ConcurrencyRespected", s.concurrency},
+		{"DeclareIdempotent", s.declareIdempotent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t)
+		})
+	}
+}
+
+type suite struct {
+	newBroker func(t *testing.T) transport.Broker
+}
+
+func (s suite) broker(t *testing.T) (transport.Broker, Inspector) {
+	b := s.newBroker(t)
+	in, ok := b.(Inspector)
+	require.True(t, ok, "transporttest: the broker (%T) must implement transporttest.Inspector", b)
+	return b, in
+}
+
+// spec is the queue every subtest uses; namespaces keep them apart.
+var spec = transport.QueueSpec{
+	Name:     "svc",
+	Commands: []string{"svc.do", "svc.undo"},
+	Replies:  true,
+	Events:   []string{"thing.*"},
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Command returns a valid command for spec with every field set.
+func Command(typ string) transport.Message {
+	id := uuid.Must(uuid.NewV7())
+	return transport.Message{
+		Envelope: transport.Envelope{
+			Version:       transport.EnvelopeVersion,
+			MessageID:     id,
+			Type:          typ,
+			Kind:          transport.KindCommand,
+			RoutingKey:    typ,
+			SagaID:        uuid.Must(uuid.NewV7()),
+			SagaType:      "checkout",
+			Step:          "reserve",
+			StepIndex:     2,
+			Attempt:       3,
+			ReplyTo:       "orchestrator",
+			CorrelationID: id.String(),
+			CreatedAt:     time.Now().UTC(),
+			TraceParent:   "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			TraceState:    "vendor=value",
+			Headers:       map[string]string{"tenant": "acme", "note": "ünïcode"},
+		},
+		Payload: []byte(`{"sku":"A-1","qty":2,"tags":["x","y"]}`),
+	}
+}
+
+// subscribe runs Subscribe in a goroutine; stop cancels it and returns its
+// result. Cleanup stops it too.
+func subscribe(t *testing.T, b transport.Broker, h transport.Handler, opts *transport.SubscribeOpts) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Subscribe(ctx, spec, h, opts) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(Timeout):
+				err = errors.New("transporttest: Subscribe did not return after its ctx was cancelled")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// collector is a handler that acks and hands deliveries to the test.
+type collector struct{ ch chan *transport.Delivery }
+
+func newCollector() *collector { return &collector{ch: make(chan *transport.Delivery, 1024)} }
+
+func (c *collector) HandleDelivery(_ context.Context, d *transport.Delivery) transport.Outcome {
+	c.ch <- d
+	return transport.Ack()
+}
+
+func (c *collector) next(t *testing.T) *transport.Delivery {
+	t.Helper()
+	select {
+	case d := <-c.ch:
+		return d
+	case <-time.After(Timeout):
+		t.Fatal("transporttest: no delivery in time")
+		return nil
+	}
+}
+
+func (s suite) roundTrip(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+
+	cmd := Command("svc.do")
+	comp := Command("svc.undo")
+	comp.Kind = transport.KindCompensation
+	reply := Command("orchestrator.reply")
+	reply.Kind, reply.RoutingKey = transport.KindReplySuccess, spec.Name
+	reply.Headers = nil
+	event := Command("thing.happened")
+	event.Kind, event.SagaID, event.SagaType, event.Step, event.StepIndex = transport.KindEvent, uuid.Nil, "", "", 0
+	event.TraceParent, event.TraceState, event.ReplyTo, event.CorrelationID = "", "", "", ""
+	sent := []transport.Message{cmd, comp, reply, event}
+	require.NoError(t, b.Publish(ctx, sent...))
+
+	c := newCollector()
+	stop := subscribe(t, b, c, nil)
+	got := map[uuid.UUID]*transport.Delivery{}
+	for range sent {
+		d := c.next(t)
+		got[d.MessageID] = d
+	}
+	require.NoError(t, stop())
+	for _, want := range sent {
+		d := got[want.MessageID]
+		require.NotNil(t, d, "message %s (%s) not delivered", want.MessageID, want.Kind)
+		require.Equal(t, spec.Name, d.Queue)
+		require.True(t, want.CreatedAt.Equal(d.CreatedAt), "created_at: want %s, got %s", want.CreatedAt, d.CreatedAt)
+		gotEnv := d.Envelope
+		gotEnv.CreatedAt = want.CreatedAt
+		require.Equal(t, want.Envelope, gotEnv)
+		require.JSONEq(t, string(want.Payload), string(d.Payload))
+	}
+}
+
+func (s suite) batch(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	const n = 300
+	msgs := make([]transport.Message, n)
+	for i := range msgs {
+		msgs[i] = Command("svc.do")
+		msgs[i].Payload = fmt.Appendf(nil, `{"i":%d}`, i)
+	}
+	require.NoError(t, b.Publish(ctx, msgs...))
+
+	c := newCollector()
+	subscribe(t, b, c, &transport.SubscribeOpts{Concurrency: 4})
+	seen := map[uuid.UUID]bool{}
+	for len(seen) < n {
+		seen[c.next(t).MessageID] = true
+	}
+	for _, m := range msgs {
+		require.True(t, seen[m.MessageID])
+	}
+}
+
+func (s suite) unroutable(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	msgs := []transport.Message{Command("svc.do"), Command("nobody.listens"), Command("svc.do")}
+	err := b.Publish(ctx, msgs...)
+	var pe *transport.PublishError
+	require.ErrorAs(t, err, &pe)
+	require.Len(t, pe.Failed, 1, "only the unroutable message fails: %v", err)
+	require.Error(t, pe.Failed[1])
+	require.Equal(t, []bool{true, false, true}, transport.Confirmed(len(msgs), err))
+
+	c := newCollector()
+	subscribe(t, b, c, nil)
+	got := map[uuid.UUID]bool{c.next(t).MessageID: true, c.next(t).MessageID: true}
+	require.True(t, got[msgs[0].MessageID])
+	require.True(t, got[msgs[2].MessageID])
+}
+
+func (s suite) retry(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	msg := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, msg))
+
+	var calls atomic.Int32
+	seen := make(chan *transport.Delivery, 2)
+	subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		if calls.Add(1) == 1 {
+			seen <- d
+			return transport.Retry(10 * time.Millisecond)
+		}
+		seen <- d
+		return transport.Ack()
+	}), nil)
+	first, second := next(t, seen), next(t, seen)
+	require.Equal(t, msg.MessageID, first.MessageID)
+	require.Equal(t, msg.MessageID, second.MessageID)
+	require.False(t, first.Redelivered)
+	require.True(t, second.Redelivered)
+}
+
+func next[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(Timeout):
+		t.Fatal("transporttest: timed out")
+		var zero T
+		return zero
+	}
+}
+
+func (s suite) deadLetter(t *testing.T) {
+	b, in := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	poison, good := Command("svc.do"), Command("svc.do")
+	require.NoError(t, b.Publish(ctx, poison, good))
+
+	acked := make(chan uuid.UUID, 2)
+	subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		if d.MessageID == poison.MessageID {
+			return transport.DeadLetter("insufficient stock for sku A-1")
+		}
+		acked <- d.MessageID
+		return transport.Ack()
+	}), nil)
+	require.Equal(t, good.MessageID, next(t, acked), "the queue keeps flowing")
+	dl, err := in.NextDeadLetter(ctx, spec.Name)
+	require.NoError(t, err)
+	require.Equal(t, poison.MessageID.String(), dl.MessageID)
+	require.Equal(t, poison.Type, dl.Type)
+	require.Contains(t, dl.Reason, "insufficient stock for sku A-1")
+	require.JSONEq(t, string(poison.Payload), string(dl.Body))
+}
+
+func (s suite) malformed(t *testing.T) {
+	b, in := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	cases := []struct {
+		name string
+		raw  func(m transport.Message) RawMessage
+		want string // in the reason, case-insensitive
+	}{
+		{"garbage", func(m transport.Message) RawMessage {
+			return RawMessage{Valid: m, Body: []byte{0x00, 0x9f, 0x92, 0x96, 'x', 0xff}}
+		}, ""},
+		{"empty body", func(m transport.Message) RawMessage { return RawMessage{Valid: m, Body: []byte{}} }, "empty"},
+		{"truncated JSON", func(m transport.Message) RawMessage { return RawMessage{Valid: m, Body: []byte(`{"sku":"A-1","qty":`)} }, "json"},
+		{"invalid UTF-8", func(m transport.Message) RawMessage {
+			return RawMessage{Valid: m, Body: []byte("{\"sku\":\"\xff\xfe\"}")}
+		}, "utf-8"},
+		{"wrong content type", func(m transport.Message) RawMessage { return RawMessage{Valid: m, ContentType: "text/plain"} }, "content"},
+		{"missing message id", func(m transport.Message) RawMessage { return RawMessage{Valid: m, OmitMessageID: true} }, "message"},
+	}
+	if max := in.MaxMessageBytes(); max > 0 {
+		cases = append(cases, struct {
+			name string
+			raw  func(m transport.Message) RawMessage
+			want string
+		}{"oversized", func(m transport.Message) RawMessage {
+			return RawMessage{Valid: m, Body: []byte(`{"pad":"` + strings.Repeat("x", max) + `"}`)}
+		}, "limit"})
+	}
+
+	handled := make(chan uuid.UUID, len(cases))
+	subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		handled <- d.MessageID
+		return transport.Ack()
+	}), nil)
+	for _, tc := range cases {
+		bad, good := Command("svc.do"), Command("svc.do")
+		require.NoError(t, in.PublishRaw(ctx, tc.raw(bad)), tc.name)
+		require.NoError(t, b.Publish(ctx, good), tc.name)
+		dl, err := in.NextDeadLetter(ctx, spec.Name)
+		require.NoError(t, err, tc.name)
+		require.NotEmpty(t, dl.Reason, tc.name)
+		require.Contains(t, strings.ToLower(dl.Reason), tc.want, "%s: reason %q", tc.name, dl.Reason)
+		if !tc.raw(bad).OmitMessageID {
+			require.Equal(t, bad.MessageID.String(), dl.MessageID, tc.name)
+		}
+		require.Equal(t, good.MessageID, next(t, handled), "%s: the good message after it is handled", tc.name)
+	}
+}
+
+func (s suite) cancel(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	require.NoError(t, b.Publish(ctx, Command("svc.do")))
+
+	started, release, handlerDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	stop := subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		close(started)
+		<-release
+		close(handlerDone)
+		return transport.Ack()
+	}), nil)
+	next(t, started)
+	returned := make(chan error, 1)
+	go func() { returned <- stop() }()
+	close(release)
+	require.NoError(t, next(t, returned))
+	select {
+	case <-handlerDone:
+	default:
+		t.Fatal("Subscribe returned before its handler finished")
+	}
+}
+
+func (s suite) concurrency(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	const conc, n = 3, 9
+	msgs := make([]transport.Message, n)
+	for i := range msgs {
+		msgs[i] = Command("svc.do")
+	}
+	require.NoError(t, b.Publish(ctx, msgs...))
+
+	var active, peak atomic.Int32
+	reached := make(chan struct{})
+	var once sync.Once
+	done := make(chan struct{}, n)
+	subscribe(t, b, transport.HandlerFunc(func(ctx context.Context, d *transport.Delivery) transport.Outcome {
+		a := active.Add(1)
+		for p := peak.Load(); a > p && !peak.CompareAndSwap(p, a); p = peak.Load() {
+		}
+		if a == conc {
+			once.Do(func() { close(reached) })
+		}
+		select {
+		case <-reached:
+		case <-ctx.Done():
+		}
+		active.Add(-1)
+		done <- struct{}{}
+		return transport.Ack()
+	}), &transport.SubscribeOpts{Concurrency: conc})
+	for range n {
+		next(t, done)
+	}
+	require.EqualValues(t, conc, peak.Load(), "handlers run at most Concurrency at once, and that many")
+}
+
+func (s suite) declareIdempotent(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	require.NoError(t, b.Declare(ctx, spec))
+	require.NoError(t, b.Publish(ctx, Command("svc.do")))
+	c := newCollector()
+	subscribe(t, b, c, nil)
+	c.next(t)
+}
