@@ -1,0 +1,273 @@
+package participant
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// Defaults used by Config.WithDefaults.
+const (
+	// DefaultWorkers is how many deliveries a Client handles at once.
+	DefaultWorkers = 4
+	// DefaultMaxPayloadBytes is the largest payload a Client accepts (1 MiB).
+	DefaultMaxPayloadBytes = 1 << 20
+	// DefaultStopTimeout bounds the drain of in-flight deliveries when Run's
+	// context is cancelled.
+	DefaultStopTimeout = 30 * time.Second
+
+	// DefaultInitialInterval is the delay before the first retry of a
+	// message whose handler failed transiently.
+	DefaultInitialInterval = time.Second
+	// DefaultBackoffCoefficient is the growth factor of the retry delay.
+	DefaultBackoffCoefficient = 2.0
+	// DefaultMaximumInterval caps the retry delay. It is short because the
+	// broker adapter holds a worker while a delivery waits for its retry.
+	DefaultMaximumInterval = 30 * time.Second
+	// DefaultMaxAttempts is how many times a message is processed before it
+	// is dead-lettered, the first attempt included.
+	DefaultMaxAttempts = 10
+
+	// DefaultRelayBatchSize, DefaultRelayWorkers and DefaultRelayPollInterval
+	// are the defaults of RelayConfig.
+	DefaultRelayBatchSize    = relay.DefaultBatchSize
+	DefaultRelayWorkers      = relay.DefaultWorkers
+	DefaultRelayPollInterval = relay.DefaultPollInterval
+)
+
+// Config configures a Client. Required fields are Pool, Service and Broker;
+// every other field has a default.
+type Config struct {
+	// Pool is the connection pool of the service's database. The handlers'
+	// transactions, the inbox, the barrier and the outbox all use it.
+	// Required.
+	Pool *pgxpool.Pool
+
+	// Schema is the Postgres schema of the sagabox tables (messaging
+	// migration line). Defaults to store.DefaultSchema ("sagabox").
+	Schema string
+
+	// Service is the name of the service and of its queue: every registered
+	// command, compensation and event type is routed to it. Required.
+	Service string
+
+	// Broker receives the commands and events and publishes the replies and
+	// outgoing events. The Client does not close it. Required.
+	Broker transport.Broker
+
+	// Workers is how many deliveries are handled at once, each in its own
+	// transaction. Defaults to DefaultWorkers (4).
+	Workers int
+
+	// Prefetch is how many unacknowledged deliveries the broker may hand
+	// out. Defaults to 2 × Workers.
+	Prefetch int
+
+	// Retry says how a message whose handler fails transiently (any error
+	// but a rejection, or a panic) is retried, and after how many attempts
+	// it is dead-lettered. Defaults to the defaults of RetryPolicy.
+	Retry RetryPolicy
+
+	// MaxPayloadBytes is the largest payload accepted; a larger one is
+	// dead-lettered without running a handler. Defaults to
+	// DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+
+	// StopTimeout bounds how long Run waits, after its context is cancelled,
+	// for the deliveries in flight. Past it their transactions are cancelled
+	// (rolled back) and the broker redelivers them later. Defaults to
+	// DefaultStopTimeout (30s).
+	StopTimeout time.Duration
+
+	// Relay tunes the relay that publishes the Client's outbox (replies and
+	// outgoing events). Defaults to the defaults of RelayConfig.
+	Relay RelayConfig
+
+	// Logger receives the Client's logs, with the attribute
+	// component=participant. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// RetryPolicy says how often, and how soon, a message whose handler failed
+// transiently is processed again. Its vocabulary is Temporal's. The zero
+// value means "use the defaults".
+//
+// The delay before attempt n+1 is InitialInterval × BackoffCoefficient^(n-1),
+// capped at MaximumInterval, with jitter: the actual delay is drawn
+// uniformly from its upper half, so that messages that failed together do
+// not come back together.
+type RetryPolicy struct {
+	// InitialInterval is the delay after the first failed attempt. Defaults
+	// to DefaultInitialInterval (1s).
+	InitialInterval time.Duration
+	// BackoffCoefficient multiplies the delay after each further failure; at
+	// least 1. Defaults to DefaultBackoffCoefficient (2).
+	BackoffCoefficient float64
+	// MaximumInterval caps the delay; not less than InitialInterval.
+	// Defaults to DefaultMaximumInterval (30s), or InitialInterval if that is
+	// longer.
+	MaximumInterval time.Duration
+	// MaxAttempts is how many times a message is processed, the first time
+	// included, before it is dead-lettered and answered with a failure
+	// reply. Defaults to DefaultMaxAttempts (10).
+	MaxAttempts int
+}
+
+// WithDefaults returns a copy of p with every zero field set to its default.
+func (p RetryPolicy) WithDefaults() RetryPolicy {
+	if p.InitialInterval == 0 {
+		p.InitialInterval = DefaultInitialInterval
+	}
+	if p.BackoffCoefficient == 0 {
+		p.BackoffCoefficient = DefaultBackoffCoefficient
+	}
+	if p.MaximumInterval == 0 {
+		p.MaximumInterval = max(DefaultMaximumInterval, p.InitialInterval)
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	return p
+}
+
+func (p RetryPolicy) validate() error {
+	var errs []error
+	if p.InitialInterval < 0 {
+		errs = append(errs, fmt.Errorf("Retry.InitialInterval %s is negative", p.InitialInterval))
+	}
+	if p.BackoffCoefficient < 1 || math.IsNaN(p.BackoffCoefficient) || math.IsInf(p.BackoffCoefficient, 0) {
+		errs = append(errs, fmt.Errorf("Retry.BackoffCoefficient %g is less than 1 or not finite", p.BackoffCoefficient))
+	}
+	if p.MaximumInterval < p.InitialInterval {
+		errs = append(errs, fmt.Errorf("Retry.MaximumInterval %s is less than Retry.InitialInterval %s", p.MaximumInterval, p.InitialInterval))
+	}
+	if p.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("Retry.MaxAttempts %d is less than 1", p.MaxAttempts))
+	}
+	return errors.Join(errs...)
+}
+
+// Backoff returns the delay before processing a message again after its
+// failures-th failed attempt, jitter included.
+func (p RetryPolicy) Backoff(failures int) time.Duration {
+	p = p.WithDefaults()
+	if failures < 1 {
+		failures = 1
+	}
+	d := float64(p.InitialInterval) * math.Pow(p.BackoffCoefficient, float64(failures-1))
+	if math.IsNaN(d) || d > float64(p.MaximumInterval) {
+		d = float64(p.MaximumInterval)
+	}
+	full := time.Duration(d)
+	half := full / 2
+	if half <= 0 {
+		return full
+	}
+	return half + rand.N(full-half+1)
+}
+
+// RelayConfig tunes the relay a Client runs to publish its outbox.
+type RelayConfig struct {
+	// BatchSize is the most outbox rows published at once. Defaults to
+	// DefaultRelayBatchSize (200).
+	BatchSize int
+	// Workers is how many batches are in flight at once. Defaults to
+	// DefaultRelayWorkers (2).
+	Workers int
+	// PollInterval is the longest the relay waits before looking for rows
+	// nobody announced; rows written by this Client's handlers are
+	// published at once. Defaults to DefaultRelayPollInterval (1s).
+	PollInterval time.Duration
+	// Listen also wakes the relay on NOTIFY from other processes that write
+	// to the same outbox. Defaults to false.
+	Listen bool
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = store.DefaultSchema
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = 2 * c.Workers
+	}
+	c.Retry = c.Retry.WithDefaults()
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.Relay.BatchSize == 0 {
+		c.Relay.BatchSize = DefaultRelayBatchSize
+	}
+	if c.Relay.Workers == 0 {
+		c.Relay.Workers = DefaultRelayWorkers
+	}
+	if c.Relay.PollInterval == 0 {
+		c.Relay.PollInterval = DefaultRelayPollInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// validate checks a config that went through WithDefaults. Its errors name
+// the field at fault.
+func (c Config) validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("Pool is required"))
+	}
+	if strings.TrimSpace(c.Service) == "" {
+		errs = append(errs, errors.New("Service is required (the name of the service's queue)"))
+	}
+	if c.Broker == nil {
+		errs = append(errs, errors.New("Broker is required"))
+	}
+	if err := store.ValidateSchema(c.Schema); err != nil {
+		errs = append(errs, fmt.Errorf("Schema: %w", err))
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("Workers %d is less than 1", c.Workers))
+	}
+	if c.Prefetch < c.Workers {
+		errs = append(errs, fmt.Errorf("Prefetch %d is less than Workers %d", c.Prefetch, c.Workers))
+	}
+	if err := c.Retry.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxPayloadBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxPayloadBytes %d is less than 1", c.MaxPayloadBytes))
+	}
+	if c.StopTimeout < 0 {
+		errs = append(errs, fmt.Errorf("StopTimeout %s is negative", c.StopTimeout))
+	}
+	if c.Relay.BatchSize < 1 {
+		errs = append(errs, fmt.Errorf("Relay.BatchSize %d is less than 1", c.Relay.BatchSize))
+	}
+	if c.Relay.Workers < 1 {
+		errs = append(errs, fmt.Errorf("Relay.Workers %d is less than 1", c.Relay.Workers))
+	}
+	if c.Relay.PollInterval < 0 {
+		errs = append(errs, fmt.Errorf("Relay.PollInterval %s is negative", c.Relay.PollInterval))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("participant: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,312 @@
+package participant_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+const (
+	waitFor   = 30 * time.Second
+	pollEvery = 20 * time.Millisecond
+	service   = "inventory"
+	orch      = "orch" // the queue replies go to
+)
+
+// The contracts of the test participant: an inventory with a stock counter.
+type ReserveReq struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty"`
+}
+
+type ReserveReply struct {
+	Remaining int `json:"remaining"`
+}
+
+type ReleaseReq struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty"`
+}
+
+var (
+	Reserve = saga.NewCommand[ReserveReq, ReserveReply]("inventory.reserve")
+	Release = saga.NewCommand[ReleaseReq, saga.None]("inventory.release")
+)
+
+// env is one test's world: a fresh schema with a stock table, a RabbitMQ
+// namespace and a consumer of the replies sent to orch.
+type env struct {
+	t       *testing.T
+	store   *store.Store
+	ns      string
+	broker  *rabbitmq.Broker // the test's own connection (publishing, replies)
+	replies *sink
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	s := dbtest.Store(t, store.LineMessaging)
+	_, err := s.Pool().Exec(context.Background(), fmt.Sprintf(
+		`CREATE TABLE %[1]s.stock (sku text PRIMARY KEY, qty integer NOT NULL);
+		 CREATE TABLE %[1]s.cancelled (order_id text PRIMARY KEY)`, pgx.Identifier{s.Schema()}.Sanitize()))
+	require.NoError(t, err)
+	ns := amqptest.Namespace(t)
+	b := amqptest.NewBroker(t, rabbitmq.Config{Namespace: ns})
+	e := &env{t: t, store: s, ns: ns, broker: b}
+	e.replies = newSink(t, b, transport.QueueSpec{Name: orch, Replies: true})
+	return e
+}
+
+// newBroker returns another connection to the env's namespace.
+func (e *env) newBroker() *rabbitmq.Broker {
+	return amqptest.NewBroker(e.t, rabbitmq.Config{Namespace: e.ns})
+}
+
+func (e *env) table(name string) string {
+	return pgx.Identifier{e.store.Schema(), name}.Sanitize()
+}
+
+func (e *env) setStock(sku string, qty int) {
+	e.t.Helper()
+	_, err := e.store.Pool().Exec(context.Background(), "INSERT INTO "+e.table("stock")+" (sku, qty) VALUES ($1, $2)", sku, qty)
+	require.NoError(e.t, err)
+}
+
+func (e *env) stock(sku string) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.store.Pool().QueryRow(context.Background(), "SELECT qty FROM "+e.table("stock")+" WHERE sku = $1", sku).Scan(&n))
+	return n
+}
+
+// outboxCount counts the outbox rows answering (or caused by) correlation.
+func (e *env) outboxReplies(correlation uuid.UUID) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.store.Pool().QueryRow(context.Background(),
+		"SELECT count(*) FROM "+e.table("sagabox_outbox")+" WHERE correlation_id = $1", correlation.String()).Scan(&n))
+	return n
+}
+
+func (e *env) duplicates(id uuid.UUID) int {
+	e.t.Helper()
+	row, err := e.store.InboxGet(context.Background(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return -1
+	}
+	require.NoError(e.t, err)
+	return row.Duplicates
+}
+
+// config returns a client config for the env with tiny backoffs.
+func (e *env) config(b transport.Broker) participant.Config {
+	return participant.Config{
+		Pool:    e.store.Pool(),
+		Schema:  e.store.Schema(),
+		Service: service,
+		Broker:  b,
+		Workers: 2,
+		Retry: participant.RetryPolicy{
+			InitialInterval: time.Millisecond, MaximumInterval: 20 * time.Millisecond, MaxAttempts: 3,
+		},
+		StopTimeout: 10 * time.Second,
+		Relay:       participant.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Logger:      amqptest.Logger(e.t),
+	}
+}
+
+// start runs c until the test ends (or stop is called) and declares its
+// queue first, so that messages published right away are routed.
+func (e *env) start(c *participant.Client, b transport.Broker) (stop func() error) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(e.t, b.Declare(ctx, c.QueueSpec()))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	e.t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// inventory registers the stock handlers on c.
+func inventory(e *env, c *participant.Client) {
+	participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+		var left int
+		err := tx.QueryRow(ctx, "UPDATE "+e.table("stock")+" SET qty = qty - $2 WHERE sku = $1 AND qty >= $2 RETURNING qty",
+			req.Data.SKU, req.Data.Qty).Scan(&left)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ReserveReply{}, participant.RejectWithCode("out_of_stock", fmt.Errorf("not enough %s in stock for %d", req.Data.SKU, req.Data.Qty))
+		}
+		return ReserveReply{Remaining: left}, err
+	})
+	participant.HandleCompensation(c, Release, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReleaseReq]) error {
+		_, err := tx.Exec(ctx, "UPDATE "+e.table("stock")+" SET qty = qty + $2 WHERE sku = $1", req.Data.SKU, req.Data.Qty)
+		return err
+	})
+}
+
+// newClient returns a started client with the inventory handlers on a
+// broker of its own.
+func (e *env) newClient(mod func(*participant.Config), register func(*participant.Client)) *participant.Client {
+	e.t.Helper()
+	b := e.newBroker()
+	cfg := e.config(b)
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := participant.NewClient(cfg)
+	require.NoError(e.t, err)
+	if register == nil {
+		inventory(e, c)
+	} else {
+		register(c)
+	}
+	e.start(c, b)
+	return c
+}
+
+// message returns a saga message for the participant with a fresh id.
+func message(sagaID uuid.UUID, step string, kind transport.Kind, typ string, data any) transport.Message {
+	payload, err := json.Marshal(data)
+	if err != nil {
+		panic(err)
+	}
+	return transport.Message{
+		Envelope: transport.Envelope{
+			Version: transport.EnvelopeVersion, MessageID: uuid.Must(uuid.NewV7()), Type: typ, Kind: kind, RoutingKey: typ,
+			SagaID: sagaID, SagaType: "checkout", Step: step, StepIndex: 1, Attempt: 1, ReplyTo: orch,
+			CreatedAt: time.Now().UTC(),
+		},
+		Payload: payload,
+	}
+}
+
+func reserve(sagaID uuid.UUID, sku string, qty int) transport.Message {
+	return message(sagaID, "reserve", transport.KindCommand, Reserve.Name(), ReserveReq{SKU: sku, Qty: qty})
+}
+
+func release(sagaID uuid.UUID, sku string, qty int) transport.Message {
+	return message(sagaID, "reserve", transport.KindCompensation, Release.Name(), ReleaseReq{SKU: sku, Qty: qty})
+}
+
+// resend returns m with a new message id, as an orchestrator re-sends a
+// step after a timeout.
+func resend(m transport.Message) transport.Message {
+	m.MessageID = uuid.Must(uuid.NewV7())
+	m.Attempt++
+	return m
+}
+
+func (e *env) publish(msgs ...transport.Message) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	require.NoError(e.t, e.broker.Publish(ctx, msgs...))
+}
+
+// sink records every delivery of one queue by correlation id and message id.
+type sink struct {
+	mu     sync.Mutex
+	byCorr map[string][]transport.Message
+	byID   map[uuid.UUID]int
+}
+
+func newSink(t *testing.T, b transport.Broker, spec transport.QueueSpec) *sink {
+	t.Helper()
+	s := &sink{byCorr: map[string][]transport.Message{}, byID: map[uuid.UUID]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, b.Declare(ctx, spec))
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.byID[d.MessageID]++
+			if s.byID[d.MessageID] == 1 {
+				s.byCorr[d.CorrelationID] = append(s.byCorr[d.CorrelationID], d.Message)
+			}
+			return transport.Ack()
+		}), &transport.SubscribeOpts{Concurrency: 1, Prefetch: 50})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return s
+}
+
+// wait returns the reply to the message id, waiting for it to arrive.
+func (s *sink) wait(t *testing.T, id uuid.UUID) transport.Message {
+	t.Helper()
+	var got transport.Message
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if ms := s.byCorr[id.String()]; len(ms) > 0 {
+			got = ms[0]
+			return true
+		}
+		return false
+	}, waitFor, pollEvery, "no reply to message %s", id)
+	return got
+}
+
+func (s *sink) count(id uuid.UUID) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byCorr[id.String()])
+}
+
+// all returns every distinct message received.
+func (s *sink) all() []transport.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []transport.Message
+	for _, ms := range s.byCorr {
+		out = append(out, ms...)
+	}
+	return out
+}
+
+func requireSuccess(t *testing.T, m transport.Message) {
+	t.Helper()
+	require.Equal(t, transport.KindReplySuccess, m.Kind, "reply payload: %s", m.Payload)
+}
+
+func requireFailure(t *testing.T, m transport.Message, code string) saga.Failure {
+	t.Helper()
+	require.Equal(t, transport.KindReplyFailure, m.Kind, "reply payload: %s", m.Payload)
+	f, err := saga.DecodeFailure(m.Payload)
+	require.NoError(t, err)
+	require.Equal(t, code, f.Code, "failure: %+v", f)
+	return f
+}
+
+func eventually(t *testing.T, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	require.Eventually(t, cond, waitFor, pollEvery, append([]any{msg}, args...)...)
+}
