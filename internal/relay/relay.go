@@ -243,9 +243,17 @@ var errCrashed = errors.New("relay: simulated crash")
 // publishBatch claims, publishes and marks one batch. It returns the number
 // of rows claimed.
 func (r *Relay) publishBatch(ctx context.Context) (int, error) {
-	rows, err := r.cfg.Store.OutboxClaim(ctx, store.OutboxClaimOpts{
+	if ctx.Err() != nil {
+		return 0, nil
+	}
+	// The claim runs to completion even if ctx is cancelled meanwhile: a
+	// claim committed but reported as cancelled would leave its rows leased,
+	// unpublished, for a whole lease.
+	claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	rows, err := r.cfg.Store.OutboxClaim(claimCtx, store.OutboxClaimOpts{
 		Max: r.cfg.BatchSize, Lease: r.cfg.Lease, ClaimedBy: r.cfg.Name,
 	})
+	cancelClaim()
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}

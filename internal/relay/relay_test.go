@@ -126,6 +126,18 @@ func writeCommitted(t *testing.T, s *store.Store, msgs []transport.Message) []uu
 	return ids
 }
 
+func tryWrite(s *store.Store, msgs []transport.Message) ([]uuid.UUID, error) {
+	ctx := context.Background()
+	if err := s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }); err != nil {
+		return nil, err
+	}
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.MessageID
+	}
+	return ids, nil
+}
+
 func runRelay(t *testing.T, cfg Config) (*Relay, func()) {
 	t.Helper()
 	if cfg.PollInterval == 0 {
