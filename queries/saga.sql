@@ -105,3 +105,18 @@ SELECT @saga_id::uuid,
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga_history
 WHERE saga_id = @saga_id::uuid
 ORDER BY id;
+
+-- name: SagaClaimDueOf :many
+-- SagaClaimDue restricted to the definitions (type, version pairs) the
+-- caller can run: an orchestrator never claims, and so never starves on,
+-- sagas of a definition it does not know.
+SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.deadline <= @now::timestamptz
+  AND s.deadline IS NOT NULL
+  AND s.status IN ('running', 'compensating')
+  AND (s.saga_type, s.version) IN (
+      SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
+  )
+ORDER BY s.deadline
+LIMIT @max::integer
+FOR UPDATE OF s SKIP LOCKED;

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 	"github.com/sagabox/sagabox/transport"
@@ -317,4 +319,26 @@ func barrierMark(r *dbsqlc.SagaboxBarrier) BarrierMark {
 		Outcome: BarrierOutcome(r.Outcome), ReplyKind: transport.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload,
 		CreatedAt: r.CreatedAt,
 	}
+}
+
+// IsConnectionError reports whether err says the database could not be
+// reached or the connection was lost (a restart, a network fault), as
+// opposed to an error of the statement itself. Receivers retry such errors
+// without counting them against a message's attempts. Only pgx's own errors
+// count (a handler's network errors do not), classified by type and
+// SQLSTATE, never by message text.
+func IsConnectionError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash
+		// shutdown, cannot connect now.
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	// A failed connect, or a statement that failed before anything reached
+	// the server (a dead pooled connection).
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || pgconn.SafeToRetry(err)
 }

@@ -146,3 +146,32 @@ func TestBarrierInsertOnce(t *testing.T) {
 	_, err = s.BarrierGet(ctx, nil, sagaID, "other", store.BarrierAction)
 	require.ErrorIs(t, err, store.ErrNotFound)
 }
+
+func TestIsConnectionError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	// A statement error is not a connection error.
+	_, err := pool.Exec(ctx, "SELECT 1/0")
+	require.Error(t, err)
+	require.False(t, store.IsConnectionError(err))
+	// A refused connection is.
+	conn, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:1/none?connect_timeout=5")
+	if conn != nil {
+		_ = conn.Close(ctx)
+	}
+	require.Error(t, err)
+	require.True(t, store.IsConnectionError(err))
+	// A server-side termination (57P01) is.
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	var pid int
+	require.NoError(t, c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	_, err = pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, "SELECT 1")
+	require.Error(t, err)
+	require.True(t, store.IsConnectionError(err), "err: %v", err)
+	require.False(t, store.IsConnectionError(nil))
+}

@@ -114,6 +114,20 @@ func (s *Store) SagaGet(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecor
 	return sagaRecord(row), nil
 }
 
+// SagaGetByStartKey returns the saga of type sagaType started with
+// startKey, reading through tx when it is not nil, or an error wrapping
+// ErrNotFound.
+func (s *Store) SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error) {
+	row, err := s.queries.SagaGetByStartKey(ctx, s.db(tx), &dbsqlc.SagaGetByStartKeyParams{SagaType: sagaType, StartKey: startKey})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SagaRecord{}, fmt.Errorf("saga %s with start key %q: %w", sagaType, startKey, ErrNotFound)
+	}
+	if err != nil {
+		return SagaRecord{}, fmt.Errorf("get saga %s with start key %q: %w", sagaType, startKey, err)
+	}
+	return sagaRecord(row), nil
+}
+
 // SagaGetForUpdate returns the saga id locked FOR UPDATE in tx, so that the
 // caller applies its event alone.
 func (s *Store) SagaGetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecord, error) {
@@ -151,6 +165,33 @@ func (s *Store) SagaClaimDue(ctx context.Context, tx pgx.Tx, now time.Time, max 
 		return nil, err
 	}
 	rows, err := s.queries.SagaClaimDue(ctx, s.db(tx), &dbsqlc.SagaClaimDueParams{Now: now, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("claim due sagas: %w", err)
+	}
+	out := make([]SagaRecord, len(rows))
+	for i, r := range rows {
+		out[i] = sagaRecord(r)
+	}
+	return out, nil
+}
+
+// SagaKey names a saga definition: its type and version.
+type SagaKey struct {
+	Type    string
+	Version int
+}
+
+// SagaClaimDueOf is SagaClaimDue restricted to sagas of the definitions in
+// keys, so that an orchestrator claims only sagas it can run.
+func (s *Store) SagaClaimDueOf(ctx context.Context, tx pgx.Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error) {
+	if err := s.setLocalTimeouts(ctx, tx); err != nil {
+		return nil, err
+	}
+	p := &dbsqlc.SagaClaimDueOfParams{Now: now, Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
+	for i, k := range keys {
+		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
+	}
+	rows, err := s.queries.SagaClaimDueOf(ctx, s.db(tx), p)
 	if err != nil {
 		return nil, fmt.Errorf("claim due sagas: %w", err)
 	}

@@ -67,6 +67,71 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 	return items, nil
 }
 
+const sagaClaimDueOf = `-- name: SagaClaimDueOf :many
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.deadline <= $1::timestamptz
+  AND s.deadline IS NOT NULL
+  AND s.status IN ('running', 'compensating')
+  AND (s.saga_type, s.version) IN (
+      SELECT unnest($2::text[]), unnest($3::integer[])
+  )
+ORDER BY s.deadline
+LIMIT $4::integer
+FOR UPDATE OF s SKIP LOCKED
+`
+
+type SagaClaimDueOfParams struct {
+	Now       time.Time
+	SagaTypes []string
+	Versions  []int32
+	Max       int32
+}
+
+// SagaClaimDue restricted to the definitions (type, version pairs) the
+// caller can run: an orchestrator never claims, and so never starves on,
+// sagas of a definition it does not know.
+func (q *Queries) SagaClaimDueOf(ctx context.Context, db DBTX, arg *SagaClaimDueOfParams) ([]*SagaboxSaga, error) {
+	rows, err := db.Query(ctx, sagaClaimDueOf,
+		arg.Now,
+		arg.SagaTypes,
+		arg.Versions,
+		arg.Max,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSaga{}
+	for rows.Next() {
+		var i SagaboxSaga
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaType,
+			&i.Version,
+			&i.Status,
+			&i.StartKey,
+			&i.Data,
+			&i.Steps,
+			&i.CurrentStep,
+			&i.Phase,
+			&i.Revision,
+			&i.Deadline,
+			&i.Attempts,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FinishedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sagaCountByStatus = `-- name: SagaCountByStatus :many
 SELECT saga_type, status, count(*)::bigint AS count
 FROM /* TEMPLATE: schema */sagabox_saga

@@ -1,0 +1,302 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sagabox/sagabox/internal/maintenance"
+	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// ErrNotFound is wrapped by the errors of Get, History, Retry and Abort for
+// a saga that does not exist. It is store.ErrNotFound, so errors.Is works
+// with either name.
+var ErrNotFound = store.ErrNotFound
+
+// startWakeDelays are the follow-up wake-ups of the relay after a Start: the
+// caller's transaction commits some time after Start returns, and the relay
+// cannot see it before.
+var startWakeDelays = []time.Duration{5 * time.Millisecond, 25 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond}
+
+// Client runs saga definitions: it starts sagas in the caller's
+// transaction, applies the participants' replies, fires step deadlines,
+// performs operator actions, and publishes its outbox. Create it with
+// NewClient, start sagas with Start, and call Run in one goroutine.
+type Client struct {
+	cfg      Config
+	store    *store.Store
+	relay    *relay.Relay
+	tel      *telemetry.Telemetry
+	log      *slog.Logger
+	registry *saga.Registry
+
+	mu      sync.Mutex
+	running bool
+
+	// startWake is signalled by Start; Run's waker goroutine then wakes the
+	// relay a few times.
+	startWake chan struct{}
+
+	// sweepMu guards sweepNext, the time the sweeper plans to run next.
+	// Writers of an earlier deadline move it and signal sweepWake.
+	sweepMu   sync.Mutex
+	sweepNext time.Time
+	sweepWake chan struct{}
+}
+
+// NewClient validates cfg and returns a Client. It connects to nothing yet:
+// Run checks the schema and starts consuming. Start may be called before Run
+// (the messages wait in the outbox until a relay publishes them).
+func NewClient(cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	st, err := store.New(cfg.Pool, cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	r, err := relay.New(relay.Config{
+		Store:          st,
+		Publisher:      cfg.Broker,
+		BatchSize:      cfg.Relay.BatchSize,
+		Workers:        cfg.Relay.Workers,
+		PollInterval:   cfg.Relay.PollInterval,
+		Listen:         cfg.Relay.Listen,
+		Lease:          cfg.Relay.Lease,
+		PublishTimeout: cfg.Relay.PublishTimeout,
+		Logger:         cfg.Logger,
+		Observer:       tel.RelayObserver(cfg.Schema),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	reg := saga.NewRegistry()
+	if err := reg.Register(cfg.Definitions...); err != nil {
+		return nil, fmt.Errorf("orchestrator: invalid config: Definitions: %w", err)
+	}
+	return &Client{
+		cfg:       cfg,
+		store:     st,
+		relay:     r,
+		tel:       tel,
+		log:       cfg.Logger.With("component", "orchestrator", "service", cfg.Service),
+		registry:  reg,
+		startWake: make(chan struct{}, 1),
+		sweepWake: make(chan struct{}, 1),
+	}, nil
+}
+
+// Register adds saga definitions to the ones the Client runs. Several
+// versions of one name may be registered. It fails, adding none, if a name
+// and version is already registered. Register before Run and before
+// starting sagas of the definition.
+func (c *Client) Register(runners ...saga.Runner) error {
+	for i, r := range runners {
+		if r == nil {
+			return fmt.Errorf("orchestrator: register: runner %d is nil", i)
+		}
+	}
+	if err := c.registry.Register(runners...); err != nil {
+		return fmt.Errorf("orchestrator: register: %w", err)
+	}
+	return nil
+}
+
+// Wake makes the Client's relay publish its outbox now. Call it after
+// committing a transaction in which you started sagas, for the lowest
+// latency; without it the relay finds the first commands after a few
+// follow-up wake-ups or, at the latest, after Relay.PollInterval. It never
+// blocks.
+func (c *Client) Wake() { c.relay.Wake() }
+
+// now returns the Client's clock, in UTC.
+func (c *Client) now() time.Time { return c.cfg.Clock().UTC() }
+
+// Run checks that the schema is migrated, declares the reply queue, then
+// applies replies, fires deadlines, publishes the outbox and prunes old rows
+// until ctx is cancelled. It then stops taking replies, waits up to
+// StopTimeout for the replies and sweeps in flight, stops the relay and
+// returns nil. It returns an error at once if the schema is not migrated
+// (naming the command to run), if no definition is registered or if the
+// queue cannot be declared, and later if the broker gives up on the
+// subscription (e.g. the Broker was closed).
+func (c *Client) Run(ctx context.Context) error {
+	c.mu.Lock()
+	switch {
+	case c.running:
+		c.mu.Unlock()
+		return errors.New("orchestrator: Run called while the client is already running")
+	case len(c.registry.Runners()) == 0:
+		c.mu.Unlock()
+		return errors.New("orchestrator: no saga definition registered: set Config.Definitions or call Register before Run")
+	}
+	c.running = true
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.running = false
+		c.mu.Unlock()
+	}()
+
+	if err := c.store.CheckSchema(ctx, store.LineMessaging, store.LineSaga); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true}
+	if err := c.cfg.Broker.Declare(ctx, spec); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("orchestrator: declare reply queue %s: %w", spec.Name, err)
+	}
+	gauges, err := c.tel.RegisterOutboxGauges(c.store)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = gauges.Unregister() }()
+	retention, err := maintenance.NewRetention(maintenance.RetentionConfig{
+		Store: c.store, Interval: c.cfg.Retention.Interval, BatchSize: c.cfg.Retention.BatchSize,
+		OutboxRetention: c.cfg.Retention.Outbox, InboxRetention: c.cfg.Retention.Inbox, Logger: c.cfg.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+
+	// Replies and sweeps run on workCtx, which outlives ctx by at most
+	// StopTimeout so that a shutdown lets transactions in flight finish.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopped := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-stopped:
+			return
+		case <-ctx.Done():
+		}
+		t := time.NewTimer(c.cfg.StopTimeout)
+		defer t.Stop()
+		select {
+		case <-stopped:
+		case <-t.C:
+			c.log.Warn("stop timeout reached; cancelling replies and sweeps in flight (replies will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
+			cancelWork()
+		}
+	})
+
+	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRelay()
+	wg.Go(func() { _ = c.relay.Run(relayCtx) })
+	wg.Go(func() { c.wakeAfterStarts(relayCtx) })
+
+	// The sweeper and retention stop with ctx, or when the consumer fails.
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	defer stopLoops()
+	var loops sync.WaitGroup
+	loops.Go(func() { c.sweepLoop(loopCtx, workCtx) })
+	loops.Go(func() { c.retentionLoop(loopCtx, retention) })
+
+	c.log.Info("orchestrator started", "queue", spec.Name, "schema", c.cfg.Schema, "definitions", c.definitionNames(), "workers", c.cfg.Workers)
+	err = c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		return c.handleReply(workCtx, d)
+	}), &transport.SubscribeOpts{Concurrency: c.cfg.Workers, Prefetch: c.cfg.Prefetch})
+	stopLoops()
+	loops.Wait()
+	close(stopped)
+	stopRelay()
+	wg.Wait()
+	if err != nil {
+		c.log.Error("orchestrator stopped: subscription failed", "err", err)
+		return fmt.Errorf("orchestrator: subscribe %s: %w", spec.Name, err)
+	}
+	c.log.Info("orchestrator stopped")
+	return nil
+}
+
+func (c *Client) definitionNames() []string {
+	var out []string
+	for _, r := range c.registry.Runners() {
+		out = append(out, fmt.Sprintf("%s v%d", r.Name(), r.Version()))
+	}
+	return out
+}
+
+// wakeAfterStarts wakes the relay a few times after each Start, so that the
+// first commands of sagas started in callers' transactions go out soon after
+// those commit.
+func (c *Client) wakeAfterStarts(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	next := len(startWakeDelays)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.startWake:
+			next = 0
+			t.Reset(startWakeDelays[0])
+		case <-t.C:
+			c.relay.Wake()
+			next++
+			if next < len(startWakeDelays) {
+				t.Reset(startWakeDelays[next] - startWakeDelays[next-1])
+			}
+		}
+	}
+}
+
+// retentionLoop prunes processed messaging rows and finished sagas every
+// Retention.Interval until ctx is cancelled.
+func (c *Client) retentionLoop(ctx context.Context, r *maintenance.Retention) {
+	t := time.NewTimer(c.cfg.Retention.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := c.prune(ctx, r); err != nil && ctx.Err() == nil {
+			c.log.Warn("retention pass failed; will try again", "err", err)
+		}
+		t.Reset(c.cfg.Retention.Interval)
+	}
+}
+
+// prune runs one retention pass: published outbox rows and old inbox rows
+// (by wall-clock time), then completed and compensated sagas that finished
+// more than Retention.Sagas ago (by Clock). It returns how many sagas it
+// deleted.
+func (c *Client) prune(ctx context.Context, r *maintenance.Retention) (int64, error) {
+	if _, err := r.Prune(ctx, time.Now()); err != nil {
+		return 0, err
+	}
+	before := c.now().Add(-c.cfg.Retention.Sagas)
+	var total int64
+	for {
+		n, err := c.store.SagaDeleteFinishedBefore(ctx, before, c.cfg.Retention.BatchSize)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < int64(c.cfg.Retention.BatchSize) || ctx.Err() != nil {
+			return total, nil
+		}
+	}
+}

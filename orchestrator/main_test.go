@@ -1,0 +1,17 @@
+package orchestrator_test
+
+import (
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childSchemaEnv) != "" {
+		// Re-executed by TestGuaranteeCrashedOrchestratorRecovers: run only
+		// an orchestrator until killed.
+		os.Exit(runChildOrchestrator())
+	}
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+}

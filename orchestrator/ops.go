@@ -1,0 +1,220 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+)
+
+// Get returns the saga id, or an error wrapping ErrNotFound.
+func (c *Client) Get(ctx context.Context, id uuid.UUID) (*Saga, error) {
+	rec, err := c.store.SagaGet(ctx, nil, id)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	return s, nil
+}
+
+// History returns the history of saga id, oldest first: every decision of
+// the saga core (commands and compensations sent, replies applied or
+// ignored, timeouts, retries), operator actions with their actor and
+// reason, and replies the orchestrator dead-lettered
+// (HistoryReplyDeadLettered). It returns an error wrapping ErrNotFound if
+// the saga does not exist.
+func (c *Client) History(ctx context.Context, id uuid.UUID) ([]saga.HistoryEntry, error) {
+	recs, err := c.store.SagaHistory(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	if len(recs) == 0 {
+		if _, err := c.store.SagaGet(ctx, nil, id); err != nil {
+			return nil, fmt.Errorf("orchestrator: %w", err)
+		}
+	}
+	out := make([]saga.HistoryEntry, len(recs))
+	for i, r := range recs {
+		out[i] = saga.HistoryEntry{
+			At: r.At, Event: saga.HistoryEvent(r.Event), Step: r.Step, StepIndex: r.StepIndex, Phase: saga.Phase(r.Phase),
+			Attempt: r.Attempt, Detail: r.Detail, Actor: r.Actor, MessageID: r.MessageID,
+		}
+	}
+	return out, nil
+}
+
+// DefaultListLimit is the page size of List when ListOpts.Limit is zero.
+const DefaultListLimit = 100
+
+// ListOpts selects sagas for List. A nil *ListOpts lists every saga.
+type ListOpts struct {
+	// Type keeps only sagas of this definition name. Defaults to "" (all).
+	Type string
+	// Statuses keeps only sagas in one of these statuses. Defaults to none
+	// (all statuses).
+	Statuses []saga.Status
+	// OlderThan keeps only sagas not updated for at least this long (by
+	// Clock): stuck ones. Defaults to 0 (all).
+	OlderThan time.Duration
+	// Limit is the page size. Defaults to DefaultListLimit (100).
+	Limit int
+	// After continues a listing: pass the previous page's
+	// ListResult.Cursor. Defaults to "" (first page).
+	After string
+}
+
+// ListResult is one page of List.
+type ListResult struct {
+	// Sagas are the page's sagas, stalest (least recently updated) first.
+	Sagas []*Saga
+	// Cursor continues the listing (ListOpts.After); "" when this page is
+	// the last.
+	Cursor string
+}
+
+// List returns the sagas selected by opts, stalest first, one page at a
+// time.
+func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) {
+	if opts == nil {
+		opts = &ListOpts{}
+	}
+	if opts.Limit < 0 {
+		return nil, fmt.Errorf("orchestrator: list: ListOpts.Limit %d is negative", opts.Limit)
+	}
+	f := store.SagaFilter{Type: opts.Type, Limit: opts.Limit}
+	if f.Limit == 0 {
+		f.Limit = DefaultListLimit
+	}
+	for _, st := range opts.Statuses {
+		if !st.Valid() {
+			return nil, fmt.Errorf("orchestrator: list: ListOpts.Statuses: unknown status %q", st)
+		}
+		f.Statuses = append(f.Statuses, string(st))
+	}
+	if opts.OlderThan > 0 {
+		f.UpdatedBefore = c.now().Add(-opts.OlderThan)
+	}
+	if opts.After != "" {
+		after, err := decodeCursor(opts.After)
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: list: ListOpts.After: %w", err)
+		}
+		f.After = after
+	}
+	recs, err := c.store.SagaList(ctx, f)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	res := &ListResult{Sagas: make([]*Saga, len(recs))}
+	for i := range recs {
+		if res.Sagas[i], err = sagaFromRecord(&recs[i]); err != nil {
+			return nil, fmt.Errorf("orchestrator: %w", err)
+		}
+	}
+	if len(recs) == f.Limit {
+		last := recs[len(recs)-1]
+		res.Cursor = encodeCursor(last.UpdatedAt, last.ID)
+	}
+	return res, nil
+}
+
+func encodeCursor(at time.Time, id uuid.UUID) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id.String()))
+}
+
+func decodeCursor(s string) (*store.SagaRecord, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, fmt.Errorf("cursor %q is not valid: %w", s, err)
+	}
+	at, id, ok := strings.Cut(string(b), "|")
+	if !ok {
+		return nil, fmt.Errorf("cursor %q is not valid", s)
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return nil, fmt.Errorf("cursor %q is not valid: %w", s, err)
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return nil, fmt.Errorf("cursor %q is not valid: %w", s, err)
+	}
+	return &store.SagaRecord{ID: u, UpdatedAt: t}, nil
+}
+
+// Retry asks saga id to re-send what is in flight, with the next attempt
+// number: the action of a running saga (e.g. stuck on a participant that
+// lost the command), the compensation of a compensating one, or the failed
+// compensation of a failed saga, which becomes compensating again. actor
+// and reason are recorded in the history. A saga in another status gives an
+// error wrapping saga.ErrInvalidTransition; an unknown one, ErrNotFound. It
+// returns the saga's new state.
+func (c *Client) Retry(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
+	return c.operate(ctx, id, saga.EventRetry, actor, reason)
+}
+
+// Abort compensates the running saga id as if its current step had timed
+// out for good: the step's own compensation first (the participant's
+// barrier makes it a no-op if the action never ran), then the completed
+// steps' in reverse order. actor and reason are recorded in the history and
+// LastError. A saga that is not running gives an error wrapping
+// saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the
+// saga's new state.
+func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
+	return c.operate(ctx, id, saga.EventAbort, actor, reason)
+}
+
+func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor, reason string) (*Saga, error) {
+	if strings.TrimSpace(actor) == "" {
+		return nil, fmt.Errorf("orchestrator: %s saga %s: actor is required", kind, id)
+	}
+	var tr transition
+	var err error
+	for try := 0; ; try++ {
+		err = c.store.InTx(ctx, func(tx pgx.Tx) error {
+			rec, err := c.store.SagaGetForUpdate(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			runner, err := c.registry.Lookup(rec.Type, rec.Version)
+			if err != nil {
+				return err
+			}
+			s, err := sagaFromRecord(&rec)
+			if err != nil {
+				return err
+			}
+			now := c.now()
+			res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
+			if err != nil {
+				return err
+			}
+			tr, err = c.write(ctx, tx, rec, res, now)
+			return err
+		})
+		if err == nil || !store.IsRetryable(err) || try >= txRetries {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
+	}
+	c.committed(ctx, tr)
+	attrs := []any{"saga_id", id.String(), "saga_type", tr.rec.Type, "actor", actor, "reason", reason, "status", string(tr.res.Instance.Status)}
+	if kind == saga.EventAbort {
+		c.log.Warn("saga aborted by operator", attrs...)
+	} else {
+		c.log.Info("saga retried by operator", attrs...)
+	}
+	return sagaFromRecord(&tr.rec)
+}

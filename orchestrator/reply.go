@@ -1,0 +1,196 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// History events the orchestrator records besides the core's.
+const (
+	// HistoryReplyDeadLettered: a reply could not be applied and was
+	// dead-lettered: its saga's definition version is not registered here,
+	// or its payload breaks the command's contract. Detail says which.
+	HistoryReplyDeadLettered saga.HistoryEvent = "reply-dead-lettered"
+)
+
+const (
+	// txRetries is how many times a transaction that hit a serialization
+	// failure or deadlock is retried at once before the reply goes back to
+	// the queue.
+	txRetries = 5
+	// replyRetryDelay is how long a reply whose processing failed for a
+	// transient reason (database down, local step error) waits before it
+	// is delivered again.
+	replyRetryDelay = time.Second
+)
+
+// replyOutcome is what processing one reply amounted to.
+type replyOutcome int
+
+const (
+	replyApplied replyOutcome = iota
+	replyIgnored
+	replyDuplicate
+	replyUnknownSaga
+)
+
+// deadLetterError makes a reply go to the dead-letter queue; reason is
+// recorded with it, class is the metric's reason class.
+type deadLetterError struct {
+	class, reason string
+}
+
+func (e *deadLetterError) Error() string { return e.reason }
+
+// handleReply applies one reply in one transaction: inbox dedupe, saga row
+// lock, core transition, new state + history + next commands. It acks only
+// after the commit.
+func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transport.Outcome {
+	ctx, span := c.tel.StartProcess(ctx, &d.Envelope, "orchestrator")
+	defer span.End()
+	log := c.log.With("message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "saga_type", d.SagaType,
+		"type", d.Type, "kind", string(d.Kind), "step", d.Step, "attempt", d.Attempt)
+
+	if !d.Kind.IsReply() {
+		reason := fmt.Sprintf("message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)
+		log.Error("dead-lettering message", "reason", reason)
+		c.tel.DeadLetter(ctx, c.cfg.Schema, "unexpected_kind")
+		return transport.DeadLetter(reason)
+	}
+
+	var out replyOutcome
+	var tr transition
+	var err error
+	for try := 0; ; try++ {
+		err = c.store.InTx(ctx, func(tx pgx.Tx) error {
+			var txErr error
+			out, tr, txErr = c.processReply(ctx, tx, d)
+			return txErr
+		})
+		if err == nil || !store.IsRetryable(err) || try >= txRetries || ctx.Err() != nil {
+			break
+		}
+	}
+	var dl *deadLetterError
+	switch {
+	case errors.As(err, &dl):
+		c.recordUnapplied(ctx, d, dl.reason)
+		log.Error("dead-lettering reply", "reason", dl.reason)
+		c.tel.DeadLetter(ctx, c.cfg.Schema, dl.class)
+		span.SetStatus(codes.Error, dl.reason)
+		return transport.DeadLetter(dl.reason)
+	case err != nil:
+		span.RecordError(err)
+		if ctx.Err() != nil {
+			log.Warn("reply not applied: stopping; it will be redelivered", "err", err)
+			return transport.Retry(0)
+		}
+		log.Error("reply not applied; will retry", "err", err, "retry_in", replyRetryDelay)
+		return transport.Retry(replyRetryDelay)
+	}
+	switch out {
+	case replyDuplicate:
+		c.tel.Duplicate(ctx, c.cfg.Schema, d.Type)
+		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "duplicate")
+		log.Debug("duplicate reply acknowledged without effect")
+	case replyUnknownSaga:
+		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "unknown_saga")
+		log.Warn("reply for a saga that does not exist here acknowledged without effect")
+	case replyIgnored:
+		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "ignored")
+		log.Info("reply ignored", "reason", tr.res.IgnoreReason)
+	case replyApplied:
+		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "new")
+		// Latency since the saga's previous transition, normally the one
+		// that sent the command this reply answers.
+		c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
+		c.committed(ctx, tr)
+	}
+	return transport.Ack()
+}
+
+func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Delivery) (replyOutcome, transition, error) {
+	dup, err := c.store.InboxRecord(ctx, tx, &d.Envelope)
+	if err != nil {
+		return 0, transition{}, err
+	}
+	if dup {
+		return replyDuplicate, transition{}, nil
+	}
+	rec, err := c.store.SagaGetForUpdate(ctx, tx, d.SagaID)
+	if errors.Is(err, store.ErrNotFound) {
+		return replyUnknownSaga, transition{}, nil
+	}
+	if err != nil {
+		return 0, transition{}, err
+	}
+	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	if err != nil {
+		return 0, transition{}, &deadLetterError{class: "unknown_definition", reason: fmt.Sprintf(
+			"reply %s for saga %s cannot be applied: %v; this orchestrator runs %v (deploy an orchestrator that registers %s v%d, then move the message back from the dead-letter queue)",
+			d.MessageID, rec.ID, err, c.definitionNames(), rec.Type, rec.Version)}
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return 0, transition{}, &deadLetterError{class: "invalid_instance", reason: err.Error()}
+	}
+	kind := saga.EventReplySuccess
+	if d.Kind == transport.KindReplyFailure {
+		kind = saga.EventReplyFailure
+	}
+	now := c.now()
+	res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{
+		Kind: kind, Type: d.Type, Step: d.Step, StepIndex: d.StepIndex, Attempt: d.Attempt,
+		Payload: d.Payload, MessageID: d.MessageID, At: now,
+	})
+	switch {
+	case errors.Is(err, saga.ErrInvalidPayload):
+		return 0, transition{}, &deadLetterError{class: "invalid_payload", reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
+	case errors.Is(err, saga.ErrInvalidInstance), errors.Is(err, saga.ErrInvalidEvent):
+		return 0, transition{}, &deadLetterError{class: "invalid_instance", reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
+	case err != nil:
+		return 0, transition{}, err
+	}
+	tr, err := c.write(ctx, tx, rec, res, now)
+	if err != nil {
+		return 0, transition{}, err
+	}
+	tr.phase = s.Phase
+	if res.Ignored {
+		return replyIgnored, tr, nil
+	}
+	return replyApplied, tr, nil
+}
+
+// recordUnapplied makes a dead-lettered reply visible on its saga: a
+// history entry and LastError, in a transaction of its own (the reply's was
+// rolled back, so the reply is not in the inbox and can be replayed).
+func (c *Client) recordUnapplied(ctx context.Context, d *transport.Delivery, reason string) {
+	err := c.store.InTx(ctx, func(tx pgx.Tx) error {
+		rec, err := c.store.SagaGetForUpdate(ctx, tx, d.SagaID)
+		if err != nil {
+			return err
+		}
+		now := c.now()
+		if err := c.store.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{
+			At: now, Event: string(HistoryReplyDeadLettered), Step: d.Step, StepIndex: d.StepIndex, Phase: rec.Phase,
+			Attempt: d.Attempt, Detail: reason, MessageID: d.MessageID,
+		}}); err != nil {
+			return err
+		}
+		rec.LastError = reason
+		return c.store.SagaUpdate(ctx, tx, rec, now)
+	})
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		c.log.Warn("could not record the dead-lettered reply on its saga", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "err", err)
+	}
+}

@@ -1,0 +1,219 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// Saga is the stored state of one saga instance, as Get and List return it.
+type Saga struct {
+	// ID identifies the saga (a UUIDv7).
+	ID uuid.UUID
+	// Type and Version name the definition the saga runs under.
+	Type    string
+	Version int
+	// Status is the saga's lifecycle status.
+	Status saga.Status
+	// Phase is saga.PhaseAction until the first compensation, then
+	// saga.PhaseCompensation.
+	Phase saga.Phase
+	// CurrentStep is the index of the step in flight, or in a failed saga of
+	// the step whose compensation failed; -1 once completed or compensated.
+	CurrentStep int
+	// Data is the saga's typed data as JSON (decode it with the
+	// definition's DecodeData).
+	Data json.RawMessage
+	// Steps holds the state of every step of the definition, in order.
+	Steps []saga.StepState
+	// Deadline is when the next timer is due; zero when none is.
+	Deadline time.Time
+	// LastError is the most recent failure reason (rejection, timeout,
+	// abort, compensation failure, or a reply the orchestrator could not
+	// apply).
+	LastError string
+	// StartKey is the idempotency key the saga was started with, if any.
+	StartKey string
+	// Revision counts the transitions applied to the saga.
+	Revision int64
+	// CreatedAt, UpdatedAt and FinishedAt are Clock times; FinishedAt is
+	// zero until the saga is completed or compensated (a failed saga waits
+	// for an operator and is not finished).
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt time.Time
+}
+
+// Instance returns the saga as the saga core sees it.
+func (s *Saga) Instance() saga.Instance {
+	return saga.Instance{
+		ID: s.ID, Type: s.Type, Version: s.Version, Status: s.Status, Phase: s.Phase,
+		CurrentStep: s.CurrentStep, Data: s.Data, Steps: s.Steps, Deadline: s.Deadline, LastError: s.LastError,
+	}
+}
+
+func sagaFromRecord(rec *store.SagaRecord) (*Saga, error) {
+	s := &Saga{
+		ID: rec.ID, Type: rec.Type, Version: rec.Version, Status: saga.Status(rec.Status), Phase: saga.Phase(rec.Phase),
+		CurrentStep: rec.CurrentStep, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
+		Revision: rec.Revision, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt,
+	}
+	if err := json.Unmarshal(rec.Steps, &s.Steps); err != nil {
+		return nil, fmt.Errorf("%w: saga %s: decode step states: %w", saga.ErrInvalidInstance, rec.ID, err)
+	}
+	if rec.Deadline != nil {
+		s.Deadline = rec.Deadline.UTC()
+	}
+	if rec.FinishedAt != nil {
+		s.FinishedAt = *rec.FinishedAt
+	}
+	return s, nil
+}
+
+// applyToRecord writes inst into rec, the row it came from (or a new one).
+func applyToRecord(rec *store.SagaRecord, inst *saga.Instance, now time.Time) error {
+	steps, err := json.Marshal(inst.Steps)
+	if err != nil {
+		return fmt.Errorf("encode step states of saga %s: %w", inst.ID, err)
+	}
+	rec.ID, rec.Type, rec.Version = inst.ID, inst.Type, inst.Version
+	rec.Status, rec.Phase, rec.CurrentStep = string(inst.Status), string(inst.Phase), inst.CurrentStep
+	rec.Data, rec.Steps, rec.LastError = inst.Data, steps, inst.LastError
+	rec.Deadline = nil
+	if !inst.Deadline.IsZero() {
+		d := inst.Deadline
+		rec.Deadline = &d
+	}
+	rec.Attempts = 0
+	if inst.CurrentStep >= 0 && inst.CurrentStep < len(inst.Steps) {
+		st := inst.Steps[inst.CurrentStep]
+		rec.Attempts = st.Attempt
+		if inst.Phase == saga.PhaseCompensation {
+			rec.Attempts = st.CompensationAttempt
+		}
+	}
+	finished := inst.Status == saga.StatusCompleted || inst.Status == saga.StatusCompensated
+	switch {
+	case finished && rec.FinishedAt == nil:
+		rec.FinishedAt = &now
+	case !finished:
+		rec.FinishedAt = nil
+	}
+	return nil
+}
+
+func historyRecords(entries []saga.HistoryEntry) []store.HistoryRecord {
+	out := make([]store.HistoryRecord, len(entries))
+	for i, e := range entries {
+		out[i] = store.HistoryRecord{
+			At: e.At, Event: string(e.Event), Step: e.Step, StepIndex: e.StepIndex, Phase: string(e.Phase),
+			Attempt: e.Attempt, Detail: e.Detail, Actor: e.Actor, MessageID: e.MessageID,
+		}
+	}
+	return out
+}
+
+// messages maps the core's outgoing commands to outbox messages.
+func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.Outgoing) []transport.Message {
+	if len(emit) == 0 {
+		return nil
+	}
+	tp, ts := telemetry.Inject(ctx)
+	out := make([]transport.Message, len(emit))
+	for i, o := range emit {
+		kind := transport.KindCommand
+		if o.Phase == saga.PhaseCompensation {
+			kind = transport.KindCompensation
+		}
+		out[i] = transport.Message{
+			Envelope: transport.Envelope{
+				Type: o.Type, Kind: kind, RoutingKey: o.Type, SagaID: inst.ID, SagaType: inst.Type,
+				Step: o.Step, StepIndex: o.StepIndex, Attempt: o.Attempt, ReplyTo: c.cfg.Service,
+				TraceParent: tp, TraceState: ts,
+			},
+			Payload: o.Payload,
+		}
+	}
+	return out
+}
+
+// transition is a decision of the core about to be written, with what the
+// caller needs after the commit.
+type transition struct {
+	// before is the status before the event; since the time of the
+	// previous transition; phase the phase the event belonged to.
+	before saga.Status
+	since  time.Time
+	phase  saga.Phase
+	rec    store.SagaRecord
+	res    saga.Result
+}
+
+// write stores res, the outcome of applying an event to the saga rec, in tx:
+// the new state (revision-checked), its history and its outgoing messages.
+// An ignored result writes only its history.
+func (c *Client) write(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, res saga.Result, now time.Time) (transition, error) {
+	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res}
+	if err := c.store.SagaHistoryInsert(ctx, tx, rec.ID, historyRecords(res.History)); err != nil {
+		return tr, err
+	}
+	if res.Ignored {
+		tr.rec = rec
+		return tr, nil
+	}
+	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
+		return tr, err
+	}
+	if err := c.store.SagaUpdate(ctx, tx, rec, now); err != nil {
+		return tr, err
+	}
+	rec.Revision++
+	rec.UpdatedAt = now
+	if err := c.store.OutboxWrite(ctx, tx, c.messages(ctx, &res.Instance, res.Emit)); err != nil {
+		return tr, err
+	}
+	tr.rec = rec
+	return tr, nil
+}
+
+// committed does what follows the commit of transitions: wake the relay and
+// the sweeper, count metrics.
+func (c *Client) committed(ctx context.Context, trs ...transition) {
+	wake := false
+	for _, tr := range trs {
+		if tr.res.Ignored {
+			continue
+		}
+		if len(tr.res.Emit) > 0 {
+			wake = true
+		}
+		if tr.rec.Deadline != nil {
+			c.noteDeadline(*tr.rec.Deadline)
+		}
+		after := tr.res.Instance.Status
+		if after != tr.before && after.Terminal() {
+			c.tel.SagaFinished(ctx, tr.rec.Type, string(after), tr.rec.UpdatedAt.Sub(tr.rec.CreatedAt))
+			lvl := slog.LevelDebug
+			switch after {
+			case saga.StatusCompensated:
+				lvl = slog.LevelInfo
+			case saga.StatusFailed:
+				lvl = slog.LevelWarn
+			}
+			c.log.Log(ctx, lvl, "saga "+string(after), "saga_id", tr.rec.ID.String(), "saga_type", tr.rec.Type, "last_error", tr.rec.LastError)
+		}
+	}
+	if wake {
+		c.relay.Wake()
+	}
+}

@@ -1,0 +1,172 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+)
+
+// StartOpts tunes one Start. A nil *StartOpts uses defaults.
+type StartOpts struct {
+	// StartKey makes the start idempotent: when a saga of the same
+	// definition name was already started with this key, Start starts
+	// nothing (no row, no message, no local step) and returns that saga
+	// with Existing set. Defaults to "" (no key).
+	StartKey string
+}
+
+// Started is the outcome of Start.
+type Started struct {
+	// ID is the saga's id, a UUIDv7.
+	ID uuid.UUID
+	// Status is the saga's status after Start: running, or already
+	// completed or compensated if it had only local or skipped steps.
+	Status saga.Status
+	// Existing is true when StartOpts.StartKey named a saga started before;
+	// ID and Status are then that saga's.
+	Existing bool
+}
+
+type txKey struct{}
+
+// TxFromContext returns the transaction in which the orchestrator runs a
+// definition's local steps (saga.LocalStep): the caller's transaction
+// during Start, the transaction that applies a reply, timer or operator
+// action otherwise. Do the step's writes in it and never commit or roll it
+// back. It returns nil outside of a local step.
+func TxFromContext(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
+	return tx
+}
+
+func withTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// Start starts a saga of def with data in tx, the caller's transaction: the
+// saga row, its history and its first command are written in tx, so the
+// saga exists, and its command is sent, if and only if tx commits. def must
+// be registered with c. Leading local steps run in tx (see TxFromContext).
+// Start does not commit tx.
+//
+// The relay cannot see tx's commit: it is woken a few times in the
+// following half second and polls every Relay.PollInterval; call c.Wake
+// after committing for the lowest latency.
+func Start[D any](ctx context.Context, c *Client, tx pgx.Tx, def *saga.Definition[D], data D, opts *StartOpts) (*Started, error) {
+	if def == nil {
+		return nil, errors.New("orchestrator: start: definition is nil")
+	}
+	raw, err := def.EncodeData(data)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s: %w", def, err)
+	}
+	return c.StartJSON(ctx, tx, def.Name(), def.Version(), raw, opts)
+}
+
+// StartJSON is Start for a definition known by name and version, with its
+// data as JSON (e.g. from a CLI or another language). Version 0 means the
+// highest registered version of name.
+func (c *Client) StartJSON(ctx context.Context, tx pgx.Tx, name string, version int, data json.RawMessage, opts *StartOpts) (*Started, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("orchestrator: start %s: transaction is nil", name)
+	}
+	if opts == nil {
+		opts = &StartOpts{}
+	}
+	var runner saga.Runner
+	var err error
+	if version == 0 {
+		runner, err = c.registry.Latest(name)
+	} else {
+		runner, err = c.registry.Lookup(name, version)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start: %w (register it with the Client)", err)
+	}
+	if opts.StartKey != "" && strings.TrimSpace(opts.StartKey) == "" {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKey is blank", runner.Name(), runner.Version())
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: generate saga id: %w", runner.Name(), runner.Version(), err)
+	}
+
+	// With a start key, the saga may exist already: then nothing runs. It
+	// may also be inserted right now by a concurrent transaction: start
+	// inside a savepoint, so that losing that race undoes the local steps'
+	// writes.
+	work := tx
+	if opts.StartKey != "" {
+		existing, err := c.store.SagaGetByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		switch {
+		case err == nil:
+			return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		}
+		work, err = tx.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
+		}
+		defer work.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	}
+	st, tr, err := c.start(ctx, work, runner, id, data, opts.StartKey)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+	}
+	if st.Existing {
+		return st, nil // the deferred rollback undoes the savepoint
+	}
+	if work != tx {
+		if err := work.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: release savepoint: %w", runner.Name(), runner.Version(), err)
+		}
+	}
+	c.tel.SagaStarted(ctx, runner.Name())
+	if tr.res.Instance.Status.Terminal() {
+		c.tel.SagaFinished(ctx, runner.Name(), string(tr.res.Instance.Status), 0)
+	}
+	if tr.rec.Deadline != nil {
+		c.noteDeadline(*tr.rec.Deadline)
+	}
+	select {
+	case c.startWake <- struct{}{}:
+	default:
+	}
+	c.log.Debug("saga started", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "status", string(st.Status))
+	return st, nil
+}
+
+func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, startKey string) (*Started, transition, error) {
+	now := c.now()
+	res, err := runner.Start(withTx(ctx, tx), id, data, now)
+	if err != nil {
+		return nil, transition{}, err
+	}
+	rec := store.SagaRecord{StartKey: startKey}
+	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
+		return nil, transition{}, err
+	}
+	stored, inserted, err := c.store.SagaInsert(ctx, tx, rec, now)
+	if err != nil {
+		return nil, transition{}, err
+	}
+	if !inserted {
+		return &Started{ID: stored.ID, Status: saga.Status(stored.Status), Existing: true}, transition{}, nil
+	}
+	if err := c.store.SagaHistoryInsert(ctx, tx, id, historyRecords(res.History)); err != nil {
+		return nil, transition{}, err
+	}
+	if err := c.store.OutboxWrite(ctx, tx, c.messages(ctx, &res.Instance, res.Emit)); err != nil {
+		return nil, transition{}, err
+	}
+	return &Started{ID: id, Status: res.Instance.Status}, transition{rec: stored, res: res}, nil
+}

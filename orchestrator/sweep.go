@@ -1,0 +1,176 @@
+package orchestrator
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+)
+
+// noteDeadline tells the sweeper about a deadline just written; it wakes the
+// sweeper if the deadline is earlier than its next planned pass.
+func (c *Client) noteDeadline(d time.Time) {
+	c.sweepMu.Lock()
+	defer c.sweepMu.Unlock()
+	if !c.sweepNext.IsZero() && !d.Before(c.sweepNext) {
+		return
+	}
+	c.sweepNext = d
+	select {
+	case c.sweepWake <- struct{}{}:
+	default:
+	}
+}
+
+// untilNext returns how long the sweeper waits before its next pass: until
+// the earliest deadline it was told about, at most SweepInterval.
+func (c *Client) untilNext() time.Duration {
+	c.sweepMu.Lock()
+	defer c.sweepMu.Unlock()
+	wait := c.cfg.SweepInterval
+	if !c.sweepNext.IsZero() {
+		wait = min(wait, max(0, c.sweepNext.Sub(c.now())))
+	}
+	return wait
+}
+
+// sweepLoop fires due deadlines every SweepInterval, or sooner when a nearer
+// deadline is written, until ctx is cancelled. Its transactions run on
+// workCtx so that a pass in flight finishes on shutdown.
+func (c *Client) sweepLoop(ctx, workCtx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.sweepWake:
+			t.Reset(c.untilNext())
+			continue
+		case <-t.C:
+		}
+		c.sweepMu.Lock()
+		c.sweepNext = c.now().Add(c.cfg.SweepInterval)
+		c.sweepMu.Unlock()
+		for ctx.Err() == nil {
+			n, err := c.sweep(workCtx)
+			if err != nil {
+				failures++
+				if ctx.Err() == nil {
+					c.log.Warn("deadline sweep failed; will try again", "err", err, "failures", failures)
+				}
+				break
+			}
+			failures = 0
+			if n < c.cfg.SweepBatch {
+				break
+			}
+		}
+		t.Reset(c.untilNext())
+	}
+}
+
+// sweep claims up to SweepBatch sagas whose deadline has passed (skipping
+// sagas locked by other orchestrators or replies) and applies a timer event
+// to each, in one transaction, so each deadline fires once. A saga whose
+// timer fails is rolled back alone (savepoint) and claimed again next pass.
+// It returns how many sagas it claimed.
+func (c *Client) sweep(ctx context.Context) (int, error) {
+	keys := make([]store.SagaKey, 0, 8)
+	for _, r := range c.registry.Runners() {
+		keys = append(keys, store.SagaKey{Type: r.Name(), Version: r.Version()})
+	}
+	var trs []transition
+	var claimed int
+	err := c.store.InTx(ctx, func(tx pgx.Tx) error {
+		trs = trs[:0]
+		now := c.now()
+		recs, err := c.store.SagaClaimDueOf(ctx, tx, now, c.cfg.SweepBatch, keys)
+		if err != nil {
+			return err
+		}
+		claimed = len(recs)
+		for _, rec := range recs {
+			tr, err := c.fire(ctx, tx, rec, now)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				c.log.Error("deadline not applied; will try again", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", err)
+				continue
+			}
+			trs = append(trs, tr)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, tr := range trs {
+		if len(tr.res.History) > 0 {
+			c.tel.DeadlineFired(ctx, tr.rec.Type)
+			for _, o := range tr.res.Emit {
+				if o.Attempt > 1 {
+					c.tel.Retry(ctx, "orchestrator", o.Type)
+				}
+			}
+		}
+	}
+	c.committed(ctx, trs...)
+	return claimed, nil
+}
+
+// fire applies the timer of one claimed saga inside a savepoint of tx.
+func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time) (transition, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return transition{}, err
+	}
+	defer sp.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	if err != nil {
+		return transition{}, err // not claimed: SagaClaimDueOf filters on known definitions
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return transition{}, err
+	}
+	res, err := runner.Apply(withTx(ctx, sp), s.Instance(), saga.Event{Kind: saga.EventTimer, At: now})
+	if err != nil {
+		return transition{}, err
+	}
+	if res.Ignored {
+		// The row's deadline has passed but the core sees nothing due: the
+		// row's deadline is out of step with the step states. Rewrite it
+		// from them so the saga is not claimed in a loop.
+		res.Instance.Deadline = earliestDeadline(res.Instance.Steps)
+		if !res.Instance.Deadline.After(now) {
+			c.log.Error("saga has a past deadline that its steps do not explain; clearing it", "saga_id", rec.ID.String(), "reason", res.IgnoreReason)
+			res.Instance.Deadline = time.Time{}
+		}
+		res.Ignored = false
+	}
+	tr, err := c.write(ctx, sp, rec, res, now)
+	if err != nil {
+		return transition{}, err
+	}
+	tr.phase = s.Phase
+	if err := sp.Commit(ctx); err != nil {
+		return transition{}, err
+	}
+	return tr, nil
+}
+
+func earliestDeadline(steps []saga.StepState) time.Time {
+	var d time.Time
+	for _, st := range steps {
+		if !st.Deadline.IsZero() && (d.IsZero() || st.Deadline.Before(d)) {
+			d = st.Deadline
+		}
+	}
+	return d
+}
