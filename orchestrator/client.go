@@ -68,20 +68,23 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
-	r, err := relay.New(relay.Config{
-		Store:          st,
-		Publisher:      cfg.Broker,
-		BatchSize:      cfg.Relay.BatchSize,
-		Workers:        cfg.Relay.Workers,
-		PollInterval:   cfg.Relay.PollInterval,
-		Listen:         cfg.Relay.Listen,
-		Lease:          cfg.Relay.Lease,
-		PublishTimeout: cfg.Relay.PublishTimeout,
-		Logger:         cfg.Logger,
-		Observer:       tel.RelayObserver(cfg.Schema),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: %w", err)
+	var r *relay.Relay
+	if cfg.Broker != nil {
+		r, err = relay.New(relay.Config{
+			Store:          st,
+			Publisher:      cfg.Broker,
+			BatchSize:      cfg.Relay.BatchSize,
+			Workers:        cfg.Relay.Workers,
+			PollInterval:   cfg.Relay.PollInterval,
+			Listen:         cfg.Relay.Listen,
+			Lease:          cfg.Relay.Lease,
+			PublishTimeout: cfg.Relay.PublishTimeout,
+			Logger:         cfg.Logger,
+			Observer:       tel.RelayObserver(cfg.Schema),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: %w", err)
+		}
 	}
 	reg := saga.NewRegistry()
 	if err := reg.Register(cfg.Definitions...); err != nil {
@@ -120,7 +123,11 @@ func (c *Client) Register(runners ...saga.Runner) error {
 // latency; without it the relay finds the first commands after a few
 // follow-up wake-ups or, at the latest, after Relay.PollInterval. It never
 // blocks.
-func (c *Client) Wake() { c.relay.Wake() }
+func (c *Client) Wake() {
+	if c.relay != nil {
+		c.relay.Wake()
+	}
+}
 
 // now returns the Client's clock, in UTC.
 func (c *Client) now() time.Time { return c.cfg.Clock().UTC() }
@@ -139,6 +146,9 @@ func (c *Client) Run(ctx context.Context) error {
 	case c.running:
 		c.mu.Unlock()
 		return errors.New("orchestrator: Run called while the client is already running")
+	case c.cfg.Broker == nil:
+		c.mu.Unlock()
+		return errors.New("orchestrator: Config.Broker is required to Run")
 	case len(c.registry.Runners()) == 0:
 		c.mu.Unlock()
 		return errors.New("orchestrator: no saga definition registered: set Config.Definitions or call Register before Run")
@@ -252,7 +262,7 @@ func (c *Client) wakeAfterStarts(ctx context.Context) {
 			next = 0
 			t.Reset(startWakeDelays[0])
 		case <-t.C:
-			c.relay.Wake()
+			c.Wake()
 			next++
 			if next < len(startWakeDelays) {
 				t.Reset(startWakeDelays[next] - startWakeDelays[next-1])

@@ -55,8 +55,8 @@ const (
 	DefaultInboxRetention    = maintenance.DefaultInboxRetention
 )
 
-// Config configures a Client. Required fields are Pool, Service and Broker;
-// every other field has a default.
+// Config configures a Client. Required fields are Pool and Service, and
+// Broker for Run; every other field has a default.
 type Config struct {
 	// Pool is the connection pool of the orchestrator's database: saga
 	// instances, history, outbox and inbox. Required.
@@ -73,7 +73,9 @@ type Config struct {
 	Service string
 
 	// Broker publishes the commands and consumes the replies. The Client
-	// does not close it. Required.
+	// does not close it. Required by Run; a Client without one (a CLI, an
+	// admin tool) can still start sagas, read them and perform operator
+	// actions, whose messages the running orchestrators publish.
 	Broker transport.Broker
 
 	// Definitions are the saga definitions the Client runs (see also
@@ -250,9 +252,6 @@ func (c Config) validate() error {
 	}
 	if strings.TrimSpace(c.Service) == "" {
 		errs = append(errs, errors.New("Service is required (the name of the orchestrator's reply queue)"))
-	}
-	if c.Broker == nil {
-		errs = append(errs, errors.New("Broker is required"))
 	}
 	if err := store.ValidateSchema(c.Schema); err != nil {
 		errs = append(errs, fmt.Errorf("Schema: %w", err))

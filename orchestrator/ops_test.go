@@ -194,7 +194,6 @@ func TestConfigValidate(t *testing.T) {
 		{"valid", func(*orchestrator.Config) {}, ""},
 		{"no pool", func(c *orchestrator.Config) { c.Pool = nil }, "Pool is required"},
 		{"no service", func(c *orchestrator.Config) { c.Service = " " }, "Service is required"},
-		{"no broker", func(c *orchestrator.Config) { c.Broker = nil }, "Broker is required"},
 		{"bad schema", func(c *orchestrator.Config) { c.Schema = "Bad-Schema" }, "Schema:"},
 		{"prefetch", func(c *orchestrator.Config) { c.Workers, c.Prefetch = 4, 2 }, "Prefetch 2 is less than Workers 4"},
 		{"sweep batch", func(c *orchestrator.Config) { c.SweepBatch = -1 }, "SweepBatch -1"},
@@ -217,6 +216,13 @@ func TestConfigValidate(t *testing.T) {
 			require.True(t, strings.Contains(err.Error(), tt.want), "%v does not name %q", err, tt.want)
 		})
 	}
+	// Without a broker a Client can inspect and operate, but not Run.
+	noBroker, err := orchestrator.NewClient(orchestrator.Config{Pool: pool, Service: "orders",
+		Definitions: []saga.Runner{orderSaga(1, time.Minute, 1)}})
+	require.NoError(t, err)
+	noBroker.Wake() // a no-op, not a panic
+	require.ErrorContains(t, noBroker.Run(context.Background()), "Config.Broker is required to Run")
+
 	d := orchestrator.Config{}.WithDefaults()
 	require.Equal(t, orchestrator.DefaultWorkers, d.Workers)
 	require.Equal(t, 2*orchestrator.DefaultWorkers, d.Prefetch)

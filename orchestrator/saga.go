@@ -214,6 +214,6 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 		}
 	}
 	if wake {
-		c.relay.Wake()
+		c.Wake()
 	}
 }
