@@ -326,8 +326,8 @@ func (s *Store) CheckSchema(ctx context.Context, lines ...Line) error {
 			}
 		}
 		if have < latest {
-			return fmt.Errorf("%w: schema %q has %s migrations up to version %d of %d; run `sagabox migrate up --schema %s` or call Store.MigrateUp",
-				ErrSchemaOutdated, s.schema, line, have, latest, s.schema)
+			return fmt.Errorf("%w: schema %q has %s migrations up to version %d of %d; run `sagabox migrate up --schema %s --line %s` or call Store.MigrateUp",
+				ErrSchemaOutdated, s.schema, line, have, latest, s.schema, line)
 		}
 	}
 	return nil

@@ -99,6 +99,7 @@ func TestCheckSchemaOnEmptyDatabase(t *testing.T) {
 	err := s.CheckSchema(context.Background(), store.LineMessaging)
 	require.ErrorIs(t, err, store.ErrSchemaOutdated)
 	require.Contains(t, err.Error(), "version 0 of 1")
+	require.Contains(t, err.Error(), "--line messaging", "the hint names the line to apply")
 }
 
 func TestMigrationSQLNamesSchema(t *testing.T) {

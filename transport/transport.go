@@ -173,10 +173,16 @@ type PublishError struct {
 
 // Error implements error.
 func (e *PublishError) Error() string {
-	for i, err := range e.Failed {
-		return fmt.Sprintf("publish: %d of the batch not confirmed (message %d: %v)", len(e.Failed), i, err)
+	first := -1
+	for i := range e.Failed {
+		if first < 0 || i < first {
+			first = i
+		}
 	}
-	return "publish: batch not confirmed"
+	if first < 0 {
+		return "publish: batch not confirmed"
+	}
+	return fmt.Sprintf("publish: %d of the batch not confirmed (first, message %d: %v)", len(e.Failed), first, e.Failed[first])
 }
 
 // Confirmed reports which of n messages of a batch were confirmed, given the

@@ -1,7 +1,7 @@
 // Package relay publishes committed outbox rows to the broker.
 //
-// A relay claims unpublished rows in batches (FOR UPDATE SKIP LOCKED, in a
-// short transaction that only sets a lease), publishes them with pipelined
+// A relay claims unpublished rows in batches (FOR UPDATE SKIP LOCKED, in one
+// autocommit statement that only sets a lease), publishes them with pipelined
 // publisher confirms outside of any transaction, then marks exactly the
 // confirmed rows published. Rows that failed go back with a retry delay. A
 // relay that dies after publishing and before marking leaves its rows leased;
