@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/examples/checkout/contract"
+	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/examples/checkout/orders"
+	"github.com/sagabox/sagabox/examples/checkout/payment"
+	"github.com/sagabox/sagabox/examples/checkout/shipping"
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+// app is one process of the example: all services, or one.
+type app struct {
+	o      *options
+	out    io.Writer
+	log    *slog.Logger
+	pool   *pgxpool.Pool
+	broker *rabbitmq.Broker
+
+	orders    *orders.Service
+	inventory *inventory.Service
+	payment   *payment.Service
+	shipping  *shipping.Service
+}
+
+const (
+	pgStartHint     = "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+	rabbitStartHint = "start it with: rabbitmq-server -detached"
+)
+
+func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*app, error) {
+	a := &app{
+		o: o, out: out, log: log,
+		orders:    orders.New(o.schemaPrefix + contract.ServiceOrders),
+		inventory: inventory.New(o.schemaPrefix + contract.ServiceInventory),
+		payment:   payment.New(o.schemaPrefix + contract.ServicePayment),
+		shipping:  shipping.New(o.schemaPrefix + contract.ServiceShipping),
+	}
+	cfg, err := pgxpool.ParseConfig(o.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("-database-url is not a PostgreSQL URL: %w", err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open PostgreSQL pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("PostgreSQL is unreachable at %s:%d (%v); is it running? %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err, pgStartHint)
+	}
+	a.pool = pool
+	dialCtx, cancelDial := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelDial()
+	broker, err := rabbitmq.New(dialCtx, rabbitmq.Config{
+		URL: o.amqpURL, Namespace: o.namespace, ConnectionName: "checkout-" + o.service, Logger: log,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("RabbitMQ is unreachable at %s: %w", redactURL(o.amqpURL), err)
+	}
+	a.broker = broker
+	return a, nil
+}
+
+func (a *app) close() {
+	if a.broker != nil {
+		_ = a.broker.Close()
+	}
+	if a.pool != nil {
+		a.pool.Close()
+	}
+}
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	u.User = nil
+	return u.Host
+}
+
+// setup applies the migrations and creates the business tables of the
+// services this process runs. Both are idempotent.
+func (a *app) setup(ctx context.Context) error {
+	type service struct {
+		schema string
+		lines  []store.Line
+		tables func(context.Context, *pgxpool.Pool) error
+	}
+	all := map[string]service{
+		"orders":    {a.orders.Schema(), store.AllLines, a.orders.Setup},
+		"inventory": {a.inventory.Schema(), []store.Line{store.LineMessaging}, a.inventory.Setup},
+		"payment":   {a.payment.Schema(), []store.Line{store.LineMessaging}, a.payment.Setup},
+		"shipping":  {a.shipping.Schema(), []store.Line{store.LineMessaging}, a.shipping.Setup},
+	}
+	for _, name := range a.services() {
+		svc := all[name]
+		st, err := store.New(a.pool, svc.schema)
+		if err != nil {
+			return err
+		}
+		if _, err := st.MigrateUp(ctx, svc.lines...); err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		if err := svc.tables(ctx, a.pool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *app) services() []string {
+	if a.o.service == "all" {
+		return []string{"orders", "inventory", "payment", "shipping"}
+	}
+	return []string{a.o.service}
+}
+
+func (a *app) participant(name string, register func(*participant.Client), schema string) (*participant.Client, error) {
+	c, err := participant.NewClient(participant.Config{
+		Pool: a.pool, Schema: schema, Service: name, Broker: a.broker, Logger: a.log,
+		Relay: participant.RelayConfig{PollInterval: 200 * time.Millisecond},
+	})
+	if err != nil {
+		return nil, err
+	}
+	register(c)
+	return c, nil
+}
+
+func (a *app) orchestrator() (*orchestrator.Client, error) {
+	return orchestrator.NewClient(orchestrator.Config{
+		Pool: a.pool, Schema: a.orders.Schema(), Service: contract.ServiceOrders, Broker: a.broker,
+		Definitions: nil, Logger: a.log,
+		Relay: orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond},
+	})
+}
+
+// runner is anything with a blocking Run.
+type runner interface{ Run(context.Context) error }
+
+// run runs this process's part of the example.
+func (a *app) run(ctx context.Context) error {
+	if err := a.setup(ctx); err != nil {
+		return err
+	}
+	plan := newPlan(a.o.runID, a.o.orders, a.o.failRate)
+	var runners []runner
+	var orch *orchestrator.Client
+	for _, name := range a.services() {
+		var err error
+		switch name {
+		case "orders":
+			orch, err = a.orchestrator()
+			if err == nil {
+				err = orch.Register(a.orders.Saga)
+			}
+			if err == nil {
+				runners = append(runners, orch)
+			}
+		case "inventory":
+			var c *participant.Client
+			if c, err = a.participant(name, a.inventory.Register, a.inventory.Schema()); err == nil {
+				runners = append(runners, c)
+				err = plan.seedInventory(ctx, a.pool, a.inventory)
+			}
+		case "payment":
+			var c *participant.Client
+			if c, err = a.participant(name, a.payment.Register, a.payment.Schema()); err == nil {
+				runners = append(runners, c)
+				err = plan.seedPayment(ctx, a.pool, a.payment)
+			}
+		case "shipping":
+			var c *participant.Client
+			if c, err = a.participant(name, a.shipping.Register, a.shipping.Schema()); err == nil {
+				runners = append(runners, c)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+	}
+
+	runCtx, stopRunners := context.WithCancel(ctx)
+	defer stopRunners()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(runners))
+	for _, r := range runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(runCtx); err != nil {
+				errs <- err
+				stopRunners()
+			}
+		}()
+	}
+	defer wg.Wait()
+
+	if orch == nil {
+		fmt.Fprintf(a.out, "checkout: %s service running (run %s); stop it with Ctrl-C\n", a.o.service, a.o.runID)
+		select {
+		case <-runCtx.Done():
+		case err := <-errs:
+			return err
+		}
+		return nil
+	}
+	driveErr := a.drive(runCtx, orch, plan, errs)
+	stopRunners()
+	wg.Wait()
+	select {
+	case err := <-errs:
+		if driveErr == nil && !errors.Is(err, context.Canceled) {
+			driveErr = err
+		}
+	default:
+	}
+	return driveErr
+}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// tally counts sagas by status.
+type tally struct {
+	completed, compensated, failed, running int
+}
+
+func (t tally) terminal() int { return t.completed + t.compensated + t.failed }
+
+// drive places the plan's orders, waits for their sagas to end, and prints
+// the summary, two timelines and the invariant check.
+func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, errs <-chan error) error {
+	fmt.Fprintf(a.out, "checkout: run %s: placing %d orders (%d should complete, %d should be compensated)\n",
+		p.runID, len(p.orders), p.completedExpected, len(p.orders)-p.completedExpected)
+	start := time.Now()
+	ids := make([]uuid.UUID, len(p.orders))
+	for i, o := range p.orders {
+		started, err := a.orders.Place(ctx, a.pool, orch, o)
+		if err != nil {
+			return err
+		}
+		ids[i] = started.ID
+	}
+
+	status := make([]saga.Status, len(ids))
+	deadline := time.NewTimer(a.o.timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	lastPrint := time.Time{}
+	var t tally
+	for {
+		var err error
+		t, err = a.refresh(ctx, orch, ids, status)
+		if err != nil {
+			return err
+		}
+		done := t.terminal() == len(ids)
+		if done || time.Since(lastPrint) >= time.Second {
+			fmt.Fprintf(a.out, "progress: %d/%d done (%d completed, %d compensated, %d failed) after %s\n",
+				t.terminal(), len(ids), t.completed, t.compensated, t.failed, time.Since(start).Round(10*time.Millisecond))
+			lastPrint = time.Now()
+		}
+		if done {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errs:
+			return err
+		case <-deadline.C:
+			fmt.Fprintf(a.out, "checkout: gave up waiting after %s\n", a.o.timeout)
+			a.summary(t, len(ids))
+			return fmt.Errorf("%d sagas still running after %s", t.running, a.o.timeout)
+		case <-tick.C:
+		}
+	}
+	a.summary(t, len(ids))
+	if err := a.timelines(ctx, orch, ids, status); err != nil {
+		return err
+	}
+	if t.failed > 0 {
+		return fmt.Errorf("%d sagas failed; inspect them with `sagabox saga list --status failed --schema %s`", t.failed, a.orders.Schema())
+	}
+	var mismatched []string
+	for i, want := range p.expected {
+		if (want == expectCompleted) != (status[i] == saga.StatusCompleted) {
+			mismatched = append(mismatched, fmt.Sprintf("%s ended %s", p.orders[i].ID, status[i]))
+		}
+	}
+	if len(mismatched) > 0 {
+		return fmt.Errorf("unexpected outcomes: %s", strings.Join(mismatched, "; "))
+	}
+	return a.checkInvariants(ctx, p, status)
+}
+
+// refresh reads the status of every saga not yet known to be terminal.
+func (a *app) refresh(ctx context.Context, orch *orchestrator.Client, ids []uuid.UUID, status []saga.Status) (tally, error) {
+	var t tally
+	for i, id := range ids {
+		if !status[i].Terminal() {
+			s, err := orch.Get(ctx, id)
+			if err != nil {
+				return t, err
+			}
+			status[i] = s.Status
+		}
+		switch status[i] {
+		case saga.StatusCompleted:
+			t.completed++
+		case saga.StatusCompensated:
+			t.compensated++
+		case saga.StatusFailed:
+			t.failed++
+		default:
+			t.running++
+		}
+	}
+	return t, nil
+}
+
+func (a *app) summary(t tally, n int) {
+	fmt.Fprintf(a.out, "checkout: %d sagas, %d completed, %d compensated, %d failed, %d still running\n",
+		n, t.completed, t.compensated, t.failed, t.running)
+}
+
+// timelines prints the history of the first completed and the first
+// compensated saga.
+func (a *app) timelines(ctx context.Context, orch *orchestrator.Client, ids []uuid.UUID, status []saga.Status) error {
+	for _, want := range []saga.Status{saga.StatusCompleted, saga.StatusCompensated} {
+		for i, id := range ids {
+			if status[i] != want {
+				continue
+			}
+			if err := a.timeline(ctx, orch, id, want); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	return nil
+}
+
+func (a *app) timeline(ctx context.Context, orch *orchestrator.Client, id uuid.UUID, status saga.Status) error {
+	s, err := orch.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	data, err := a.orders.Saga.DecodeData(s.Data)
+	if err != nil {
+		return err
+	}
+	hist, err := orch.History(ctx, id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.out, "\ntimeline of a %s saga %s (order %s):\n", status, id, data.OrderID)
+	fmt.Fprintf(a.out, "  %-9s  %-16s  %-20s  %s\n", "TIME", "STEP", "EVENT", "DETAIL")
+	for _, h := range hist {
+		step := h.Step
+		if step == "" {
+			step = "-"
+		}
+		detail := h.Detail
+		if h.Attempt > 1 {
+			detail = strings.TrimSpace(fmt.Sprintf("%s (attempt %d)", detail, h.Attempt))
+		}
+		fmt.Fprintf(a.out, "  +%-8s  %-16s  %-20s  %s\n", h.At.Sub(s.CreatedAt).Round(100*time.Microsecond), step, h.Event, detail)
+	}
+	return nil
+}
+
+// checkInvariants audits the business state of every service for this run's
+// orders. It reads all four schemas on purpose: it is the example's auditor,
+// not a service (services never read each other's tables).
+func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status) error {
+	var completed, compensated []string
+	completedQty := 0
+	var completedAmount int64
+	for i, o := range p.orders {
+		switch status[i] {
+		case saga.StatusCompleted:
+			completed = append(completed, o.ID)
+			completedQty += o.Qty
+			completedAmount += o.AmountCents
+		case saga.StatusCompensated:
+			compensated = append(compensated, o.ID)
+		}
+	}
+	all := append(append([]string{}, completed...), compensated...)
+	var problems []string
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			problems = append(problems, fmt.Sprintf(format, args...))
+		}
+	}
+	q := func(query string, args ...any) int64 {
+		var n int64
+		query = strings.NewReplacer(
+			"{orders}", quoteIdent(a.orders.Schema()), "{inventory}", quoteIdent(a.inventory.Schema()),
+			"{payment}", quoteIdent(a.payment.Schema()), "{shipping}", quoteIdent(a.shipping.Schema()),
+		).Replace(query)
+		if err := a.pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+			problems = append(problems, fmt.Sprintf("query failed: %v", err))
+		}
+		return n
+	}
+
+	held := q(`SELECT coalesce(sum(qty), 0) FROM {inventory}.reservation WHERE order_id = ANY($1) AND NOT released`, all)
+	check(held == int64(completedQty), "stock held by reservations is %d, but completed orders bought %d", held, completedQty)
+	check(q(`SELECT count(*) FROM {inventory}.reservation WHERE order_id = ANY($1) AND NOT released`, compensated) == 0,
+		"a compensated order still holds stock")
+	available := q(`SELECT available FROM {inventory}.stock WHERE sku = $1`, p.widget)
+	check(int64(p.widgetStock)-available == int64(completedQty),
+		"stock of %s went from %d to %d, but completed orders bought %d", p.widget, p.widgetStock, available, completedQty)
+
+	charged := q(`SELECT coalesce(sum(amount_cents), 0) FROM {payment}.charge WHERE order_id = ANY($1) AND NOT refunded`, all)
+	check(charged == completedAmount, "customers are charged %d cents, but completed orders cost %d", charged, completedAmount)
+	check(q(`SELECT count(*) FROM {payment}.charge WHERE order_id = ANY($1) AND NOT refunded`, compensated) == 0,
+		"a compensated order's charge was not refunded")
+
+	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1)`, completed) == int64(len(completed)),
+		"not every completed order was shipped")
+	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1)`, compensated) == 0,
+		"a compensated order was shipped")
+	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND status = 'confirmed'`, completed) == int64(len(completed)),
+		"not every completed order is confirmed")
+	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND status = 'confirmed'`, compensated) == 0,
+		"a compensated order is confirmed")
+
+	if len(problems) > 0 {
+		fmt.Fprintf(a.out, "\ninvariants: VIOLATED\n  %s\n", strings.Join(problems, "\n  "))
+		return errors.New("business invariants violated")
+	}
+	fmt.Fprintf(a.out, "\ninvariants: OK (stock held = stock of completed orders = %d; every compensated order released and refunded; %d shipments for %d completed orders)\n",
+		completedQty, len(completed), len(completed))
+	return nil
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -1,0 +1,124 @@
+// Command checkout runs the sagabox checkout example: four services (orders,
+// inventory, payment, shipping), each with its own schema and queue. Orders
+// creates an order and starts the checkout saga in one transaction; the saga
+// reserves stock, charges the customer and creates a shipment, and
+// compensates (releases stock, refunds) when payment or inventory says no.
+//
+// With no arguments it runs all four services in one process, places a mix
+// of orders, shows progress, prints a summary and two saga timelines, and
+// checks the business invariants:
+//
+//	go run ./examples/checkout
+//
+// Each service can also run as its own process (-service inventory, …), so
+// that one can be killed and restarted while sagas are in flight.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options are the command-line flags.
+type options struct {
+	orders       int
+	failRate     float64
+	databaseURL  string
+	amqpURL      string
+	service      string
+	runID        string
+	namespace    string
+	schemaPrefix string
+	timeout      time.Duration
+	metricsAddr  string
+	trace        bool
+	verbose      bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("checkout", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.orders, "orders", 20, "number of orders to place")
+	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders that payment or inventory rejects (0..1)")
+	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (env AMQP_URL)")
+	fs.StringVar(&o.service, "service", "all", "which service to run: all, orders, inventory, payment or shipping")
+	fs.StringVar(&o.runID, "run-id", "", "identifies this run's customers and products; processes of one run share it (default: random)")
+	fs.StringVar(&o.namespace, "namespace", "checkout", "RabbitMQ namespace (prefix of exchanges and queues)")
+	fs.StringVar(&o.schemaPrefix, "schema-prefix", "", "prefix of the services' schema names")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long orders waits for every saga to end")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at this address (e.g. :9464)")
+	fs.BoolVar(&o.trace, "trace", false, "print the spans of one saga's trace")
+	fs.BoolVar(&o.verbose, "v", false, "log at info level")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	switch o.service {
+	case "all", "orders", "inventory", "payment", "shipping":
+	default:
+		return nil, fmt.Errorf("-service %q: want all, orders, inventory, payment or shipping", o.service)
+	}
+	if o.failRate < 0 || o.failRate > 1 {
+		return nil, fmt.Errorf("-fail-rate %v: want a fraction between 0 and 1", o.failRate)
+	}
+	if o.orders < 0 {
+		return nil, fmt.Errorf("-orders %d: want 0 or more", o.orders)
+	}
+	if o.runID == "" {
+		o.runID = strings.ReplaceAll(uuid.NewString(), "-", "")[:8]
+	}
+	return o, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "checkout:", err)
+		return 2
+	}
+	level := slog.LevelWarn
+	if o.verbose {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	app, err := newApp(ctx, o, stdout, logger)
+	if err != nil {
+		fmt.Fprintln(stderr, "checkout:", err)
+		return 1
+	}
+	defer app.close()
+	if err := app.run(ctx); err != nil {
+		fmt.Fprintln(stderr, "checkout:", err)
+		return 1
+	}
+	return 0
+}

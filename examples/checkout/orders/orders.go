@@ -1,0 +1,159 @@
+// Package orders is the checkout example's order service and saga
+// orchestrator: it creates an order and starts the checkout saga in one
+// transaction, and confirms the order when the saga completes.
+package orders
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/examples/checkout/contract"
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// Checkout is the data of one checkout saga.
+type Checkout struct {
+	OrderID        string `json:"order_id"`
+	Customer       string `json:"customer"`
+	SKU            string `json:"sku"`
+	Qty            int    `json:"qty"`
+	AmountCents    int64  `json:"amount_cents"`
+	Address        string `json:"address"`
+	ReservationID  string `json:"reservation_id,omitempty"`
+	ChargeID       string `json:"charge_id,omitempty"`
+	TrackingNumber string `json:"tracking_number,omitempty"`
+}
+
+// Service is the orders service, whose tables live in one schema.
+type Service struct {
+	schema string
+	// Saga is the checkout definition, bound to this service's tables.
+	Saga *saga.Definition[Checkout]
+}
+
+// New returns the service for schema.
+func New(schema string) *Service {
+	s := &Service{schema: schema}
+	s.Saga = s.definition()
+	return s
+}
+
+// Schema returns the service's schema.
+func (s *Service) Schema() string { return s.schema }
+
+func (s *Service) sql(query string) string {
+	return strings.ReplaceAll(query, "orders.", pgx.Identifier{s.schema}.Sanitize()+".")
+}
+
+// definition is the checkout saga: reserve stock, charge the customer,
+// create the shipment, then confirm the order locally. A rejection by
+// payment releases the stock; a rejection by inventory undoes nothing.
+func (s *Service) definition() *saga.Definition[Checkout] {
+	retry := saga.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Second}
+	return saga.MustNew("checkout", 1,
+		saga.Step("reserve-stock",
+			saga.Invoke(contract.Reserve,
+				func(d *Checkout) contract.ReserveStock {
+					return contract.ReserveStock{OrderID: d.OrderID, SKU: d.SKU, Qty: d.Qty}
+				},
+				func(d *Checkout, r contract.StockReserved) { d.ReservationID = r.ReservationID }),
+			saga.Compensate(contract.Release, func(d *Checkout) contract.ReleaseStock {
+				return contract.ReleaseStock{OrderID: d.OrderID}
+			}),
+			saga.WithTimeout[Checkout](30*time.Second),
+			saga.WithRetry[Checkout](retry),
+		),
+		saga.Step("charge-payment",
+			saga.Invoke(contract.Charge,
+				func(d *Checkout) contract.ChargePayment {
+					return contract.ChargePayment{OrderID: d.OrderID, Customer: d.Customer, AmountCents: d.AmountCents}
+				},
+				func(d *Checkout, r contract.PaymentCharged) { d.ChargeID = r.ChargeID }),
+			saga.Compensate(contract.Refund, func(d *Checkout) contract.RefundPayment {
+				return contract.RefundPayment{OrderID: d.OrderID}
+			}),
+			saga.WithTimeout[Checkout](30*time.Second),
+			saga.WithRetry[Checkout](retry),
+		),
+		saga.Step("create-shipment",
+			saga.Invoke(contract.Ship,
+				func(d *Checkout) contract.CreateShipment {
+					return contract.CreateShipment{OrderID: d.OrderID, Address: d.Address}
+				},
+				func(d *Checkout, r contract.ShipmentCreated) { d.TrackingNumber = r.TrackingNumber }),
+		),
+		saga.LocalStep("confirm-order", func(ctx context.Context, d *Checkout) error {
+			_, err := orchestrator.TxFromContext(ctx).Exec(ctx,
+				s.sql(`UPDATE orders.orders SET status = 'confirmed', tracking_number = $2 WHERE id = $1`), d.OrderID, d.TrackingNumber)
+			return err
+		}),
+	)
+}
+
+// Setup creates the service's business tables if they do not exist. The
+// schema itself is created by the sagabox migrations, which run first.
+func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, s.sql(`
+		CREATE TABLE IF NOT EXISTS orders.orders (
+			id              text PRIMARY KEY,
+			customer        text NOT NULL,
+			sku             text NOT NULL,
+			qty             integer NOT NULL,
+			amount_cents    bigint NOT NULL,
+			address         text NOT NULL,
+			status          text NOT NULL DEFAULT 'pending',
+			tracking_number text,
+			saga_id         uuid,
+			created_at      timestamptz NOT NULL DEFAULT now()
+		);`))
+	if err != nil {
+		return fmt.Errorf("orders: create tables: %w", err)
+	}
+	return nil
+}
+
+// Order is what a customer asks for.
+type Order struct {
+	ID          string
+	Customer    string
+	SKU         string
+	Qty         int
+	AmountCents int64
+	Address     string
+}
+
+// Place creates the order and starts its checkout saga in one transaction:
+// either both exist or neither does. Placing an order again (same ID) starts
+// nothing new and returns the saga of the first placement.
+func (s *Service) Place(ctx context.Context, pool *pgxpool.Pool, c *orchestrator.Client, o Order) (*orchestrator.Started, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("place order %s: %w", o.ID, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if _, err := tx.Exec(ctx, s.sql(`INSERT INTO orders.orders (id, customer, sku, qty, amount_cents, address)
+		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING`),
+		o.ID, o.Customer, o.SKU, o.Qty, o.AmountCents, o.Address); err != nil {
+		return nil, fmt.Errorf("place order %s: %w", o.ID, err)
+	}
+	started, err := orchestrator.Start(ctx, c, tx, s.Saga, Checkout{
+		OrderID: o.ID, Customer: o.Customer, SKU: o.SKU, Qty: o.Qty, AmountCents: o.AmountCents, Address: o.Address,
+	}, &orchestrator.StartOpts{StartKey: o.ID})
+	if err != nil {
+		return nil, fmt.Errorf("start checkout of order %s: %w", o.ID, err)
+	}
+	if _, err := tx.Exec(ctx, s.sql(`UPDATE orders.orders SET saga_id = $2 WHERE id = $1`), o.ID, started.ID); err != nil {
+		return nil, fmt.Errorf("place order %s: %w", o.ID, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("place order %s: commit: %w", o.ID, err)
+	}
+	c.Wake()
+	return started, nil
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/examples/checkout/orders"
+	"github.com/sagabox/sagabox/examples/checkout/payment"
+)
+
+// outcome is what a planned order is expected to end as.
+type outcome int
+
+const (
+	expectCompleted  outcome = iota
+	expectNoStock            // inventory rejects: nothing to undo
+	expectNoFunds            // payment rejects: the reservation is released
+)
+
+// plan is the run's orders and the stock and accounts they need. Every
+// process of a run computes the same plan from the run id, so services
+// started separately seed exactly what the orders process will ask for.
+type plan struct {
+	runID    string
+	orders   []orders.Order
+	expected []outcome
+	// widget is the stock every successful (and every payment-rejected)
+	// order reserves from; soldOut has none.
+	widget, soldOut   string
+	widgetStock       int
+	rich, broke       string
+	richBalanceCents  int64
+	completedExpected int
+}
+
+func newPlan(runID string, n int, failRate float64) *plan {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(runID))
+	rng := rand.New(rand.NewPCG(h.Sum64(), 42))
+	p := &plan{
+		runID:   runID,
+		widget:  "widget-" + runID,
+		soldOut: "gadget-" + runID,
+		rich:    "alice-" + runID,
+		broke:   "bob-" + runID,
+	}
+	failures := 0
+	for i := range n {
+		o := orders.Order{
+			ID:          fmt.Sprintf("order-%s-%03d", runID, i),
+			Customer:    p.rich,
+			SKU:         p.widget,
+			Qty:         1 + rng.IntN(3),
+			AmountCents: int64(500 + 100*rng.IntN(50)),
+			Address:     fmt.Sprintf("%d Saga Street", 1+rng.IntN(999)),
+		}
+		want := expectCompleted
+		if rng.Float64() < failRate {
+			// Alternate the two kinds of rejection.
+			if failures%2 == 0 {
+				want, o.Customer = expectNoFunds, p.broke
+			} else {
+				want, o.SKU = expectNoStock, p.soldOut
+			}
+			failures++
+		}
+		if o.SKU == p.widget {
+			p.widgetStock += o.Qty
+		}
+		if want == expectCompleted {
+			p.richBalanceCents += o.AmountCents
+			p.completedExpected++
+		}
+		p.orders = append(p.orders, o)
+		p.expected = append(p.expected, want)
+	}
+	return p
+}
+
+// seedInventory stocks exactly what the plan's orders reserve.
+func (p *plan) seedInventory(ctx context.Context, pool *pgxpool.Pool, s *inventory.Service) error {
+	if err := s.Stock(ctx, pool, p.widget, p.widgetStock); err != nil {
+		return fmt.Errorf("seed inventory: %w", err)
+	}
+	if err := s.Stock(ctx, pool, p.soldOut, 0); err != nil {
+		return fmt.Errorf("seed inventory: %w", err)
+	}
+	return nil
+}
+
+// seedPayment funds exactly the orders meant to succeed.
+func (p *plan) seedPayment(ctx context.Context, pool *pgxpool.Pool, s *payment.Service) error {
+	if err := s.Account(ctx, pool, p.rich, p.richBalanceCents); err != nil {
+		return fmt.Errorf("seed payment: %w", err)
+	}
+	if err := s.Account(ctx, pool, p.broke, 0); err != nil {
+		return fmt.Errorf("seed payment: %w", err)
+	}
+	return nil
+}
