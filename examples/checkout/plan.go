@@ -17,9 +17,9 @@ import (
 type outcome int
 
 const (
-	expectCompleted  outcome = iota
-	expectNoStock            // inventory rejects: nothing to undo
-	expectNoFunds            // payment rejects: the reservation is released
+	expectCompleted outcome = iota
+	expectNoStock           // inventory rejects: nothing to undo
+	expectNoFunds           // payment rejects: the reservation is released
 )
 
 // plan is the run's orders and the stock and accounts they need. Every

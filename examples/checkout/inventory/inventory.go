@@ -53,10 +53,11 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Stock sets the available quantity of sku.
+// Stock adds sku with an available quantity, unless it already exists (a
+// restarted service must not undo the reservations made since).
 func (s *Service) Stock(ctx context.Context, pool *pgxpool.Pool, sku string, available int) error {
 	_, err := pool.Exec(ctx, s.sql(`INSERT INTO inventory.stock (sku, available) VALUES ($1, $2)
-		ON CONFLICT (sku) DO UPDATE SET available = excluded.available`), sku, available)
+		ON CONFLICT (sku) DO NOTHING`), sku, available)
 	return err
 }
 

@@ -53,10 +53,11 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Account sets a customer's balance.
+// Account opens a customer's account with a balance, unless it already
+// exists (a restarted service must not undo the charges made since).
 func (s *Service) Account(ctx context.Context, pool *pgxpool.Pool, customer string, balanceCents int64) error {
 	_, err := pool.Exec(ctx, s.sql(`INSERT INTO payment.account (customer, balance_cents) VALUES ($1, $2)
-		ON CONFLICT (customer) DO UPDATE SET balance_cents = excluded.balance_cents`), customer, balanceCents)
+		ON CONFLICT (customer) DO NOTHING`), customer, balanceCents)
 	return err
 }
 

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+}
+
+var summaryLine = regexp.MustCompile(`(?m)^checkout: (\d+) sagas, (\d+) completed, (\d+) compensated, (\d+) failed, (\d+) still running$`)
+
+// isolated returns flags that keep a run's schemas and queues to itself, and
+// removes them when the test ends.
+func isolated(t *testing.T) []string {
+	t.Helper()
+	pool := dbtest.Pool(t)
+	prefix := dbtest.SchemaName(t) + "_"
+	for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+		dbtest.DropSchemaOnCleanup(t, pool, prefix+svc)
+	}
+	cfg := amqptest.Config(t)
+	t.Cleanup(func() {
+		// Declare the example's queues through a test broker so that its
+		// cleanup deletes them with the namespace's exchanges.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		b, err := rabbitmq.New(ctx, cfg)
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+			return
+		}
+		for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+			_ = b.Declare(ctx, transport.QueueSpec{Name: svc})
+		}
+		_ = b.Close()
+		amqptest.DeleteTopology(t, b)
+	})
+	return []string{"-database-url", dbtest.URL(), "-amqp-url", amqptest.URL(t), "-namespace", cfg.Namespace, "-schema-prefix", prefix}
+}
+
+type summary struct{ sagas, completed, compensated, failed, running int }
+
+func parseSummary(t *testing.T, out string) summary {
+	t.Helper()
+	m := summaryLine.FindStringSubmatch(out)
+	require.NotNil(t, m, "no summary line in output:\n%s", out)
+	n := make([]int, 5)
+	for i := range n {
+		n[i], _ = strconv.Atoi(m[i+1])
+	}
+	return summary{n[0], n[1], n[2], n[3], n[4]}
+}
+
+// The example end to end in one process: happy and compensation paths, and
+// the business invariants it audits.
+func TestCheckoutEndToEnd(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	args := append(isolated(t), "-orders", "30", "-fail-rate", "0.4", "-run-id", "e2e"+dbtest.SchemaName(t)[2:8])
+	code := run(context.Background(), args, &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+
+	s := parseSummary(t, out.String())
+	require.Equal(t, 30, s.sagas)
+	require.Positive(t, s.completed, "happy path")
+	require.Positive(t, s.compensated, "compensation path")
+	require.Zero(t, s.failed)
+	require.Zero(t, s.running)
+	require.Contains(t, out.String(), "timeline of a completed saga")
+	require.Contains(t, out.String(), "timeline of a compensated saga")
+	require.Contains(t, out.String(), "step-rejected")
+	require.Contains(t, out.String(), "compensation-sent")
+	require.Contains(t, out.String(), "invariants: OK")
+}
+
+// Running the example twice against the same schemas and queues works: setup
+// is idempotent.
+func TestCheckoutRerun(t *testing.T) {
+	t.Parallel()
+	args := isolated(t)
+	for i := range 2 {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), append(args, "-orders", "4", "-fail-rate", "0.5"), &out, &errOut)
+		require.Equal(t, 0, code, "run %d stdout:\n%s\nstderr:\n%s", i, out.String(), errOut.String())
+		require.Equal(t, 4, parseSummary(t, out.String()).sagas)
+	}
+}
+
+func TestCheckoutUnreachableServices(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), []string{"-database-url", "postgres://postgres:s3cret@127.0.0.1:1/x"}, &out, &errOut)
+		require.Equal(t, 1, code)
+		msg := errOut.String()
+		require.Contains(t, msg, "PostgreSQL is unreachable at 127.0.0.1:1")
+		require.Contains(t, msg, "pg_ctlcluster")
+		require.NotContains(t, msg, "s3cret")
+	})
+	t.Run("rabbitmq", func(t *testing.T) {
+		t.Parallel()
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), []string{"-database-url", dbtest.URL(), "-amqp-url", "amqp://guest:s3cret@127.0.0.1:1/"}, &out, &errOut)
+		require.Equal(t, 1, code)
+		msg := errOut.String()
+		require.Contains(t, msg, "RabbitMQ is unreachable at 127.0.0.1:1")
+		require.Contains(t, msg, "rabbitmq-server -detached")
+		require.NotContains(t, msg, "s3cret")
+	})
+	t.Run("bad flag", func(t *testing.T) {
+		t.Parallel()
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run(context.Background(), []string{"-service", "billing"}, &out, &errOut))
+		require.Contains(t, errOut.String(), `-service "billing"`)
+	})
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// The services run as separate processes; inventory is killed with SIGKILL
+// while sagas are in flight and started again. Every saga still ends, as
+// planned, and the invariants hold.
+func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "checkout")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	runID := "kill" + dbtest.SchemaName(t)[2:8]
+	common := append(isolated(t), "-run-id", runID, "-orders", "40", "-fail-rate", "0.3")
+	start := func(service string) (*exec.Cmd, *lockedBuffer) {
+		var buf lockedBuffer
+		cmd := exec.Command(bin, append(append([]string{}, common...), "-service", service)...)
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_, _ = cmd.Process.Wait()
+		})
+		require.Eventually(t, func() bool { return strings.Contains(buf.String(), "service running") },
+			60*time.Second, 20*time.Millisecond, "%s did not start:\n%s", service, buf.String())
+		return cmd, &buf
+	}
+	inventory, _ := start("inventory")
+	start("payment")
+	start("shipping")
+
+	var ordersOut lockedBuffer
+	orders := exec.Command(bin, append(append([]string{}, common...), "-service", "orders")...)
+	orders.Stdout, orders.Stderr = &ordersOut, &ordersOut
+	require.NoError(t, orders.Start())
+	done := make(chan error, 1)
+	go func() { done <- orders.Wait() }()
+
+	// Kill inventory once sagas are in flight: it has reserved stock for
+	// some orders.
+	pool := dbtest.Pool(t)
+	prefix := common[7]
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(context.Background(),
+			fmt.Sprintf(`SELECT count(*) FROM %q.reservation`, prefix+"inventory")).Scan(&n)
+		return err == nil && n > 0
+	}, 60*time.Second, 2*time.Millisecond, "no reservation made:\n%s", ordersOut.String())
+	require.NoError(t, inventory.Process.Kill())
+	_, _ = inventory.Process.Wait()
+	start("inventory")
+
+	select {
+	case err := <-done:
+		require.NoError(t, err, "orders failed:\n%s", ordersOut.String())
+	case <-time.After(3 * time.Minute):
+		_ = orders.Process.Kill()
+		t.Fatalf("orders did not finish:\n%s", ordersOut.String())
+	}
+	s := parseSummary(t, ordersOut.String())
+	require.Equal(t, summary{sagas: 40, completed: s.completed, compensated: 40 - s.completed}, s, ordersOut.String())
+	require.Contains(t, ordersOut.String(), "invariants: OK")
+}
