@@ -120,3 +120,26 @@ WHERE s.deadline <= @now::timestamptz
 ORDER BY s.deadline
 LIMIT @max::integer
 FOR UPDATE OF s SKIP LOCKED;
+
+-- name: SagaOperationInsert :one
+-- Requests an operator action on a saga; an orchestrator applies it.
+INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
+VALUES (@saga_id::uuid, @action::text, @actor::text, @reason::text)
+RETURNING *;
+
+-- name: SagaOperationClaimPending :many
+-- Locks up to @max pending operator requests, oldest first, skipping those
+-- another orchestrator is applying.
+SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL
+ORDER BY id
+LIMIT @max::integer
+FOR UPDATE SKIP LOCKED;
+
+-- name: SagaOperationMarkApplied :exec
+UPDATE /* TEMPLATE: schema */sagabox_saga_operation
+SET applied_at = @applied_at::timestamptz, error = @error::text
+WHERE id = @id::bigint;
+
+-- name: SagaOperationGet :one
+SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = @id::bigint;

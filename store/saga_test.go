@@ -124,3 +124,41 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, none)
 }
+
+func TestSagaOperationRequests(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	id := uuid.New()
+	op, err := s.SagaOperationRequest(ctx, id, "retry", "alice", "payment fixed")
+	require.NoError(t, err)
+	require.Nil(t, op.AppliedAt)
+
+	txA, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer txA.Rollback(ctx) //nolint:errcheck
+	claimed, err := s.SagaOperationClaimPending(ctx, txA, 10)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, "alice", claimed[0].Actor)
+
+	// A second orchestrator skips the request A holds.
+	txB, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	other, err := s.SagaOperationClaimPending(ctx, txB, 10)
+	require.NoError(t, err)
+	require.Empty(t, other)
+	require.NoError(t, txB.Rollback(ctx))
+
+	require.NoError(t, s.SagaOperationMarkApplied(ctx, txA, op.ID, time.Now(), "saga is completed"))
+	require.NoError(t, txA.Commit(ctx))
+	got, err := s.SagaOperationGet(ctx, op.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.AppliedAt)
+	require.Equal(t, "saga is completed", got.Error)
+
+	_, err = s.SagaOperationRequest(ctx, id, "delete", "x", "y")
+	require.Error(t, err, "only retry and abort are actions")
+	_, err = s.SagaOperationGet(ctx, 999999)
+	require.ErrorIs(t, err, store.ErrNotFound)
+}

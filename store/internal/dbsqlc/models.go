@@ -21,6 +21,16 @@ type SagaboxBarrier struct {
 	CreatedAt    time.Time
 }
 
+type SagaboxDeadLetterV struct {
+	MessageID      uuid.UUID
+	Kind           string
+	Type           string
+	SagaID         uuid.NullUUID
+	Attempts       int32
+	LastError      string
+	DeadLetteredAt *time.Time
+}
+
 type SagaboxInbox struct {
 	MessageID       uuid.UUID
 	Kind            string
@@ -41,6 +51,17 @@ type SagaboxInboxAttempt struct {
 	LastError      string
 	DeadLetteredAt *time.Time
 	UpdatedAt      time.Time
+}
+
+type SagaboxInboxV struct {
+	MessageID       uuid.UUID
+	Kind            string
+	Type            string
+	SagaID          uuid.NullUUID
+	Step            string
+	ReceivedAt      time.Time
+	Duplicates      int32
+	LastDuplicateAt *time.Time
 }
 
 type SagaboxMigration struct {
@@ -76,6 +97,30 @@ type SagaboxOutbox struct {
 	PublishedAt     *time.Time
 }
 
+type SagaboxOutboxBacklogV struct {
+	Backlog          int64
+	OldestUnsentAt   interface{}
+	OldestAgeSeconds float64
+	Retrying         int64
+}
+
+type SagaboxOutboxV struct {
+	ID              int64
+	MessageID       uuid.UUID
+	Kind            string
+	Type            string
+	RoutingKey      string
+	SagaID          uuid.NullUUID
+	SagaType        string
+	Step            string
+	Attempt         int32
+	CreatedAt       time.Time
+	PublishedAt     *time.Time
+	PublishAttempts int32
+	LastError       string
+	Published       interface{}
+}
+
 type SagaboxSaga struct {
 	ID          uuid.UUID
 	SagaType    string
@@ -107,4 +152,62 @@ type SagaboxSagaHistory struct {
 	Detail    string
 	Actor     string
 	MessageID uuid.NullUUID
+}
+
+type SagaboxSagaHistoryV struct {
+	SagaID    uuid.UUID
+	SagaType  string
+	Seq       int64
+	At        time.Time
+	Event     string
+	Step      string
+	StepIndex int32
+	Phase     string
+	Attempt   int32
+	Detail    string
+	Actor     string
+	MessageID uuid.NullUUID
+}
+
+type SagaboxSagaOperation struct {
+	ID          int64
+	SagaID      uuid.UUID
+	Action      string
+	Actor       string
+	Reason      string
+	RequestedAt time.Time
+	AppliedAt   *time.Time
+	Error       string
+}
+
+type SagaboxSagaStepV struct {
+	SagaID     uuid.UUID
+	SagaType   string
+	StepIndex  int32
+	Step       interface{}
+	Status     interface{}
+	Attempt    interface{}
+	Deadline   time.Time
+	StartedAt  time.Time
+	FinishedAt time.Time
+	LastError  interface{}
+}
+
+type SagaboxSagaV struct {
+	ID              uuid.UUID
+	SagaType        string
+	Version         int32
+	Status          string
+	CurrentStep     int32
+	CurrentStepName interface{}
+	Phase           string
+	LastError       string
+	Deadline        *time.Time
+	StartKey        *string
+	Revision        int64
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	FinishedAt      *time.Time
+	AgeSeconds      float64
+	Data            []byte
 }

@@ -514,6 +514,117 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 	return items, nil
 }
 
+const sagaOperationClaimPending = `-- name: SagaOperationClaimPending :many
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL
+ORDER BY id
+LIMIT $1::integer
+FOR UPDATE SKIP LOCKED
+`
+
+// Locks up to @max pending operator requests, oldest first, skipping those
+// another orchestrator is applying.
+func (q *Queries) SagaOperationClaimPending(ctx context.Context, db DBTX, max int32) ([]*SagaboxSagaOperation, error) {
+	rows, err := db.Query(ctx, sagaOperationClaimPending, max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSagaOperation{}
+	for rows.Next() {
+		var i SagaboxSagaOperation
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaID,
+			&i.Action,
+			&i.Actor,
+			&i.Reason,
+			&i.RequestedAt,
+			&i.AppliedAt,
+			&i.Error,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaOperationGet = `-- name: SagaOperationGet :one
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = $1::bigint
+`
+
+func (q *Queries) SagaOperationGet(ctx context.Context, db DBTX, id int64) (*SagaboxSagaOperation, error) {
+	row := db.QueryRow(ctx, sagaOperationGet, id)
+	var i SagaboxSagaOperation
+	err := row.Scan(
+		&i.ID,
+		&i.SagaID,
+		&i.Action,
+		&i.Actor,
+		&i.Reason,
+		&i.RequestedAt,
+		&i.AppliedAt,
+		&i.Error,
+	)
+	return &i, err
+}
+
+const sagaOperationInsert = `-- name: SagaOperationInsert :one
+INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
+VALUES ($1::uuid, $2::text, $3::text, $4::text)
+RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error
+`
+
+type SagaOperationInsertParams struct {
+	SagaID uuid.UUID
+	Action string
+	Actor  string
+	Reason string
+}
+
+// Requests an operator action on a saga; an orchestrator applies it.
+func (q *Queries) SagaOperationInsert(ctx context.Context, db DBTX, arg *SagaOperationInsertParams) (*SagaboxSagaOperation, error) {
+	row := db.QueryRow(ctx, sagaOperationInsert,
+		arg.SagaID,
+		arg.Action,
+		arg.Actor,
+		arg.Reason,
+	)
+	var i SagaboxSagaOperation
+	err := row.Scan(
+		&i.ID,
+		&i.SagaID,
+		&i.Action,
+		&i.Actor,
+		&i.Reason,
+		&i.RequestedAt,
+		&i.AppliedAt,
+		&i.Error,
+	)
+	return &i, err
+}
+
+const sagaOperationMarkApplied = `-- name: SagaOperationMarkApplied :exec
+UPDATE /* TEMPLATE: schema */sagabox_saga_operation
+SET applied_at = $1::timestamptz, error = $2::text
+WHERE id = $3::bigint
+`
+
+type SagaOperationMarkAppliedParams struct {
+	AppliedAt time.Time
+	Error     string
+	ID        int64
+}
+
+func (q *Queries) SagaOperationMarkApplied(ctx context.Context, db DBTX, arg *SagaOperationMarkAppliedParams) error {
+	_, err := db.Exec(ctx, sagaOperationMarkApplied, arg.AppliedAt, arg.Error, arg.ID)
+	return err
+}
+
 const sagaUpdate = `-- name: SagaUpdate :execrows
 UPDATE /* TEMPLATE: schema */sagabox_saga
 SET status = $1::text,

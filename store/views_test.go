@@ -1,0 +1,60 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// The inspection views are a supported query API: they must exist and
+// answer with the documented columns.
+func TestInspectionViews(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	now := time.Now()
+	rec := newSaga("order-9", nil)
+	rec.Steps = []byte(`[{"name":"reserve-stock","status":"succeeded","attempt":1},{"name":"charge","status":"running","attempt":2,"last_error":"slow"}]`)
+	rec.CurrentStep = 1
+	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
+		if _, _, err := s.SagaInsert(ctx, tx, rec, now); err != nil {
+			return err
+		}
+		if err := s.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{At: now, Event: "started"}}); err != nil {
+			return err
+		}
+		return s.OutboxWrite(ctx, tx, []transport.Message{event("k", 1)})
+	}))
+	q := func(sql string, dest ...any) {
+		t.Helper()
+		require.NoError(t, s.Pool().QueryRow(ctx, fmt.Sprintf(sql, s.Schema())).Scan(dest...), sql)
+	}
+	var step, status string
+	q(`SELECT current_step_name, status FROM %q.sagabox_saga_v`, &step, &status)
+	require.Equal(t, "charge", step)
+	require.Equal(t, "running", status)
+
+	var attempt int
+	var lastErr string
+	q(`SELECT attempt, last_error FROM %q.sagabox_saga_step_v WHERE step_index = 1`, &attempt, &lastErr)
+	require.Equal(t, 2, attempt)
+	require.Equal(t, "slow", lastErr)
+
+	var event string
+	q(`SELECT event FROM %q.sagabox_saga_history_v`, &event)
+	require.Equal(t, "started", event)
+
+	var backlog int64
+	var age float64
+	q(`SELECT backlog, oldest_age_seconds FROM %q.sagabox_outbox_backlog_v`, &backlog, &age)
+	require.EqualValues(t, 1, backlog)
+	require.GreaterOrEqual(t, age, 0.0)
+}
