@@ -65,4 +65,15 @@
 // and reason in its history. A saga that does not exist gives an error
 // wrapping ErrNotFound; an action not allowed in the saga's status, one
 // wrapping saga.ErrInvalidTransition.
+//
+// # Observability
+//
+// Start runs in a span in the caller's context; the commands it writes
+// carry that span's trace, every reply is processed in a consumer span that
+// continues it, and so one saga is one trace across the orchestrator and
+// its participants. The Client counts sagas started and finished by type
+// and status, step and saga durations, deadlines fired, retries, replies
+// by outcome and dead letters, and reports its outbox backlog and the sagas
+// past their deadline. TracerProvider, MeterProvider and Logger come from
+// Config; docs/operations.md lists every metric, span and log key.
 package orchestrator

@@ -133,6 +133,10 @@ type env struct {
 
 	// failRelease makes the inventory's release compensation fail.
 	failRelease atomic.Bool
+
+	// participantMods change the configuration of the participants created
+	// after they are set (e.g. telemetry providers).
+	participantMods []func(*participant.Config)
 }
 
 func newEnv(t *testing.T) *env {
@@ -204,12 +208,16 @@ func run(t *testing.T, fn func(ctx context.Context) error) {
 
 // participantConfig is the configuration of the tests' participants.
 func (e *env) participantConfig(st *store.Store, service string) participant.Config {
-	return participant.Config{
+	cfg := participant.Config{
 		Pool: e.pool, Schema: st.Schema(), Service: service, Broker: e.broker, Workers: 3,
 		Retry:  participant.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 1},
 		Relay:  participant.RelayConfig{PollInterval: 200 * time.Millisecond},
 		Logger: amqptest.Logger(e.t),
 	}
+	for _, mod := range e.participantMods {
+		mod(&cfg)
+	}
+	return cfg
 }
 
 // inventory handles reserve and release on queue "inventory" and, with

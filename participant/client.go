@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -26,6 +27,7 @@ type Client struct {
 	cfg   Config
 	store *store.Store
 	relay *relay.Relay
+	tel   *telemetry.Telemetry
 	log   *slog.Logger
 
 	mu       sync.Mutex
@@ -52,6 +54,10 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("participant: %w", err)
 	}
+	tel, err := telemetry.New(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("participant: %w", err)
+	}
 	log := cfg.Logger.With("component", "participant", "service", cfg.Service)
 	r, err := relay.New(relay.Config{
 		Store:        st,
@@ -60,7 +66,9 @@ func NewClient(cfg Config) (*Client, error) {
 		Workers:      cfg.Relay.Workers,
 		PollInterval: cfg.Relay.PollInterval,
 		Listen:       cfg.Relay.Listen,
-		Logger:       cfg.Logger,
+		Logger:       cfg.Logger.With("service", cfg.Service),
+		Observer:     tel.RelayObserver(cfg.Schema),
+		Telemetry:    tel,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("participant: %w", err)
@@ -69,6 +77,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cfg:      cfg,
 		store:    st,
 		relay:    r,
+		tel:      tel,
 		log:      log,
 		handlers: make(map[handlerKey]*handler),
 	}, nil
@@ -163,6 +172,11 @@ func (c *Client) Run(ctx context.Context) error {
 		return fmt.Errorf("participant: %w", err)
 	}
 	spec := c.QueueSpec()
+	gauges, err := c.tel.RegisterOutboxGauges(c.store)
+	if err != nil {
+		return fmt.Errorf("participant: %w", err)
+	}
+	defer func() { _ = gauges.Unregister() }()
 
 	// Deliveries run on workCtx, which outlives ctx by at most StopTimeout so
 	// that a shutdown lets transactions in flight finish.
@@ -191,7 +205,7 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Go(func() { _ = c.relay.Run(relayCtx) })
 
 	c.log.Info("participant started", "queue", spec.Name, "commands", spec.Commands, "events", spec.Events, "workers", c.cfg.Workers)
-	err := c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+	err = c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
 		return c.handle(workCtx, d)
 	}), &transport.SubscribeOpts{Concurrency: c.cfg.Workers, Prefetch: c.cfg.Prefetch})
 	close(stopped)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/store"
@@ -96,6 +98,18 @@ type Config struct {
 	// Logger receives the Client's logs, with the attribute
 	// component=participant. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider creates the tracer of the Client's spans: one consumer
+	// span per delivery, a child of the producer span that sent it, and
+	// one producer span per message its relay publishes. Handlers receive
+	// the consumer span in their context, so the replies and events they
+	// write continue the trace. Defaults to the global provider.
+	TracerProvider trace.TracerProvider
+
+	// MeterProvider creates the Client's metrics (deliveries handled by
+	// outcome, duplicates, dead letters, retries, relay publishing, outbox
+	// backlog). Defaults to the global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // RetryPolicy says how often, and how soon, a message whose handler failed

@@ -75,4 +75,15 @@
 // registered type routed to it, consumes it with Workers concurrent
 // deliveries and runs the relay of the Client's outbox. When its context is
 // cancelled it drains the deliveries in flight within StopTimeout.
+//
+// # Observability
+//
+// Every delivery runs in an OpenTelemetry consumer span, a child of the
+// producer span that sent it, with its inbox outcome (new or duplicate);
+// the handler's context carries that span, so the reply and the events it
+// writes continue the saga's trace. The Client counts deliveries by
+// outcome, duplicates, dead letters by reason class and retries, reports
+// its outbox backlog and relay publishing, and logs every dead letter once
+// at level Error. TracerProvider, MeterProvider and Logger come from Config;
+// docs/operations.md lists every metric, span and log key.
 package participant

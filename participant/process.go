@@ -8,7 +8,10 @@ import (
 	"runtime/debug"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
@@ -38,30 +41,44 @@ const serializationRetries = 3
 // result is what one processing transaction did.
 type result struct {
 	duplicate bool
+	// rejected is set when the handler rejected the command.
+	rejected bool
 	// note says what happened, for the log.
 	note string
 }
 
+// componentName is the component attribute of the Client's logs, spans and
+// metrics.
+const componentName = "participant"
+
 // handle is the transport.Handler of the Client: it runs the whole
-// pipeline for one delivery and returns the broker's verdict. ctx is the
+// pipeline for one delivery, in a consumer span that is a child of the
+// producer span that sent it, and returns the broker's verdict. ctx is the
 // Client's work context, not the subscription's.
 func (c *Client) handle(ctx context.Context, d *transport.Delivery) transport.Outcome {
+	ctx, span := c.tel.StartProcess(ctx, &d.Envelope, componentName)
+	defer span.End()
+	span.SetAttributes(telemetry.AttrSchema.String(c.cfg.Schema))
+	return c.dispatch(ctx, d)
+}
+
+func (c *Client) dispatch(ctx context.Context, d *transport.Delivery) transport.Outcome {
 	var h *handler
 	switch d.Kind {
 	case transport.KindCommand, transport.KindCompensation, transport.KindEvent:
 		h = c.lookup(d.Kind, d.Type)
 	default:
-		return c.poison(ctx, d, "", fmt.Sprintf("a %s message cannot be handled by participant %q", d.Kind, c.cfg.Service))
+		return c.poison(ctx, d, telemetry.ReasonUnexpectedKind, "", fmt.Sprintf("a %s message cannot be handled by participant %q", d.Kind, c.cfg.Service))
 	}
 	if h == nil {
-		return c.poison(ctx, d, CodeUnknownType, fmt.Sprintf("no %s handler is registered for type %q at participant %q", d.Kind, d.Type, c.cfg.Service))
+		return c.poison(ctx, d, telemetry.ReasonUnknownType, CodeUnknownType, fmt.Sprintf("no %s handler is registered for type %q at participant %q", d.Kind, d.Type, c.cfg.Service))
 	}
 	if len(d.Payload) > c.cfg.MaxPayloadBytes {
-		return c.poison(ctx, d, CodePayloadTooLarge, fmt.Sprintf("payload of %s %q is %d bytes, over MaxPayloadBytes %d", d.Kind, d.Type, len(d.Payload), c.cfg.MaxPayloadBytes))
+		return c.poison(ctx, d, telemetry.ReasonPayloadTooLarge, CodePayloadTooLarge, fmt.Sprintf("payload of %s %q is %d bytes, over MaxPayloadBytes %d", d.Kind, d.Type, len(d.Payload), c.cfg.MaxPayloadBytes))
 	}
 	data, err := h.decode(d.Payload)
 	if err != nil {
-		return c.poison(ctx, d, CodeInvalidPayload, fmt.Sprintf("payload does not decode: %v", err))
+		return c.poison(ctx, d, telemetry.ReasonInvalidPayload, CodeInvalidPayload, fmt.Sprintf("payload does not decode: %v", err))
 	}
 
 	failures := 0
@@ -84,15 +101,35 @@ func (c *Client) handle(ctx context.Context, d *transport.Delivery) transport.Ou
 	if err != nil {
 		return c.failed(ctx, d, err)
 	}
-	return c.done(d, res)
+	return c.done(ctx, d, res)
+}
+
+// inboxOutcome records on ctx's span whether the inbox saw d for the first
+// time, and counts a duplicate.
+func (c *Client) inboxOutcome(ctx context.Context, d *transport.Delivery, duplicate bool) {
+	span := trace.SpanFromContext(ctx)
+	if duplicate {
+		span.SetAttributes(telemetry.AttrInbox.String(telemetry.InboxDuplicate))
+		c.tel.Duplicate(ctx, c.cfg.Schema, d.Type)
+		return
+	}
+	span.SetAttributes(telemetry.AttrInbox.String(telemetry.InboxNew))
 }
 
 // done finishes a delivery whose transaction committed.
-func (c *Client) done(d *transport.Delivery, res result) transport.Outcome {
+func (c *Client) done(ctx context.Context, d *transport.Delivery, res result) transport.Outcome {
+	c.inboxOutcome(ctx, d, res.duplicate)
 	if res.duplicate {
+		c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeDuplicate)
 		c.log.Info("duplicate message ignored", logAttrs(d)...)
 		return transport.Ack()
 	}
+	outcome := telemetry.OutcomeApplied
+	if res.rejected {
+		outcome = telemetry.OutcomeRejected
+	}
+	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrOutcome.String(outcome))
+	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, outcome)
 	if c.testHookAfterCommit != nil {
 		c.testHookAfterCommit(d)
 	}
@@ -118,6 +155,7 @@ func (c *Client) failed(ctx context.Context, d *transport.Delivery, cause error)
 	if errors.Is(cause, saga.ErrRejected) && d.Kind != transport.KindCommand {
 		cause = fmt.Errorf("a %s cannot reject, retrying it: %w", d.Kind, cause)
 	}
+	telemetry.Fail(trace.SpanFromContext(ctx), cause)
 	n, err := c.store.InboxAttemptRecord(ctx, &d.Envelope, cause.Error())
 	if err != nil {
 		c.log.Warn("handler failed and its attempt could not be recorded", append(logAttrs(d), "err", cause, "record_err", err)...)
@@ -127,31 +165,46 @@ func (c *Client) failed(ctx context.Context, d *transport.Delivery, cause error)
 		return c.giveUp(ctx, d, fmt.Sprintf("gave up after %d attempts: %v", n, cause))
 	}
 	delay := c.cfg.Retry.Backoff(n)
-	c.log.Warn("handler failed; retrying", append(logAttrs(d), "attempt", n, "retry_in", delay, "err", cause)...)
+	c.retried(ctx, d, telemetry.CauseHandler)
+	c.log.Warn("handler failed; retrying", append(logAttrs(d), "delivery_attempt", n, "retry_in", delay, "err", cause)...)
 	return transport.Retry(delay)
+}
+
+// retried counts a delivery sent back for another attempt.
+func (c *Client) retried(ctx context.Context, d *transport.Delivery, cause string) {
+	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeRetry), telemetry.AttrCause.String(cause))
+	c.tel.Retry(ctx, componentName, d.Type, cause)
+	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeRetry)
 }
 
 // giveUp dead-letters a message whose handler kept failing, after recording
 // it as processed and, for a saga message, writing a failure reply so that
 // the saga does not wait for it.
 func (c *Client) giveUp(ctx context.Context, d *transport.Delivery, reason string) transport.Outcome {
-	return c.deadLetter(ctx, d, saga.Failure{Reason: reason, Code: CodeDeadLettered})
+	return c.deadLetter(ctx, d, telemetry.ReasonRetriesExhausted, saga.Failure{Reason: reason, Code: CodeDeadLettered})
 }
 
-// poison dead-letters a message that no retry can cure, like giveUp.
-func (c *Client) poison(ctx context.Context, d *transport.Delivery, code, reason string) transport.Outcome {
-	return c.deadLetter(ctx, d, saga.Failure{Reason: reason, Code: code})
+// poison dead-letters a message that no retry can cure, like giveUp. class
+// is the metric's reason class.
+func (c *Client) poison(ctx context.Context, d *transport.Delivery, class, code, reason string) transport.Outcome {
+	return c.deadLetter(ctx, d, class, saga.Failure{Reason: reason, Code: code})
 }
 
-func (c *Client) deadLetter(ctx context.Context, d *transport.Delivery, f saga.Failure) transport.Outcome {
+func (c *Client) deadLetter(ctx context.Context, d *transport.Delivery, class string, f saga.Failure) transport.Outcome {
 	res, err := c.process(ctx, d, nil, nil, 0, &f)
 	if err != nil {
 		return c.infraRetry(ctx, d, err)
 	}
+	c.inboxOutcome(ctx, d, res.duplicate)
 	if !res.duplicate {
 		c.relay.Wake()
 	}
-	c.log.Error("message dead-lettered", append(logAttrs(d), "reason", f.Reason, "code", f.Code)...)
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeDeadLetter), telemetry.AttrReason.String(class))
+	span.SetStatus(codes.Error, f.Reason)
+	c.tel.DeadLetter(ctx, c.cfg.Schema, componentName, class)
+	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeDeadLetter)
+	c.log.Error("message dead-lettered", append(logAttrs(d), "reason", f.Reason, "reason_class", class, "code", f.Code)...)
 	return transport.DeadLetter(f.Reason)
 }
 
@@ -163,6 +216,10 @@ func (c *Client) infraRetry(ctx context.Context, d *transport.Delivery, err erro
 	}
 	n := c.infraFailures.Add(1)
 	delay := c.cfg.Retry.Backoff(int(min(n, 64)))
+	if err != nil {
+		telemetry.Fail(trace.SpanFromContext(ctx), err)
+	}
+	c.retried(ctx, d, telemetry.CauseDatabase)
 	if err != nil {
 		c.log.Warn("cannot process message; retrying", append(logAttrs(d), "retry_in", delay, "err", err)...)
 	}
@@ -270,7 +327,8 @@ func (c *Client) action(ctx context.Context, tx pgx.Tx, d *transport.Delivery, h
 	if err := c.store.BarrierUpdate(ctx, tx, mark); err != nil {
 		return result{}, err
 	}
-	return result{note: string(mark.Outcome)}, c.reply(ctx, tx, d, mark.ReplyKind, mark.ReplyPayload)
+	res := result{note: string(mark.Outcome), rejected: giveUp == nil && mark.Outcome == store.BarrierRejected}
+	return res, c.reply(ctx, tx, d, mark.ReplyKind, mark.ReplyPayload)
 }
 
 // compensation processes a step's compensation behind the barrier. It runs
@@ -357,11 +415,16 @@ func (c *Client) call(ctx context.Context, tx pgx.Tx, h *handler, d *transport.D
 
 // reply writes the reply to d to the outbox in tx. A reply carries the type
 // of the message it answers, goes to its ReplyTo, is correlated by its
-// message id and copies its saga, step and attempt.
+// message id and copies its saga, step and attempt. Its trace context is
+// ctx's (the consumer span of d), or d's own when ctx carries no span.
 func (c *Client) reply(ctx context.Context, tx pgx.Tx, d *transport.Delivery, kind transport.Kind, payload []byte) error {
 	if d.ReplyTo == "" {
 		c.log.Warn("message has no reply_to; no reply sent", logAttrs(d)...)
 		return nil
+	}
+	traceParent, traceState := d.TraceParent, d.TraceState
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		traceParent, traceState = "", "" // OutboxWrite takes ctx's
 	}
 	return c.store.OutboxWrite(ctx, tx, []transport.Message{{
 		Envelope: transport.Envelope{
@@ -374,8 +437,8 @@ func (c *Client) reply(ctx context.Context, tx pgx.Tx, d *transport.Delivery, ki
 			StepIndex:     d.StepIndex,
 			Attempt:       d.Attempt,
 			CorrelationID: d.MessageID.String(),
-			TraceParent:   d.TraceParent,
-			TraceState:    d.TraceState,
+			TraceParent:   traceParent,
+			TraceState:    traceState,
 		},
 		Payload: payload,
 	}})
@@ -391,5 +454,9 @@ func encodeFailure(f saga.Failure) []byte {
 }
 
 func logAttrs(d *transport.Delivery) []any {
-	return []any{"message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "type", d.Type, "kind", string(d.Kind), "step", d.Step}
+	if d.SagaType == "" {
+		return []any{"message_id", d.MessageID.String(), "type", d.Type, "kind", string(d.Kind)}
+	}
+	return []any{"message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "saga_type", d.SagaType,
+		"type", d.Type, "kind", string(d.Kind), "step", d.Step, "attempt", d.Attempt}
 }

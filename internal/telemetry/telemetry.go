@@ -2,6 +2,10 @@
 // trace-context plumbing that makes one saga one trace across services. The
 // library uses only the OTel API; providers come from configuration and
 // default to the global ones.
+//
+// Cardinality: metric attributes are bounded sets (schema, saga type, step,
+// message type, status, outcome, reason class). Saga and message ids go on
+// spans only.
 package telemetry
 
 import (
@@ -23,20 +27,63 @@ import (
 // InstrumentationName names sagabox's tracer and meter.
 const InstrumentationName = "github.com/sagabox/sagabox"
 
-// Attribute keys used on spans and metrics. High-cardinality ids go on spans
-// only.
+// Attribute keys used on spans and metrics. High-cardinality ids (saga id,
+// message id) go on spans only.
 const (
 	AttrSchema      = attribute.Key("sagabox.schema")
 	AttrSagaType    = attribute.Key("sagabox.saga_type")
 	AttrSagaID      = attribute.Key("sagabox.saga_id")
+	AttrSagaVersion = attribute.Key("sagabox.saga_version")
 	AttrStep        = attribute.Key("sagabox.step")
 	AttrStatus      = attribute.Key("sagabox.status")
 	AttrKind        = attribute.Key("sagabox.message.kind")
-	AttrInbox       = attribute.Key("sagabox.inbox.outcome")
-	AttrReason      = attribute.Key("sagabox.dead_letter.reason")
 	AttrMessageType = attribute.Key("sagabox.message.type")
+	AttrAttempt     = attribute.Key("sagabox.attempt")
+	AttrInbox       = attribute.Key("sagabox.inbox.outcome")
+	AttrOutcome     = attribute.Key("sagabox.outcome")
+	AttrReason      = attribute.Key("sagabox.dead_letter.reason")
 	AttrPhase       = attribute.Key("sagabox.phase")
 	AttrComponent   = attribute.Key("sagabox.component")
+	AttrCause       = attribute.Key("sagabox.retry.cause")
+	AttrActor       = attribute.Key("sagabox.actor")
+)
+
+// Inbox outcomes (AttrInbox, on consumer spans): whether the inbox saw the
+// message for the first time.
+const (
+	InboxNew       = "new"
+	InboxDuplicate = "duplicate"
+)
+
+// Handling outcomes (AttrOutcome on sagabox.messages.handled).
+const (
+	OutcomeApplied     = "applied"      // new message, handled
+	OutcomeRejected    = "rejected"     // new command, rejected by its handler (business "no")
+	OutcomeDuplicate   = "duplicate"    // already in the inbox, not applied again
+	OutcomeRetry       = "retry"        // not applied this time, will be delivered again
+	OutcomeDeadLetter  = "dead_letter"  // moved to the dead-letter queue
+	OutcomeIgnored     = "ignored"      // orchestrator: stale reply, recorded in history only
+	OutcomeUnknownSaga = "unknown_saga" // orchestrator: reply for a saga that does not exist here
+)
+
+// Dead-letter reason classes (AttrReason). Free text goes to logs and to the
+// dead-lettered message, never to a metric.
+const (
+	ReasonUnknownType       = "unknown_type"
+	ReasonInvalidPayload    = "invalid_payload"
+	ReasonPayloadTooLarge   = "payload_too_large"
+	ReasonUnexpectedKind    = "unexpected_kind"
+	ReasonRetriesExhausted  = "retries_exhausted"
+	ReasonUnknownDefinition = "unknown_definition"
+	ReasonInvalidInstance   = "invalid_instance"
+)
+
+// Retry causes (AttrCause).
+const (
+	CauseHandler  = "handler"  // the handler failed transiently
+	CauseDatabase = "database" // Postgres was unreachable
+	CauseTimeout  = "timeout"  // the orchestrator re-sent a command after its step timed out
+	CauseOperator = "operator" // an operator asked for a retry
 )
 
 // Telemetry is the set of instruments one client uses.
@@ -44,19 +91,44 @@ type Telemetry struct {
 	tracer trace.Tracer
 	meter  metric.Meter
 
-	published     metric.Int64Counter
-	publishErrors metric.Int64Counter
-	batchSize     metric.Int64Histogram
-	duplicates    metric.Int64Counter
-	deadLetters   metric.Int64Counter
-	handled       metric.Int64Counter
-	sagasStarted  metric.Int64Counter
-	sagasFinished metric.Int64Counter
-	stepLatency   metric.Float64Histogram
-	sagaDuration  metric.Float64Histogram
-	deadlines     metric.Int64Counter
-	retries       metric.Int64Counter
+	published       metric.Int64Counter
+	publishErrors   metric.Int64Counter
+	batchSize       metric.Int64Histogram
+	publishDuration metric.Float64Histogram
+	duplicates      metric.Int64Counter
+	deadLetters     metric.Int64Counter
+	handled         metric.Int64Counter
+	sagasStarted    metric.Int64Counter
+	sagasFinished   metric.Int64Counter
+	stepLatency     metric.Float64Histogram
+	sagaDuration    metric.Float64Histogram
+	deadlines       metric.Int64Counter
+	retries         metric.Int64Counter
+
+	backlog   metric.Int64ObservableGauge
+	oldestAge metric.Float64ObservableGauge
+	overdue   metric.Int64ObservableGauge
 }
+
+// Metric names, documented in docs/operations.md.
+const (
+	MetricRelayPublished       = "sagabox.relay.published"
+	MetricRelayPublishErrors   = "sagabox.relay.publish_errors"
+	MetricRelayBatchSize       = "sagabox.relay.batch_size"
+	MetricRelayPublishDuration = "sagabox.relay.publish.duration"
+	MetricOutboxBacklog        = "sagabox.outbox.backlog"
+	MetricOutboxOldestAge      = "sagabox.outbox.oldest_age"
+	MetricInboxDuplicates      = "sagabox.inbox.duplicates"
+	MetricMessagesHandled      = "sagabox.messages.handled"
+	MetricDeadLetters          = "sagabox.dead_letters"
+	MetricRetries              = "sagabox.retries"
+	MetricSagasStarted         = "sagabox.sagas.started"
+	MetricSagasFinished        = "sagabox.sagas.finished"
+	MetricSagasOverdue         = "sagabox.sagas.overdue"
+	MetricStepDuration         = "sagabox.saga.step.duration"
+	MetricSagaDuration         = "sagabox.saga.duration"
+	MetricDeadlinesFired       = "sagabox.sweeper.deadlines_fired"
+)
 
 // New returns instruments from tp and mp; nil providers mean the global ones.
 func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
@@ -76,32 +148,49 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 		ctr, err = t.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		return ctr
 	}
-	t.published = c("sagabox.relay.published", "{message}", "Messages published by the relay and confirmed by the broker.")
-	t.publishErrors = c("sagabox.relay.publish_errors", "{message}", "Messages the relay could not publish (they are retried).")
-	t.duplicates = c("sagabox.inbox.duplicates", "{message}", "Deliveries recognised as duplicates by the inbox and not applied again.")
-	t.deadLetters = c("sagabox.dead_letters", "{message}", "Messages moved to a dead-letter queue, by reason.")
-	t.handled = c("sagabox.inbox.handled", "{message}", "Deliveries handled, by inbox outcome.")
-	t.sagasStarted = c("sagabox.sagas.started", "{saga}", "Sagas started.")
-	t.sagasFinished = c("sagabox.sagas.finished", "{saga}", "Sagas that reached a terminal status (completed, compensated, failed).")
-	t.deadlines = c("sagabox.sweeper.deadlines_fired", "{deadline}", "Step deadlines fired by the sweeper.")
-	t.retries = c("sagabox.retries", "{attempt}", "Retries: commands re-sent after a timeout and handler attempts retried.")
+	t.published = c(MetricRelayPublished, "{message}", "Messages published by the relay and confirmed by the broker.")
+	t.publishErrors = c(MetricRelayPublishErrors, "{message}", "Messages the relay could not publish (they stay in the outbox and are retried).")
+	t.duplicates = c(MetricInboxDuplicates, "{message}", "Deliveries recognised as duplicates by the inbox and not applied again.")
+	t.deadLetters = c(MetricDeadLetters, "{message}", "Messages moved to a dead-letter queue, by reason class.")
+	t.handled = c(MetricMessagesHandled, "{message}", "Deliveries handled, by outcome.")
+	t.sagasStarted = c(MetricSagasStarted, "{saga}", "Sagas started.")
+	t.sagasFinished = c(MetricSagasFinished, "{saga}", "Sagas that reached a terminal status (completed, compensated, failed).")
+	t.deadlines = c(MetricDeadlinesFired, "{deadline}", "Step deadlines fired by the sweeper.")
+	t.retries = c(MetricRetries, "{attempt}", "Retries: commands re-sent after a timeout or by an operator, and deliveries retried by a participant.")
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: create counters: %w", err)
 	}
-	if t.batchSize, err = t.meter.Int64Histogram("sagabox.relay.batch_size", metric.WithUnit("{message}"),
+	if t.batchSize, err = t.meter.Int64Histogram(MetricRelayBatchSize, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages per relay batch."),
 		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	if t.publishDuration, err = t.meter.Float64Histogram(MetricRelayPublishDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time to publish one relay batch and receive the broker's confirms."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
 	secs := []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
-	if t.stepLatency, err = t.meter.Float64Histogram("sagabox.saga.step.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time from sending a step's command to applying its reply."),
+	if t.stepLatency, err = t.meter.Float64Histogram(MetricStepDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time from sending a step's command (or compensation) to applying its reply."),
 		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	if t.sagaDuration, err = t.meter.Float64Histogram("sagabox.saga.duration", metric.WithUnit("s"),
+	if t.sagaDuration, err = t.meter.Float64Histogram(MetricSagaDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from a saga's start to its terminal status."),
 		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.backlog, err = t.meter.Int64ObservableGauge(MetricOutboxBacklog, metric.WithUnit("{message}"),
+		metric.WithDescription("Unpublished outbox rows.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.oldestAge, err = t.meter.Float64ObservableGauge(MetricOutboxOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest unpublished outbox row; 0 when none.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.overdue, err = t.meter.Int64ObservableGauge(MetricSagasOverdue, metric.WithUnit("{saga}"),
+		metric.WithDescription("Running or compensating sagas whose deadline passed more than a grace period ago (the sweeper is not keeping up or not running).")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	return t, nil
@@ -110,32 +199,49 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 // Tracer returns sagabox's tracer.
 func (t *Telemetry) Tracer() trace.Tracer { return t.tracer }
 
+// gaugeTimeout bounds the queries of one gauge collection.
+const gaugeTimeout = 5 * time.Second
+
 // RegisterOutboxGauges reports the outbox backlog and the age of its oldest
 // unpublished row for st at every collection. Unregister the returned
 // registration when the client stops.
 func (t *Telemetry) RegisterOutboxGauges(st *store.Store) (metric.Registration, error) {
-	backlog, err := t.meter.Int64ObservableGauge("sagabox.outbox.backlog", metric.WithUnit("{message}"),
-		metric.WithDescription("Unpublished outbox rows."))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: %w", err)
-	}
-	age, err := t.meter.Float64ObservableGauge("sagabox.outbox.oldest_age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest unpublished outbox row; 0 when none."))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: %w", err)
-	}
 	attrs := metric.WithAttributes(AttrSchema.String(st.Schema()))
-	return t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
 		defer cancel()
 		stats, err := st.OutboxStats(ctx)
 		if err != nil {
 			return err
 		}
-		o.ObserveInt64(backlog, stats.Backlog, attrs)
-		o.ObserveFloat64(age, stats.OldestAge.Seconds(), attrs)
+		o.ObserveInt64(t.backlog, stats.Backlog, attrs)
+		o.ObserveFloat64(t.oldestAge, stats.OldestAge.Seconds(), attrs)
 		return nil
-	}, backlog, age)
+	}, t.backlog, t.oldestAge)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register outbox gauges: %w", err)
+	}
+	return reg, nil
+}
+
+// RegisterOverdueGauge reports, at every collection, how many running or
+// compensating sagas of st have a deadline before now() - grace.
+func (t *Telemetry) RegisterOverdueGauge(st *store.Store, grace time.Duration, now func() time.Time) (metric.Registration, error) {
+	attrs := metric.WithAttributes(AttrSchema.String(st.Schema()))
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		n, err := st.SagaCountOverdue(ctx, now().Add(-grace))
+		if err != nil {
+			return err
+		}
+		o.ObserveInt64(t.overdue, n, attrs)
+		return nil
+	}, t.overdue)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register overdue saga gauge: %w", err)
+	}
+	return reg, nil
 }
 
 // Duplicate counts a delivery the inbox recognised as a duplicate.
@@ -143,17 +249,17 @@ func (t *Telemetry) Duplicate(ctx context.Context, schema, msgType string) {
 	t.duplicates.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrMessageType.String(msgType)))
 }
 
-// Handled counts a handled delivery by inbox outcome (new, duplicate,
-// rejected, retry, dead-letter).
-func (t *Telemetry) Handled(ctx context.Context, schema, msgType, outcome string) {
-	t.handled.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrMessageType.String(msgType), AttrInbox.String(outcome)))
+// Handled counts a handled delivery by outcome (one of the Outcome
+// constants).
+func (t *Telemetry) Handled(ctx context.Context, schema, component, msgType, outcome string) {
+	t.handled.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrComponent.String(component),
+		AttrMessageType.String(msgType), AttrOutcome.String(outcome)))
 }
 
-// DeadLetter counts a dead-lettered message. reason must be a short, fixed
-// class ("unknown_type", "undecodable", "oversized", "retries_exhausted"), not
-// free text.
-func (t *Telemetry) DeadLetter(ctx context.Context, schema, reason string) {
-	t.deadLetters.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrReason.String(reason)))
+// DeadLetter counts a dead-lettered message. reason is one of the Reason
+// constants, never free text.
+func (t *Telemetry) DeadLetter(ctx context.Context, schema, component, reason string) {
+	t.deadLetters.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrComponent.String(component), AttrReason.String(reason)))
 }
 
 // SagaStarted counts a started saga.
@@ -165,12 +271,12 @@ func (t *Telemetry) SagaStarted(ctx context.Context, sagaType string) {
 func (t *Telemetry) SagaFinished(ctx context.Context, sagaType, status string, d time.Duration) {
 	attrs := metric.WithAttributes(AttrSagaType.String(sagaType), AttrStatus.String(status))
 	t.sagasFinished.Add(ctx, 1, attrs)
-	t.sagaDuration.Record(ctx, d.Seconds(), attrs)
+	t.sagaDuration.Record(ctx, max(d, 0).Seconds(), attrs)
 }
 
 // StepDone records the latency of one step phase.
 func (t *Telemetry) StepDone(ctx context.Context, sagaType, step, phase string, d time.Duration) {
-	t.stepLatency.Record(ctx, d.Seconds(), metric.WithAttributes(AttrSagaType.String(sagaType), AttrStep.String(step), AttrPhase.String(phase)))
+	t.stepLatency.Record(ctx, max(d, 0).Seconds(), metric.WithAttributes(AttrSagaType.String(sagaType), AttrStep.String(step), AttrPhase.String(phase)))
 }
 
 // DeadlineFired counts a deadline fired by the sweeper.
@@ -179,9 +285,10 @@ func (t *Telemetry) DeadlineFired(ctx context.Context, sagaType string) {
 }
 
 // Retry counts a retry by component ("orchestrator" re-sending a command,
-// "participant" retrying a handler).
-func (t *Telemetry) Retry(ctx context.Context, component, msgType string) {
-	t.retries.Add(ctx, 1, metric.WithAttributes(AttrComponent.String(component), AttrMessageType.String(msgType)))
+// "participant" retrying a delivery) and cause (one of the Cause
+// constants).
+func (t *Telemetry) Retry(ctx context.Context, component, msgType, cause string) {
+	t.retries.Add(ctx, 1, metric.WithAttributes(AttrComponent.String(component), AttrMessageType.String(msgType), AttrCause.String(cause)))
 }
 
 // propagator is W3C Trace Context: the envelope's traceparent/tracestate.
@@ -203,11 +310,24 @@ func Extract(ctx context.Context, env *transport.Envelope) context.Context {
 	return propagator.Extract(ctx, propagation.MapCarrier{"traceparent": env.TraceParent, "tracestate": env.TraceState})
 }
 
-// MessageAttributes are the messaging semantic-convention attributes of m.
+// SpanName is the name of a messaging span: operation, kind and type, e.g.
+// "send command inventory.reserve" or "process reply-success
+// inventory.reserve". Every part is low-cardinality.
+func SpanName(operation string, env *transport.Envelope) string {
+	return operation + " " + string(env.Kind) + " " + env.Type
+}
+
+// MessageAttributes are the messaging semantic-convention attributes of env
+// for operation ("send" or "process"), plus sagabox's own.
 func MessageAttributes(env *transport.Envelope, operation string) []attribute.KeyValue {
+	opName := operation
+	if operation == "send" {
+		opName = "publish"
+	}
 	attrs := []attribute.KeyValue{
 		attribute.String("messaging.system", "rabbitmq"),
 		attribute.String("messaging.operation.type", operation),
+		attribute.String("messaging.operation.name", opName),
 		attribute.String("messaging.destination.name", env.Kind.Exchange()),
 		attribute.String("messaging.rabbitmq.destination.routing_key", env.RoutingKey),
 		attribute.String("messaging.message.id", env.MessageID.String()),
@@ -218,17 +338,20 @@ func MessageAttributes(env *transport.Envelope, operation string) []attribute.Ke
 		attrs = append(attrs, attribute.String("messaging.message.conversation_id", env.CorrelationID))
 	}
 	if env.SagaType != "" {
-		attrs = append(attrs, AttrSagaType.String(env.SagaType), AttrSagaID.String(env.SagaID.String()), AttrStep.String(env.Step))
+		attrs = append(attrs, AttrSagaType.String(env.SagaType), AttrSagaID.String(env.SagaID.String()),
+			AttrStep.String(env.Step), AttrAttempt.Int(env.Attempt))
 	}
 	return attrs
 }
 
 // StartPublish starts a producer span for m as a child of the span that wrote
-// it, and rewrites m's trace context to the new span so that the consumer's
-// span becomes its child.
+// it (m's stored trace context; ctx's span when m has none), and rewrites m's
+// trace context to the new span so that the consumer's span becomes its
+// child. m's trace context is left alone when the span is not valid (no
+// tracing configured), so the writer's context still travels.
 func (t *Telemetry) StartPublish(ctx context.Context, m *transport.Message) trace.Span {
 	ctx = Extract(ctx, &m.Envelope)
-	ctx, span := t.tracer.Start(ctx, "send "+m.Type, trace.WithSpanKind(trace.SpanKindProducer),
+	ctx, span := t.tracer.Start(ctx, SpanName("send", &m.Envelope), trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(MessageAttributes(&m.Envelope, "send")...))
 	if span.SpanContext().IsValid() {
 		m.TraceParent, m.TraceState = Inject(ctx)
@@ -246,15 +369,22 @@ func EndPublish(span trace.Span, err error) {
 }
 
 // StartProcess starts a consumer span for a delivery, as a child of the
-// producer span that sent it.
+// producer span that sent it. component is "participant" or
+// "orchestrator".
 func (t *Telemetry) StartProcess(ctx context.Context, env *transport.Envelope, component string) (context.Context, trace.Span) {
 	ctx = Extract(ctx, env)
-	return t.tracer.Start(ctx, "process "+env.Type, trace.WithSpanKind(trace.SpanKindConsumer),
+	return t.tracer.Start(ctx, SpanName("process", env), trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(append(MessageAttributes(env, "process"), AttrComponent.String(component))...))
 }
 
+// Fail marks span as failed with err.
+func Fail(span trace.Span, err error) {
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+}
+
 // RelayObserver returns a relay observer that counts published messages,
-// errors and batch sizes for schema.
+// errors, batch sizes and publish durations for schema.
 func (t *Telemetry) RelayObserver(schema string) *RelayObserver {
 	return &RelayObserver{t: t, attrs: metric.WithAttributes(AttrSchema.String(schema))}
 }
@@ -266,7 +396,7 @@ type RelayObserver struct {
 }
 
 // Published implements relay.Observer.
-func (o *RelayObserver) Published(ctx context.Context, msgs []transport.Message, confirmed []bool, _ error, _ time.Duration) {
+func (o *RelayObserver) Published(ctx context.Context, msgs []transport.Message, confirmed []bool, _ error, elapsed time.Duration) {
 	ok := 0
 	for _, c := range confirmed {
 		if c {
@@ -274,6 +404,7 @@ func (o *RelayObserver) Published(ctx context.Context, msgs []transport.Message,
 		}
 	}
 	o.t.batchSize.Record(ctx, int64(len(msgs)), o.attrs)
+	o.t.publishDuration.Record(ctx, elapsed.Seconds(), o.attrs)
 	o.t.published.Add(ctx, int64(ok), o.attrs)
 	if failed := len(msgs) - ok; failed > 0 {
 		o.t.publishErrors.Add(ctx, int64(failed), o.attrs)

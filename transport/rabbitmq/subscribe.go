@@ -160,7 +160,7 @@ func (b *Broker) consume(ctx context.Context, sess *session, spec transport.Queu
 func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
 	del, err := DecodeDelivery(d, b.cfg.MaxMessageBytes)
 	if err != nil {
-		b.deadLetter(ctx, queue, d, nil, "malformed message: "+err.Error())
+		b.deadLetter(ctx, queue, d, nil, "malformed message: "+err.Error(), false)
 		return
 	}
 	del.Queue = name
@@ -169,7 +169,7 @@ func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Han
 	case transport.ActionAck:
 		b.settle(d.Ack(false), queue, d, "ack")
 	case transport.ActionDeadLetter:
-		b.deadLetter(ctx, queue, d, &del.Envelope, out.Reason)
+		b.deadLetter(ctx, queue, d, &del.Envelope, out.Reason, true)
 	default:
 		if out.Action != transport.ActionRetry {
 			b.log.Error("rabbitmq handler returned an unknown action; retrying", "queue", queue, "message_id", d.MessageId, "action", int(out.Action))
@@ -201,8 +201,11 @@ func (b *Broker) settle(err error, queue string, d amqp.Delivery, what string) {
 
 // deadLetter publishes a copy of d, with reason, to the dead-letter exchange
 // (routing key = queue) and acknowledges d once the broker confirmed the
-// copy. If the copy cannot be confirmed, d goes back to its queue.
-func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, env *transport.Envelope, reason string) {
+// copy. If the copy cannot be confirmed, d goes back to its queue. A dead
+// letter the adapter decided on (a malformed message) is logged at Error; one
+// the handler decided on was logged by the handler, and is logged here at
+// Debug only, so that each dead letter is logged once.
+func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, env *transport.Envelope, reason string, byHandler bool) {
 	headers := maps.Clone(d.Headers)
 	if headers == nil {
 		headers = amqp.Table{}
@@ -253,6 +256,10 @@ func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, 
 		b.settle(d.Nack(false, true), queue, d, "nack")
 		return
 	}
-	b.log.Warn("rabbitmq message dead-lettered", attrs...)
+	if byHandler {
+		b.log.Debug("rabbitmq message dead-lettered", attrs...)
+	} else {
+		b.log.Error("rabbitmq message dead-lettered", attrs...)
+	}
 	b.settle(d.Ack(false), queue, d, "ack")
 }

@@ -1,0 +1,325 @@
+package orchestrator_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/telemetry/telemetrytest"
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// TestTelemetrySagaIsOneTraceAndMetricsCount runs three sagas through the
+// orchestrator and two participants (inventory: reserve, release, ship;
+// payment: charge, refund) sharing one tracer and one meter provider: one
+// completes, one is compensated (charge declined), one fails (charge
+// declined, then the release compensation keeps failing). Each saga is one
+// trace whose spans chain across every outbox hop, and the metrics count
+// exactly what happened.
+func TestTelemetrySagaIsOneTraceAndMetricsCount(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tp, rec := telemetrytest.NewTracer(t)
+	meter := telemetrytest.NewMeter(t)
+	e.participantMods = append(e.participantMods, func(c *participant.Config) {
+		c.TracerProvider, c.MeterProvider = tp, meter.Provider
+	})
+	def := orderSaga(1, time.Minute, 1)
+	cfg := e.orchConfig(def)
+	cfg.TracerProvider, cfg.MeterProvider = tp, meter.Provider
+	// The participants' queues exist before the first command is sent, so
+	// that every message is published once (a failed publish and its retry
+	// would be two send spans).
+	for _, p := range []*participant.Client{e.inventory(true), e.payment(true)} {
+		ctx, cancel := context.WithTimeout(context.Background(), amqptest.Timeout)
+		require.NoError(t, e.broker.Declare(ctx, p.QueueSpec()))
+		cancel()
+		run(t, p.Run)
+	}
+	c := e.runOrchestrator(cfg)
+
+	completed := e.start(c, def, Order{ID: "ok", Qty: 1, Amount: 10, Address: "here"}, nil)
+	compensated := e.start(c, def, Order{ID: "declined", Qty: 1, Amount: declinedAmount, Address: "here"}, nil)
+	waitStatus(t, c, completed.ID, saga.StatusCompleted, 30*time.Second)
+	waitStatus(t, c, compensated.ID, saga.StatusCompensated, 30*time.Second)
+	e.failRelease.Store(true)
+	failed := e.start(c, def, Order{ID: "stuck", Qty: 1, Amount: 2 * declinedAmount, Address: "here"}, nil)
+	waitStatus(t, c, failed.ID, saga.StatusFailed, 30*time.Second)
+
+	// Tracing: every span of a saga is in one trace; parents explicit.
+	spans := waitTrace(t, rec, completed.ID, 13)
+	start := spans.root(t, "start saga order")
+	require.Equal(t, trace.SpanKindInternal, start.SpanKind())
+	last := spans.requireHops(t, start,
+		hop{"inventory.reserve", "participant"},
+		hop{"payment.charge", "participant"},
+		hop{"shipping.ship", "participant"},
+	)
+	require.Equal(t, string(saga.StatusCompleted), attr(last, telemetry.AttrStatus))
+
+	spans = waitTrace(t, rec, compensated.ID, 13)
+	start = spans.root(t, "start saga order")
+	rejectedReply := spans.requireHops(t, start, hop{"inventory.reserve", "participant"}, hop{"payment.charge", "participant"})
+	// The charge was rejected: a failure reply, whose processing sent the
+	// reserve step's compensation (an event on that span) ...
+	require.Equal(t, "process reply-failure payment.charge", rejectedReply.Name())
+	chargeProcess := spans.byID(t, spans.byID(t, rejectedReply.Parent()).Parent())
+	require.Equal(t, telemetry.OutcomeRejected, attr(chargeProcess, telemetry.AttrOutcome))
+	var compEvents []string
+	for _, ev := range rejectedReply.Events() {
+		if ev.Name == "compensation sent" {
+			for _, kv := range ev.Attributes {
+				if kv.Key == telemetry.AttrStep {
+					compEvents = append(compEvents, kv.Value.AsString())
+				}
+			}
+		}
+	}
+	require.Equal(t, []string{"reserve"}, compEvents)
+	// ... which continues the same trace through the participant and back.
+	sendComp := spans.child(t, rejectedReply, "send compensation inventory.release")
+	require.Equal(t, trace.SpanKindProducer, sendComp.SpanKind())
+	processComp := spans.child(t, sendComp, "process compensation inventory.release")
+	require.Equal(t, "participant", attr(processComp, telemetry.AttrComponent))
+	reply := spans.child(t, processComp, "send reply-success inventory.release")
+	done := spans.child(t, reply, "process reply-success inventory.release")
+	require.Equal(t, string(saga.StatusCompensated), attr(done, telemetry.AttrStatus))
+
+	// Metrics.
+	order := telemetry.AttrSagaType.String("order")
+	orch := telemetry.AttrSchema.String(e.orch.Schema())
+	inv := telemetry.AttrSchema.String(e.inv.Schema())
+	pay := telemetry.AttrSchema.String(e.pay.Schema())
+	var m telemetrytest.Snapshot
+	waitFor(t, 30*time.Second, "every outbox published", func() bool {
+		m = meter.Collect(t)
+		for _, schema := range []attribute.KeyValue{orch, inv, pay} {
+			if v, ok := m.Gauge(telemetry.MetricOutboxBacklog, schema); !ok || v != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	require.EqualValues(t, 3, m.Sum(telemetry.MetricSagasStarted, order))
+	for _, status := range []saga.Status{saga.StatusCompleted, saga.StatusCompensated, saga.StatusFailed} {
+		require.EqualValues(t, 1, m.Sum(telemetry.MetricSagasFinished, order, telemetry.AttrStatus.String(string(status))), "sagas %s", status)
+	}
+	require.EqualValues(t, 3, m.Count(telemetry.MetricSagaDuration, order))
+	// Nine replies applied: 3 steps, reserve+charge+release twice.
+	require.EqualValues(t, 9, m.Count(telemetry.MetricStepDuration, order))
+	require.EqualValues(t, 9, m.Sum(telemetry.MetricMessagesHandled, orch,
+		telemetry.AttrComponent.String("orchestrator"), telemetry.AttrOutcome.String(telemetry.OutcomeApplied)))
+	require.EqualValues(t, 2, m.Sum(telemetry.MetricMessagesHandled, pay,
+		telemetry.AttrComponent.String("participant"), telemetry.AttrOutcome.String(telemetry.OutcomeRejected)))
+	require.EqualValues(t, 1, m.Sum(telemetry.MetricDeadLetters, inv,
+		telemetry.AttrComponent.String("participant"), telemetry.AttrReason.String(telemetry.ReasonRetriesExhausted)))
+	// Published by each relay: the orchestrator's 9 commands, the
+	// inventory's 6 replies, the payment's 3.
+	require.EqualValues(t, 9, m.Sum(telemetry.MetricRelayPublished, orch))
+	require.EqualValues(t, 6, m.Sum(telemetry.MetricRelayPublished, inv))
+	require.EqualValues(t, 3, m.Sum(telemetry.MetricRelayPublished, pay))
+	require.Zero(t, m.Sum(telemetry.MetricRelayPublishErrors))
+	require.NotZero(t, m.Count(telemetry.MetricRelayBatchSize, orch))
+	overdue, ok := m.Gauge(telemetry.MetricSagasOverdue, orch)
+	require.True(t, ok, "overdue gauge reported")
+	require.Zero(t, overdue)
+	age, ok := m.Gauge(telemetry.MetricOutboxOldestAge, orch)
+	require.True(t, ok)
+	require.Zero(t, age)
+	requireLowCardinality(t, m)
+	require.Zero(t, e.errs.n.Load(), "errors logged: last %v", e.errs.last.Load())
+}
+
+// requireLowCardinality fails if a metric carries an id attribute.
+func requireLowCardinality(t *testing.T, m telemetrytest.Snapshot) {
+	t.Helper()
+	for _, name := range m.Names() {
+		for _, k := range m.Attributes(name) {
+			require.NotContains(t, []attribute.Key{telemetry.AttrSagaID, "messaging.message.id", "messaging.message.conversation_id"}, k,
+				"metric %s carries a high-cardinality attribute", name)
+		}
+	}
+}
+
+// spanSet is the ended spans of one trace.
+type spanSet []sdktrace.ReadOnlySpan
+
+// waitTrace waits until the trace of saga id (found by its start span) has
+// n ended spans, and returns them.
+func waitTrace(t *testing.T, rec *tracetest.SpanRecorder, id uuid.UUID, n int) spanSet {
+	t.Helper()
+	var out spanSet
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d spans in the trace of saga %s", n, id), func() bool {
+		ended := rec.Ended()
+		var tid trace.TraceID
+		for _, s := range ended {
+			if strings.HasPrefix(s.Name(), "start saga ") && attr(s, telemetry.AttrSagaID) == id.String() {
+				tid = s.SpanContext().TraceID()
+			}
+		}
+		if !tid.IsValid() {
+			return false
+		}
+		out = out[:0]
+		for _, s := range ended {
+			if s.SpanContext().TraceID() == tid {
+				out = append(out, s)
+			}
+		}
+		return len(out) >= n
+	})
+	require.Len(t, out, n, "spans: %v", out.names())
+	return out
+}
+
+func (s spanSet) names() []string {
+	var out []string
+	for _, sp := range s {
+		out = append(out, sp.Name())
+	}
+	return out
+}
+
+// root returns the one span named name, which must have no parent.
+func (s spanSet) root(t *testing.T, name string) sdktrace.ReadOnlySpan {
+	t.Helper()
+	var found []sdktrace.ReadOnlySpan
+	for _, sp := range s {
+		if sp.Name() == name {
+			found = append(found, sp)
+		}
+	}
+	require.Len(t, found, 1, "spans named %q", name)
+	require.False(t, found[0].Parent().IsValid(), "%q is the root", name)
+	return found[0]
+}
+
+func (s spanSet) byID(t *testing.T, sc trace.SpanContext) sdktrace.ReadOnlySpan {
+	t.Helper()
+	for _, sp := range s {
+		if sp.SpanContext().SpanID() == sc.SpanID() {
+			return sp
+		}
+	}
+	t.Fatalf("no span %s in the trace", sc.SpanID())
+	return nil
+}
+
+// child returns the one child of parent named name.
+func (s spanSet) child(t *testing.T, parent sdktrace.ReadOnlySpan, name string) sdktrace.ReadOnlySpan {
+	t.Helper()
+	var found []sdktrace.ReadOnlySpan
+	for _, sp := range s {
+		if sp.Parent().SpanID() == parent.SpanContext().SpanID() && sp.Name() == name {
+			found = append(found, sp)
+		}
+	}
+	require.Len(t, found, 1, "children of %q named %q; trace: %v", parent.Name(), name, s.names())
+	return found[0]
+}
+
+// hop is one command round trip: sent by the orchestrator, processed by a
+// participant, answered, the answer processed by the orchestrator.
+type hop struct {
+	typ, component string
+}
+
+// requireHops follows the hops from parent: send command (producer, child
+// of parent) → process command (consumer, at the participant, inbox new) →
+// send reply → process reply (consumer, at the orchestrator) → next hop's
+// send command, and so on. It returns the last reply's process span. A
+// hop's reply may be a success or a failure.
+func (s spanSet) requireHops(t *testing.T, parent sdktrace.ReadOnlySpan, hops ...hop) sdktrace.ReadOnlySpan {
+	t.Helper()
+	for _, h := range hops {
+		send := s.child(t, parent, "send command "+h.typ)
+		require.Equal(t, trace.SpanKindProducer, send.SpanKind())
+		require.Equal(t, "rabbitmq", attr(send, "messaging.system"))
+		require.Equal(t, "send", attr(send, "messaging.operation.type"))
+		process := s.child(t, send, "process command "+h.typ)
+		require.Equal(t, trace.SpanKindConsumer, process.SpanKind())
+		require.Equal(t, h.component, attr(process, telemetry.AttrComponent))
+		require.Equal(t, telemetry.InboxNew, attr(process, telemetry.AttrInbox))
+		require.Equal(t, attr(send, "messaging.message.id"), attr(process, "messaging.message.id"))
+		var reply sdktrace.ReadOnlySpan
+		for _, kind := range []string{"reply-success", "reply-failure"} {
+			for _, sp := range s {
+				if sp.Parent().SpanID() == process.SpanContext().SpanID() && sp.Name() == "send "+kind+" "+h.typ {
+					require.Nil(t, reply, "one reply to %s", h.typ)
+					reply = sp
+				}
+			}
+		}
+		require.NotNil(t, reply, "reply to %s sent in the participant's span; trace: %v", h.typ, s.names())
+		require.Equal(t, trace.SpanKindProducer, reply.SpanKind())
+		parent = s.child(t, reply, strings.Replace(reply.Name(), "send ", "process ", 1))
+		require.Equal(t, "orchestrator", attr(parent, telemetry.AttrComponent))
+		require.Equal(t, telemetry.InboxNew, attr(parent, telemetry.AttrInbox))
+	}
+	return parent
+}
+
+// attr returns the string form of span attribute key, "" when absent.
+func attr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
+	for _, kv := range s.Attributes() {
+		if kv.Key == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+// TestTelemetryNoPasswordInLogsOrErrors gives the orchestrator a pool whose
+// URL holds a password and points at a closed port: Run, Start and the
+// operator actions fail, and neither their errors nor the logs contain the
+// password.
+func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-pw"
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	pool, err := pgxpool.New(context.Background(), "postgres://u:"+secret+"@127.0.0.1:1/x?connect_timeout=5")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	def := orderSaga(1, time.Minute, 1)
+	c, err := orchestrator.NewClient(orchestrator.Config{
+		Pool: pool, Service: "orders", Broker: amqptest.NewBroker(t, amqptest.Config(t)), Definitions: []saga.Runner{def}, Logger: logger,
+	})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	errs = append(errs, c.Run(ctx))
+	_, err = c.Retry(ctx, uuid.New(), "ops", "retry")
+	errs = append(errs, err)
+	_, err = c.Abort(ctx, uuid.New(), "ops", "abort")
+	errs = append(errs, err)
+	_, err = c.Get(ctx, uuid.New())
+	errs = append(errs, err)
+	_, err = c.List(ctx, nil)
+	errs = append(errs, err)
+	_, err = c.Sweep(ctx)
+	errs = append(errs, err)
+	for i, err := range errs {
+		require.Error(t, err, "call %d", i)
+		require.NotContains(t, err.Error(), secret)
+		require.Contains(t, err.Error(), "127.0.0.1", "the error still says where it failed")
+	}
+	require.NotContains(t, logs.String(), secret)
+}
