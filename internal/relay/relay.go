@@ -35,8 +35,8 @@ const (
 	DefaultBatchSize      = 200
 	DefaultWorkers        = 2
 	DefaultPollInterval   = time.Second
-	DefaultLease          = time.Minute
-	DefaultPublishTimeout = 20 * time.Second
+	DefaultLease          = 10 * time.Second
+	DefaultPublishTimeout = 5 * time.Second
 	DefaultMinBackoff     = 100 * time.Millisecond
 	DefaultMaxBackoff     = 10 * time.Second
 )
@@ -59,7 +59,10 @@ type Config struct {
 	// no wake-up announced. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 	// Lease is how long claimed rows belong to this relay. It must exceed
-	// PublishTimeout. Defaults to DefaultLease.
+	// PublishTimeout. It is also how long the rows of a relay that crashed
+	// between claim and publish wait before another relay publishes them,
+	// and, since rows of one ordering key go out in order, how long later
+	// rows of the same keys wait behind them. Defaults to DefaultLease.
 	Lease time.Duration
 	// PublishTimeout bounds the wait for broker confirms of one batch.
 	// Defaults to DefaultPublishTimeout.
@@ -82,8 +85,9 @@ type Config struct {
 
 // Observer receives the outcome of each published batch.
 type Observer interface {
-	// Published is called after a batch was sent: published is the number of
-	// messages confirmed, failed the number not confirmed.
+	// Published is called after a batch was sent: confirmed[i] says whether
+	// msgs[i] was confirmed by the broker, err is the publish error (nil when
+	// all were), elapsed the time the publish took.
 	Published(ctx context.Context, msgs []transport.Message, confirmed []bool, err error, elapsed time.Duration)
 }
 
