@@ -21,6 +21,11 @@ import (
 // with either name.
 var ErrNotFound = store.ErrNotFound
 
+// OverdueGrace is how long past its deadline a running or compensating saga
+// must be to count in the sagabox.sagas.overdue gauge. A healthy sweeper
+// fires a deadline within SweepInterval.
+const OverdueGrace = time.Minute
+
 // startWakeDelays are the follow-up wake-ups of the relay after a Start: the
 // caller's transaction commits some time after Start returns, and the relay
 // cannot see it before.
@@ -79,8 +84,9 @@ func NewClient(cfg Config) (*Client, error) {
 			Listen:         cfg.Relay.Listen,
 			Lease:          cfg.Relay.Lease,
 			PublishTimeout: cfg.Relay.PublishTimeout,
-			Logger:         cfg.Logger,
+			Logger:         cfg.Logger.With("service", cfg.Service),
 			Observer:       tel.RelayObserver(cfg.Schema),
+			Telemetry:      tel,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: %w", err)
@@ -179,6 +185,11 @@ func (c *Client) Run(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	defer func() { _ = gauges.Unregister() }()
+	overdue, err := c.tel.RegisterOverdueGauge(c.store, OverdueGrace, c.now)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = overdue.Unregister() }()
 	retention, err := maintenance.NewRetention(maintenance.RetentionConfig{
 		Store: c.store, Interval: c.cfg.Retention.Interval, BatchSize: c.cfg.Retention.BatchSize,
 		OutboxRetention: c.cfg.Retention.Outbox, InboxRetention: c.cfg.Retention.Inbox, Logger: c.cfg.Logger,

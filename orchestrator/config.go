@@ -124,13 +124,18 @@ type Config struct {
 	// component=orchestrator. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// TracerProvider creates the tracer of reply processing spans. Defaults
-	// to the global provider.
+	// TracerProvider creates the tracer of the Client's spans: a span per
+	// Start (in the caller's context), per operator action and per fired
+	// deadline; a consumer span per reply, a child of the participant's
+	// producer span; a producer span per message its relay publishes. The
+	// commands written in one of these spans continue its trace, so one
+	// saga is one trace across services. Defaults to the global provider.
 	TracerProvider trace.TracerProvider
 
 	// MeterProvider creates the Client's metrics (sagas started and
-	// finished, step latency, deadlines fired, duplicates, outbox backlog).
-	// Defaults to the global provider.
+	// finished, step and saga durations, deadlines fired, retries,
+	// replies handled, duplicates, dead letters, relay publishing, outbox
+	// backlog, overdue sagas). Defaults to the global provider.
 	MeterProvider metric.MeterProvider
 }
 

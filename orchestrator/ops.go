@@ -9,7 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
@@ -174,12 +176,19 @@ func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) 
 	return c.operate(ctx, id, saga.EventAbort, actor, reason)
 }
 
-func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor, reason string) (*Saga, error) {
+func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor, reason string) (_ *Saga, err error) {
+	ctx, span := c.tel.Tracer().Start(ctx, "saga "+string(kind), trace.WithAttributes(
+		telemetry.AttrSagaID.String(id.String()), telemetry.AttrActor.String(actor), telemetry.AttrSchema.String(c.cfg.Schema)))
+	defer func() {
+		if err != nil {
+			telemetry.Fail(span, err)
+		}
+		span.End()
+	}()
 	if strings.TrimSpace(actor) == "" {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: actor is required", kind, id)
 	}
 	var tr transition
-	var err error
 	for try := 0; ; try++ {
 		err = c.store.InTx(ctx, func(tx pgx.Tx) error {
 			rec, err := c.store.SagaGetForUpdate(ctx, tx, id)
@@ -210,6 +219,10 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}
 	c.committed(ctx, tr)
+	if kind == saga.EventRetry {
+		c.countResends(ctx, tr, telemetry.CauseOperator)
+	}
+	span.SetAttributes(telemetry.AttrSagaType.String(tr.rec.Type), telemetry.AttrStatus.String(string(tr.res.Instance.Status)))
 	attrs := []any{"saga_id", id.String(), "saga_type", tr.rec.Type, "actor", actor, "reason", reason, "status", string(tr.res.Instance.Status)}
 	if kind == saga.EventAbort {
 		c.log.Warn("saga aborted by operator", attrs...)

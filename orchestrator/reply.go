@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
@@ -21,6 +24,10 @@ const (
 	// or its payload breaks the command's contract. Detail says which.
 	HistoryReplyDeadLettered saga.HistoryEvent = "reply-dead-lettered"
 )
+
+// componentName is the component attribute of the Client's spans and
+// metrics.
+const componentName = "orchestrator"
 
 const (
 	// txRetries is how many times a transaction that hit a serialization
@@ -44,7 +51,8 @@ const (
 )
 
 // deadLetterError makes a reply go to the dead-letter queue; reason is
-// recorded with it, class is the metric's reason class.
+// recorded with it, class is the metric's reason class (a telemetry.Reason
+// constant).
 type deadLetterError struct {
 	class, reason string
 }
@@ -55,16 +63,15 @@ func (e *deadLetterError) Error() string { return e.reason }
 // lock, core transition, new state + history + next commands. It acks only
 // after the commit.
 func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transport.Outcome {
-	ctx, span := c.tel.StartProcess(ctx, &d.Envelope, "orchestrator")
+	ctx, span := c.tel.StartProcess(ctx, &d.Envelope, componentName)
 	defer span.End()
+	span.SetAttributes(telemetry.AttrSchema.String(c.cfg.Schema))
 	log := c.log.With("message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "saga_type", d.SagaType,
 		"type", d.Type, "kind", string(d.Kind), "step", d.Step, "attempt", d.Attempt)
 
 	if !d.Kind.IsReply() {
 		reason := fmt.Sprintf("message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)
-		log.Error("dead-lettering message", "reason", reason)
-		c.tel.DeadLetter(ctx, c.cfg.Schema, "unexpected_kind")
-		return transport.DeadLetter(reason)
+		return c.deadLetterReply(ctx, d, log, telemetry.ReasonUnexpectedKind, reason)
 	}
 
 	var out replyOutcome
@@ -84,12 +91,11 @@ func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transpo
 	switch {
 	case errors.As(err, &dl):
 		c.recordUnapplied(ctx, d, dl.reason)
-		log.Error("dead-lettering reply", "reason", dl.reason)
-		c.tel.DeadLetter(ctx, c.cfg.Schema, dl.class)
-		span.SetStatus(codes.Error, dl.reason)
-		return transport.DeadLetter(dl.reason)
+		return c.deadLetterReply(ctx, d, log, dl.class, dl.reason)
 	case err != nil:
-		span.RecordError(err)
+		telemetry.Fail(span, err)
+		span.SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeRetry))
+		c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeRetry)
 		if ctx.Err() != nil {
 			log.Warn("reply not applied: stopping; it will be redelivered", "err", err)
 			return transport.Retry(0)
@@ -97,25 +103,45 @@ func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transpo
 		log.Error("reply not applied; will retry", "err", err, "retry_in", replyRetryDelay)
 		return transport.Retry(replyRetryDelay)
 	}
+	inbox := telemetry.InboxNew
+	if out == replyDuplicate {
+		inbox = telemetry.InboxDuplicate
+	}
+	span.SetAttributes(telemetry.AttrInbox.String(inbox))
+	var outcome string
 	switch out {
 	case replyDuplicate:
+		outcome = telemetry.OutcomeDuplicate
 		c.tel.Duplicate(ctx, c.cfg.Schema, d.Type)
-		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "duplicate")
 		log.Debug("duplicate reply acknowledged without effect")
 	case replyUnknownSaga:
-		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "unknown_saga")
+		outcome = telemetry.OutcomeUnknownSaga
 		log.Warn("reply for a saga that does not exist here acknowledged without effect")
 	case replyIgnored:
-		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "ignored")
+		outcome = telemetry.OutcomeIgnored
 		log.Info("reply ignored", "reason", tr.res.IgnoreReason)
 	case replyApplied:
-		c.tel.Handled(ctx, c.cfg.Schema, d.Type, "new")
+		outcome = telemetry.OutcomeApplied
+		span.SetAttributes(telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)))
 		// Latency since the saga's previous transition, normally the one
 		// that sent the command this reply answers.
 		c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
 		c.committed(ctx, tr)
 	}
+	span.SetAttributes(telemetry.AttrOutcome.String(outcome))
+	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, outcome)
 	return transport.Ack()
+}
+
+// deadLetterReply dead-letters d, logging and counting it once.
+func (c *Client) deadLetterReply(ctx context.Context, d *transport.Delivery, log *slog.Logger, class, reason string) transport.Outcome {
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeDeadLetter), telemetry.AttrReason.String(class))
+	span.SetStatus(codes.Error, reason)
+	c.tel.DeadLetter(ctx, c.cfg.Schema, componentName, class)
+	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeDeadLetter)
+	log.Error("message dead-lettered", "reason", reason, "reason_class", class)
+	return transport.DeadLetter(reason)
 }
 
 func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Delivery) (replyOutcome, transition, error) {
@@ -135,13 +161,13 @@ func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 	}
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
-		return 0, transition{}, &deadLetterError{class: "unknown_definition", reason: fmt.Sprintf(
+		return 0, transition{}, &deadLetterError{class: telemetry.ReasonUnknownDefinition, reason: fmt.Sprintf(
 			"reply %s for saga %s cannot be applied: %v; this orchestrator runs %v (deploy an orchestrator that registers %s v%d, then move the message back from the dead-letter queue)",
 			d.MessageID, rec.ID, err, c.definitionNames(), rec.Type, rec.Version)}
 	}
 	s, err := sagaFromRecord(&rec)
 	if err != nil {
-		return 0, transition{}, &deadLetterError{class: "invalid_instance", reason: err.Error()}
+		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidInstance, reason: err.Error()}
 	}
 	kind := saga.EventReplySuccess
 	if d.Kind == transport.KindReplyFailure {
@@ -154,9 +180,9 @@ func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 	})
 	switch {
 	case errors.Is(err, saga.ErrInvalidPayload):
-		return 0, transition{}, &deadLetterError{class: "invalid_payload", reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
+		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidPayload, reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
 	case errors.Is(err, saga.ErrInvalidInstance), errors.Is(err, saga.ErrInvalidEvent):
-		return 0, transition{}, &deadLetterError{class: "invalid_instance", reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
+		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidInstance, reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
 	case err != nil:
 		return 0, transition{}, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
@@ -123,17 +124,23 @@ func historyRecords(entries []saga.HistoryEntry) []store.HistoryRecord {
 	return out
 }
 
-// messages maps the core's outgoing commands to outbox messages.
+// messages maps the core's outgoing commands to outbox messages, which
+// carry ctx's trace context. Each compensation sent is also an event on
+// ctx's span.
 func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.Outgoing) []transport.Message {
 	if len(emit) == 0 {
 		return nil
 	}
 	tp, ts := telemetry.Inject(ctx)
+	span := trace.SpanFromContext(ctx)
 	out := make([]transport.Message, len(emit))
 	for i, o := range emit {
 		kind := transport.KindCommand
 		if o.Phase == saga.PhaseCompensation {
 			kind = transport.KindCompensation
+			span.AddEvent("compensation sent", trace.WithAttributes(
+				telemetry.AttrSagaType.String(inst.Type), telemetry.AttrSagaID.String(inst.ID.String()),
+				telemetry.AttrStep.String(o.Step), telemetry.AttrMessageType.String(o.Type), telemetry.AttrAttempt.Int(o.Attempt)))
 		}
 		out[i] = transport.Message{
 			Envelope: transport.Envelope{

@@ -9,7 +9,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
@@ -74,7 +77,23 @@ func Start[D any](ctx context.Context, c *Client, tx pgx.Tx, def *saga.Definitio
 // StartJSON is Start for a definition known by name and version, with its
 // data as JSON (e.g. from a CLI or another language). Version 0 means the
 // highest registered version of name.
+//
+// Start runs in a span "start saga <name>", a child of ctx's span: the
+// saga's first commands carry it, so the whole saga is one trace under it.
 func (c *Client) StartJSON(ctx context.Context, tx pgx.Tx, name string, version int, data json.RawMessage, opts *StartOpts) (*Started, error) {
+	ctx, span := c.tel.Tracer().Start(ctx, "start saga "+name, trace.WithAttributes(telemetry.AttrSagaType.String(name)))
+	defer span.End()
+	st, err := c.startJSON(ctx, tx, name, version, data, opts)
+	if err != nil {
+		telemetry.Fail(span, err)
+		return nil, err
+	}
+	span.SetAttributes(telemetry.AttrSagaID.String(st.ID.String()), telemetry.AttrStatus.String(string(st.Status)),
+		attribute.Bool("sagabox.saga.existing", st.Existing))
+	return st, nil
+}
+
+func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, data json.RawMessage, opts *StartOpts) (*Started, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("orchestrator: start %s: transaction is nil", name)
 	}
@@ -98,6 +117,7 @@ func (c *Client) StartJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: generate saga id: %w", runner.Name(), runner.Version(), err)
 	}
+	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrSagaVersion.Int(runner.Version()))
 
 	// With a start key, the saga may exist already: then nothing runs. It
 	// may also be inserted right now by a concurrent transaction: start

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
@@ -70,6 +72,9 @@ func (c *Client) sweepLoop(ctx, workCtx context.Context) {
 				break
 			}
 		}
+		if err := c.applyRequests(workCtx); err != nil && ctx.Err() == nil {
+			c.log.Warn("applying operator requests failed; will try again", "err", err)
+		}
 		t.Reset(c.untilNext())
 	}
 }
@@ -113,19 +118,34 @@ func (c *Client) sweep(ctx context.Context) (int, error) {
 	for _, tr := range trs {
 		if len(tr.res.History) > 0 {
 			c.tel.DeadlineFired(ctx, tr.rec.Type)
-			for _, o := range tr.res.Emit {
-				if o.Attempt > 1 {
-					c.tel.Retry(ctx, "orchestrator", o.Type)
-				}
-			}
+			c.countResends(ctx, tr, telemetry.CauseTimeout)
 		}
 	}
 	c.committed(ctx, trs...)
 	return claimed, nil
 }
 
-// fire applies the timer of one claimed saga inside a savepoint of tx.
-func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time) (transition, error) {
+// countResends counts the commands of tr sent again (attempt > 1).
+func (c *Client) countResends(ctx context.Context, tr transition, cause string) {
+	for _, o := range tr.res.Emit {
+		if o.Attempt > 1 {
+			c.tel.Retry(ctx, componentName, o.Type, cause)
+		}
+	}
+}
+
+// fire applies the timer of one claimed saga inside a savepoint of tx, in a
+// span of its own: the commands it sends (re-sends, compensations) start a
+// trace there.
+func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time) (_ transition, err error) {
+	ctx, span := c.tel.Tracer().Start(ctx, "saga deadline "+rec.Type, trace.WithAttributes(
+		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
+	defer func() {
+		if err != nil {
+			telemetry.Fail(span, err)
+		}
+		span.End()
+	}()
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return transition{}, err

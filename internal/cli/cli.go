@@ -102,7 +102,25 @@ func (a *app) rootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.schema, "schema", schema, "schema of the service to operate on (env SAGABOX_SCHEMA)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables")
 	root.AddCommand(a.migrateCommand(), a.outboxCommand(), a.inboxCommand(), a.sagaCommand(), a.benchCommand())
+	for _, group := range root.Commands() {
+		strictGroup(group)
+	}
 	return root
+}
+
+// strictGroup makes a command that only groups subcommands reject an unknown
+// subcommand with a usage error, instead of printing help and succeeding.
+func strictGroup(cmd *cobra.Command) {
+	if !cmd.HasSubCommands() || cmd.RunE != nil {
+		return
+	}
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		return withCode(ExitUsage, fmt.Errorf("unknown command %q for %q; see %q", args[0], cmd.CommandPath(), cmd.CommandPath()+" --help"))
+	}
 }
 
 // connect opens a pool and checks that the database answers.

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/examples/checkout/orders"
+	"github.com/sagabox/sagabox/internal/cli"
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// sagabox runs the CLI in-process and returns its exit code and output.
+func sagabox(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := cli.Run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+type listed struct {
+	Sagas []struct {
+		ID          string      `json:"id"`
+		Type        string      `json:"type"`
+		Status      saga.Status `json:"status"`
+		CurrentStep string      `json:"current_step"`
+	} `json:"sagas"`
+	Cursor string `json:"next_cursor"`
+}
+
+// The CLI against a database populated by the example: listing, showing,
+// stats, JSON output and exit codes; retry and abort applied by a running
+// orchestrator change the saga and write history.
+func TestCLIOnCheckoutDatabase(t *testing.T) {
+	t.Parallel()
+	flags := isolated(t)
+	prefix := flags[7]
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), append(flags, "-orders", "6", "-fail-rate", "0.5"), &out, &errOut), errOut.String())
+	db := []string{"--database-url", flags[1], "--schema", prefix + "orders"}
+
+	// list, as JSON and as a table.
+	code, stdout, stderr := sagabox(t, append([]string{"saga", "list", "--json"}, db...)...)
+	require.Equal(t, cli.ExitOK, code, stderr)
+	var all listed
+	require.NoError(t, json.Unmarshal([]byte(stdout), &all))
+	require.Len(t, all.Sagas, 6)
+	counts := map[saga.Status]int{}
+	for _, s := range all.Sagas {
+		require.Equal(t, "checkout", s.Type)
+		counts[s.Status]++
+	}
+	require.Equal(t, 6, counts[saga.StatusCompleted]+counts[saga.StatusCompensated])
+	require.Positive(t, counts[saga.StatusCompensated])
+
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--status", "compensated", "--limit", "1", "--json"}, db...)...)
+	require.Equal(t, cli.ExitOK, code)
+	var page listed
+	require.NoError(t, json.Unmarshal([]byte(stdout), &page))
+	require.Len(t, page.Sagas, 1)
+	require.Equal(t, saga.StatusCompensated, page.Sagas[0].Status)
+	if counts[saga.StatusCompensated] > 1 {
+		require.NotEmpty(t, page.Cursor, "more compensated sagas remain")
+	}
+	compensated := page.Sagas[0].ID
+
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list"}, db...)...)
+	require.Equal(t, cli.ExitOK, code)
+	require.Contains(t, stdout, "STATUS")
+	require.Contains(t, stdout, compensated)
+
+	// show: data, steps and timeline.
+	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated}, db...)...)
+	require.Equal(t, cli.ExitOK, code)
+	for _, want := range []string{"checkout v1", "compensated", "reserve-stock", "step-rejected", "TIME", `"order_id"`} {
+		require.Contains(t, stdout, want)
+	}
+	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated, "--json"}, db...)...)
+	require.Equal(t, cli.ExitOK, code)
+	var shown struct {
+		Status  saga.Status         `json:"Status"`
+		History []saga.HistoryEntry `json:"history"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &shown))
+	require.Equal(t, saga.StatusCompensated, shown.Status)
+	require.NotEmpty(t, shown.History)
+
+	// stats of the services' outboxes and inboxes.
+	code, stdout, _ = sagabox(t, "outbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
+	require.Equal(t, cli.ExitOK, code)
+	var ostats []struct {
+		Schema  string `json:"schema"`
+		Backlog int64  `json:"backlog"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &ostats))
+	require.Equal(t, []struct {
+		Schema  string `json:"schema"`
+		Backlog int64  `json:"backlog"`
+	}{{prefix + "inventory", 0}}, ostats, "every reply was published")
+	code, stdout, _ = sagabox(t, "inbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
+	require.Equal(t, cli.ExitOK, code)
+	var istats []struct {
+		Processed  int64 `json:"processed"`
+		Duplicates int64 `json:"duplicates"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &istats))
+	require.Len(t, istats, 1)
+	require.GreaterOrEqual(t, istats[0].Processed, int64(6), "every reserve (and release) was recorded")
+
+	// Exit codes scripts rely on.
+	code, _, stderr = sagabox(t, append([]string{"saga", "show", "01890000-0000-7000-8000-000000000000"}, db...)...)
+	require.Equal(t, cli.ExitNotFound, code)
+	require.Contains(t, stderr, "does not exist")
+	code, _, _ = sagabox(t, append([]string{"saga", "show", "not-a-uuid"}, db...)...)
+	require.Equal(t, cli.ExitUsage, code)
+	code, _, _ = sagabox(t, append([]string{"saga", "list", "--status", "sleeping"}, db...)...)
+	require.Equal(t, cli.ExitUsage, code)
+	code, _, _ = sagabox(t, "saga", "frobnicate")
+	require.Equal(t, cli.ExitUsage, code)
+	code, _, stderr = sagabox(t, "outbox", "stats", "--database-url", "postgres://u:s3cret@127.0.0.1:1/x")
+	require.Equal(t, cli.ExitError, code)
+	require.Contains(t, stderr, "cannot reach PostgreSQL at 127.0.0.1:1")
+	require.NotContains(t, stderr, "s3cret")
+
+	// No orchestrator runs now: an operator request waits, and says so.
+	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test", "--wait", "300ms"}, db...)...)
+	require.Equal(t, cli.ExitPending, code, stderr)
+	require.Contains(t, stderr, "no orchestrator applied it")
+
+	// An orchestrator of the example's orders service, with inventory down:
+	// a new saga waits at its first step.
+	o, err := parseFlags(append(flags, "-service", "orders"), io.Discard)
+	require.NoError(t, err)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := newApp(context.Background(), o, io.Discard, quiet)
+	require.NoError(t, err)
+	defer a.close()
+	orch, err := a.orchestrator()
+	require.NoError(t, err)
+	require.NoError(t, orch.Register(a.orders.Saga))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- orch.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	stuck := func(id string) *orchestrator.Started {
+		started, err := a.orders.Place(context.Background(), a.pool, orch, orders.Order{
+			ID: id, Customer: "nobody", SKU: "none", Qty: 1, AmountCents: 100, Address: "x",
+		})
+		require.NoError(t, err)
+		return started
+	}
+	toRetry, toAbort := stuck(prefix+"retry"), stuck(prefix+"abort")
+
+	// The compensated saga cannot be aborted: refused, exit 4 (the request
+	// left pending above is refused the same way).
+	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test"}, db...)...)
+	require.Equal(t, cli.ExitRefused, code, stderr)
+
+	code, stdout, stderr = sagabox(t, append([]string{"saga", "retry", toRetry.ID.String(), "--reason", "inventory was down", "--actor", "carol"}, db...)...)
+	require.Equal(t, cli.ExitOK, code, stderr)
+	require.Contains(t, stdout, "retry of saga")
+	code, stdout, stderr = sagabox(t, append([]string{"saga", "abort", toAbort.ID.String(), "--reason", "customer cancelled", "--actor", "dave"}, db...)...)
+	require.Equal(t, cli.ExitOK, code, stderr)
+	require.Contains(t, stdout, "status is now compensating")
+
+	hasEntry := func(id string, event saga.HistoryEvent, actor, detail string) bool {
+		code, stdout, _ := sagabox(t, append([]string{"saga", "show", id, "--json"}, db...)...)
+		require.Equal(t, cli.ExitOK, code)
+		var s struct {
+			History []saga.HistoryEntry `json:"history"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(stdout), &s))
+		for _, h := range s.History {
+			if h.Event == event && h.Actor == actor && strings.Contains(h.Detail, detail) {
+				return true
+			}
+		}
+		return false
+	}
+	require.True(t, hasEntry(toRetry.ID.String(), saga.HistoryRetried, "carol", "inventory was down"))
+	require.True(t, hasEntry(toAbort.ID.String(), saga.HistoryAborted, "dave", "customer cancelled"))
+	retried, err := orch.Get(context.Background(), toRetry.ID)
+	require.NoError(t, err)
+	require.Equal(t, 2, retried.Steps[0].Attempt, "the stuck command was sent again")
+}
