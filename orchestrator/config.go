@@ -159,10 +159,10 @@ type RelayConfig struct {
 	Listen bool
 	// Lease is how long rows claimed by a relay belong to it: after a crash
 	// of its process, another relay publishes them once the lease ends. It
-	// must exceed PublishTimeout. Defaults to DefaultRelayLease (1m).
+	// must exceed PublishTimeout. Defaults to DefaultRelayLease (10s).
 	Lease time.Duration
 	// PublishTimeout bounds the wait for the broker's confirms of one batch.
-	// Defaults to DefaultRelayPublishTimeout (20s).
+	// Defaults to DefaultRelayPublishTimeout (5s).
 	PublishTimeout time.Duration
 }
 

@@ -40,6 +40,8 @@ func (c *Client) applyRequests(ctx context.Context) error {
 				continue
 			case errors.Is(err, saga.ErrInvalidTransition), errors.Is(err, store.ErrNotFound):
 				refusal = err.Error()
+				c.log.Warn("operator request refused", "request_id", op.ID, "saga_id", op.SagaID.String(),
+					"action", op.Action, "actor", op.Actor, "err", err)
 			default:
 				if ctx.Err() != nil {
 					return ctx.Err()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/store"
@@ -200,9 +201,18 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 	})
 
+	retention, err := maintenance.NewRetention(maintenance.RetentionConfig{
+		Store: c.store, Interval: c.cfg.Retention.Interval, BatchSize: c.cfg.Retention.BatchSize,
+		OutboxRetention: c.cfg.Retention.Outbox, InboxRetention: c.cfg.Retention.Inbox,
+		BarrierRetention: c.cfg.Retention.Barrier, Logger: c.cfg.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("participant: %w", err)
+	}
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	wg.Go(func() { _ = c.relay.Run(relayCtx) })
+	wg.Go(func() { _ = retention.Run(relayCtx) })
 
 	c.log.Info("participant started", "queue", spec.Name, "commands", spec.Commands, "events", spec.Events, "workers", c.cfg.Workers)
 	err = c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {

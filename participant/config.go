@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
@@ -22,8 +23,12 @@ import (
 const (
 	// DefaultWorkers is how many deliveries a Client handles at once.
 	DefaultWorkers = 4
-	// DefaultMaxPayloadBytes is the largest payload a Client accepts (1 MiB).
-	DefaultMaxPayloadBytes = 1 << 20
+	// DefaultMaxPayloadBytes is the largest payload a Client accepts (512
+	// KiB). It is below the broker adapter's own limit (1 MiB by default),
+	// so that a saga command that is too large is answered with a failure
+	// reply (CodePayloadTooLarge) instead of only being dead-lettered by the
+	// adapter, and its saga compensates at once.
+	DefaultMaxPayloadBytes = 512 << 10
 	// DefaultStopTimeout bounds the drain of in-flight deliveries when Run's
 	// context is cancelled.
 	DefaultStopTimeout = 30 * time.Second
@@ -45,6 +50,15 @@ const (
 	DefaultRelayBatchSize    = relay.DefaultBatchSize
 	DefaultRelayWorkers      = relay.DefaultWorkers
 	DefaultRelayPollInterval = relay.DefaultPollInterval
+
+	// DefaultRetentionInterval, DefaultRetentionBatch,
+	// DefaultOutboxRetention, DefaultInboxRetention and
+	// DefaultBarrierRetention are the defaults of RetentionConfig.
+	DefaultRetentionInterval = maintenance.DefaultRetentionInterval
+	DefaultRetentionBatch    = maintenance.DefaultRetentionBatch
+	DefaultOutboxRetention   = maintenance.DefaultOutboxRetention
+	DefaultInboxRetention    = maintenance.DefaultInboxRetention
+	DefaultBarrierRetention  = maintenance.DefaultBarrierRetention
 )
 
 // Config configures a Client. Required fields are Pool, Service and Broker;
@@ -94,6 +108,10 @@ type Config struct {
 	// Relay tunes the relay that publishes the Client's outbox (replies and
 	// outgoing events). Defaults to the defaults of RelayConfig.
 	Relay RelayConfig
+
+	// Retention says how long processed messaging rows are kept. Defaults
+	// to the defaults of RetentionConfig.
+	Retention RetentionConfig
 
 	// Logger receives the Client's logs, with the attribute
 	// component=participant. Defaults to slog.Default().
@@ -190,6 +208,30 @@ func (p RetryPolicy) Backoff(failures int) time.Duration {
 	return half + rand.N(full-half+1)
 }
 
+// RetentionConfig says how long the participant keeps processed rows.
+// Deletion runs in small batches.
+type RetentionConfig struct {
+	// Interval is the pause between two pruning passes. Defaults to
+	// DefaultRetentionInterval (1m).
+	Interval time.Duration
+	// BatchSize is the most rows one statement deletes. Defaults to
+	// DefaultRetentionBatch (1000).
+	BatchSize int
+	// Outbox is how long published outbox rows are kept. Defaults to
+	// DefaultOutboxRetention (24h).
+	Outbox time.Duration
+	// Inbox is how long inbox rows (and attempt rows) of processed messages
+	// are kept. A duplicate that arrives later would be applied again, so it
+	// must exceed any redelivery delay. Defaults to DefaultInboxRetention
+	// (7 days).
+	Inbox time.Duration
+	// Barrier is how long compensation barrier marks are kept. It must
+	// exceed the life of every saga, failed sagas waiting for an operator
+	// included: a compensation that finds no mark of its action treats the
+	// action as never run. Defaults to DefaultBarrierRetention (30 days).
+	Barrier time.Duration
+}
+
 // RelayConfig tunes the relay a Client runs to publish its outbox.
 type RelayConfig struct {
 	// BatchSize is the most outbox rows published at once. Defaults to
@@ -234,6 +276,21 @@ func (c Config) WithDefaults() Config {
 	if c.Relay.PollInterval == 0 {
 		c.Relay.PollInterval = DefaultRelayPollInterval
 	}
+	if c.Retention.Interval == 0 {
+		c.Retention.Interval = DefaultRetentionInterval
+	}
+	if c.Retention.BatchSize == 0 {
+		c.Retention.BatchSize = DefaultRetentionBatch
+	}
+	if c.Retention.Outbox == 0 {
+		c.Retention.Outbox = DefaultOutboxRetention
+	}
+	if c.Retention.Inbox == 0 {
+		c.Retention.Inbox = DefaultInboxRetention
+	}
+	if c.Retention.Barrier == 0 {
+		c.Retention.Barrier = DefaultBarrierRetention
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -258,6 +315,12 @@ func (c Config) validate() error {
 	}
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("Workers %d is less than 1", c.Workers))
+	}
+	if c.Retention.Interval < 0 || c.Retention.BatchSize < 0 || c.Retention.Outbox < 0 || c.Retention.Inbox < 0 || c.Retention.Barrier < 0 {
+		errs = append(errs, errors.New("Retention: durations and BatchSize must not be negative"))
+	}
+	if c.Retention.Barrier < c.Retention.Inbox {
+		errs = append(errs, fmt.Errorf("Retention.Barrier %s is shorter than Retention.Inbox %s: a barrier mark must outlive the messages it guards", c.Retention.Barrier, c.Retention.Inbox))
 	}
 	if c.Prefetch < c.Workers {
 		errs = append(errs, fmt.Errorf("Prefetch %d is less than Workers %d", c.Prefetch, c.Workers))

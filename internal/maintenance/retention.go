@@ -18,6 +18,7 @@ const (
 	DefaultRetentionBatch    = 1000
 	DefaultOutboxRetention   = 24 * time.Hour
 	DefaultInboxRetention    = 7 * 24 * time.Hour
+	DefaultBarrierRetention  = 30 * 24 * time.Hour
 )
 
 // RetentionConfig configures a Retention.
@@ -33,11 +34,15 @@ type RetentionConfig struct {
 	// OutboxRetention is how long published outbox rows are kept. Defaults to
 	// DefaultOutboxRetention.
 	OutboxRetention time.Duration
-	// InboxRetention is how long inbox rows, attempt rows and barrier marks
-	// are kept. It must outlive any redelivery of a message and any saga:
-	// once a mark is gone a late duplicate would be applied again. Defaults
-	// to DefaultInboxRetention.
+	// InboxRetention is how long inbox and attempt rows are kept. It must
+	// outlive any redelivery of a message: once its row is gone a late
+	// duplicate would be applied again. Defaults to DefaultInboxRetention.
 	InboxRetention time.Duration
+	// BarrierRetention is how long compensation barrier marks are kept. It
+	// must outlive every saga, failed ones waiting for an operator included:
+	// a compensation that finds no mark of its action treats it as never run.
+	// Defaults to DefaultBarrierRetention.
+	BarrierRetention time.Duration
 	// Logger receives the logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -55,6 +60,9 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 	}
 	if c.InboxRetention <= 0 {
 		c.InboxRetention = DefaultInboxRetention
+	}
+	if c.BarrierRetention <= 0 {
+		c.BarrierRetention = DefaultBarrierRetention
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -105,7 +113,7 @@ func (r *Retention) Prune(ctx context.Context, now time.Time) (map[store.Retenti
 		{store.RetentionOutbox, now.Add(-r.cfg.OutboxRetention)},
 		{store.RetentionInbox, now.Add(-r.cfg.InboxRetention)},
 		{store.RetentionInboxAttempt, now.Add(-r.cfg.InboxRetention)},
-		{store.RetentionBarrier, now.Add(-r.cfg.InboxRetention)},
+		{store.RetentionBarrier, now.Add(-r.cfg.BarrierRetention)},
 	}
 	for _, tb := range tables {
 		for {
