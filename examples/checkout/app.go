@@ -30,6 +30,7 @@ type app struct {
 	log    *slog.Logger
 	pool   *pgxpool.Pool
 	broker *rabbitmq.Broker
+	obs    *observability
 
 	orders    *orders.Service
 	inventory *inventory.Service
@@ -76,10 +77,17 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 		return nil, fmt.Errorf("RabbitMQ is unreachable at %s: %w", redactURL(o.amqpURL), err)
 	}
 	a.broker = broker
+	if a.obs, err = newObservability(o, out); err != nil {
+		a.close()
+		return nil, err
+	}
 	return a, nil
 }
 
 func (a *app) close() {
+	if a.obs != nil {
+		a.obs.close()
+	}
 	if a.broker != nil {
 		_ = a.broker.Close()
 	}
@@ -137,7 +145,8 @@ func (a *app) services() []string {
 func (a *app) participant(name string, register func(*participant.Client), schema string) (*participant.Client, error) {
 	c, err := participant.NewClient(participant.Config{
 		Pool: a.pool, Schema: schema, Service: name, Broker: a.broker, Logger: a.log,
-		Relay: participant.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Relay:          participant.RelayConfig{PollInterval: 200 * time.Millisecond},
+		TracerProvider: a.obs.tracerProvider, MeterProvider: a.obs.meterProvider,
 	})
 	if err != nil {
 		return nil, err
@@ -149,8 +158,9 @@ func (a *app) participant(name string, register func(*participant.Client), schem
 func (a *app) orchestrator() (*orchestrator.Client, error) {
 	return orchestrator.NewClient(orchestrator.Config{
 		Pool: a.pool, Schema: a.orders.Schema(), Service: contract.ServiceOrders, Broker: a.broker,
-		Definitions: nil, Logger: a.log,
-		Relay: orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Logger:         a.log,
+		Relay:          orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond},
+		TracerProvider: a.obs.tracerProvider, MeterProvider: a.obs.meterProvider,
 	})
 }
 

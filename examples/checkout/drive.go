@@ -73,6 +73,16 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 	if err := a.timelines(ctx, orch, ids, status); err != nil {
 		return err
 	}
+	if a.o.trace {
+		for i, id := range ids {
+			if status[i] == saga.StatusCompleted {
+				if err := a.obs.printTrace(a.out, id); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
 	if t.failed > 0 {
 		return fmt.Errorf("%d sagas failed; inspect them with `sagabox saga list --status failed --schema %s`", t.failed, a.orders.Schema())
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -214,4 +216,60 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	s := parseSummary(t, ordersOut.String())
 	require.Equal(t, summary{sagas: 40, completed: s.completed, compensated: 40 - s.completed}, s, ordersOut.String())
 	require.Contains(t, ordersOut.String(), "invariants: OK")
+}
+
+// notifyWriter copies writes to buf and reports each write on ch.
+type notifyWriter struct {
+	buf *lockedBuffer
+	ch  chan struct{}
+}
+
+func (w notifyWriter) Write(p []byte) (int, error) {
+	n, err := w.buf.Write(p)
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+	return n, err
+}
+
+// The example shows its telemetry: one saga's trace across the services
+// (-trace) and Prometheus metrics while it runs (-metrics-addr).
+func TestCheckoutShowsTraceAndMetrics(t *testing.T) {
+	t.Parallel()
+	var out lockedBuffer
+	w := notifyWriter{buf: &out, ch: make(chan struct{}, 1)}
+	args := append(isolated(t), "-orders", "40", "-fail-rate", "0", "-trace", "-metrics-addr", "127.0.0.1:0")
+	done := make(chan int, 1)
+	go func() { done <- run(context.Background(), args, w, io.Discard) }()
+
+	addr := regexp.MustCompile(`metrics at (http://\S+/metrics)`)
+	var scraped string
+	for scraped == "" {
+		select {
+		case code := <-done:
+			t.Fatalf("the example ended (exit %d) before its metrics were scraped:\n%s", code, out.String())
+		case <-w.ch:
+		}
+		m := addr.FindStringSubmatch(out.String())
+		if m == nil || !strings.Contains(out.String(), "placing") {
+			continue
+		}
+		resp, err := http.Get(m[1])
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.NoError(t, err)
+		if strings.Contains(string(body), "sagabox_sagas_started") {
+			scraped = string(body)
+		}
+	}
+	require.Equal(t, 0, <-done, out.String())
+	require.Contains(t, scraped, `saga_type="checkout"`)
+
+	trace := out.String()[strings.Index(out.String(), "trace "):]
+	for _, want := range []string{"start saga checkout", "send command inventory.reserve", "process command inventory.reserve",
+		"component=participant", "process reply-success shipping.create", "component=orchestrator"} {
+		require.Contains(t, trace, want)
+	}
 }
