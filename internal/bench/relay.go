@@ -50,9 +50,12 @@ type RelayReport struct {
 	RawCommitPerSec   float64
 	DrainPerSec       float64
 	LatencyRatePerSec float64
-	Latency           Percentiles
-	LatencyOldRows    Percentiles
-	ProcessedRows     int
+	// RawHop is publish→consume latency of single messages published
+	// straight to the broker at LatencyRatePerSec: the floor under Latency.
+	RawHop         Percentiles
+	Latency        Percentiles
+	LatencyOldRows Percentiles
+	ProcessedRows  int
 }
 
 // Percentiles of commit→consume latency.
@@ -224,6 +227,9 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	// path: the slower of the relay's drain and the database's commits.
 	rep.LatencyRatePerSec = min(rep.DrainPerSec, rep.RawCommitPerSec) / 2
 	logf("latency: %.0f msg/s for %s", rep.LatencyRatePerSec, cfg.Duration)
+	if rep.RawHop, err = measureRawHop(ctx, broker, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+		return nil, err
+	}
 	if rep.Latency, err = measureLatency(ctx, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
 		return nil, err
 	}
@@ -249,6 +255,64 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 func benchMessage(n int) transport.Message {
 	body, _ := json.Marshal(benchPayload{N: n})
 	return transport.Message{Envelope: transport.Envelope{Type: "bench.event", Kind: transport.KindEvent}, Payload: body}
+}
+
+// measureRawHop publishes single messages straight to the broker (confirmed
+// one by one, several publishers in parallel) at rate for d and returns the
+// publish→consume latency: what the broker alone costs per hop.
+func measureRawHop(ctx context.Context, broker transport.Publisher, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
+	var mu sync.Mutex
+	sent := map[uuid.UUID]time.Time{}
+	var latencies []time.Duration
+	total := int(rate * d.Seconds())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(latencies) < total {
+			select {
+			case id := <-arrivals:
+				now := time.Now()
+				mu.Lock()
+				at, ok := sent[id]
+				mu.Unlock()
+				if ok {
+					latencies = append(latencies, now.Sub(at))
+				}
+			case <-time.After(30 * time.Second):
+				return
+			}
+		}
+	}()
+	const publishers = 8
+	interval := time.Duration(float64(time.Second) * publishers / rate)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for i := p; i < total; i += publishers {
+				<-tick.C
+				m := benchMessage(i)
+				m.Version, m.MessageID, m.RoutingKey, m.CreatedAt = transport.EnvelopeVersion, uuid.Must(uuid.NewV7()), m.Type, time.Now()
+				mu.Lock()
+				sent[m.MessageID] = time.Now()
+				mu.Unlock()
+				if err := broker.Publish(ctx, m); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	<-done
+	if err, ok := firstErr.Load().(error); ok {
+		return Percentiles{}, err
+	}
+	return percentiles(latencies), nil
 }
 
 // measureLatency commits single-row transactions at rate for d, waking the
@@ -318,8 +382,12 @@ func (r *RelayReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "raw RabbitMQ publish, pipelined confirms : %8.0f msg/s  (baseline)\n", r.RawPublishPerSec)
 	fmt.Fprintf(w, "raw single-row insert commits             : %8.0f tx/s   (baseline)\n", r.RawCommitPerSec)
 	fmt.Fprintf(w, "relay drain of a pre-filled backlog        : %8.0f msg/s  = %.2f × raw publish\n", r.DrainPerSec, r.DrainPerSec/r.RawPublishPerSec)
+	fmt.Fprintf(w, "raw publish→consume at %6.0f msg/s      : p50 %v  p99 %v  max %v  (n=%d)  (baseline: the broker hop)\n", r.LatencyRatePerSec, r.RawHop.P50.Round(10*time.Microsecond), r.RawHop.P99.Round(10*time.Microsecond), r.RawHop.Max.Round(10*time.Microsecond), r.RawHop.N)
 	fmt.Fprintf(w, "commit→consume at %6.0f msg/s (½ saturated): p50 %v  p99 %v  max %v  (n=%d)\n", r.LatencyRatePerSec, r.Latency.P50.Round(10*time.Microsecond), r.Latency.P99.Round(10*time.Microsecond), r.Latency.Max.Round(10*time.Microsecond), r.Latency.N)
 	fmt.Fprintf(w, "same with %d old published rows      : p50 %v  p99 %v  max %v  (n=%d)\n", r.ProcessedRows, r.LatencyOldRows.P50.Round(10*time.Microsecond), r.LatencyOldRows.P99.Round(10*time.Microsecond), r.LatencyOldRows.Max.Round(10*time.Microsecond), r.LatencyOldRows.N)
+	if r.RawHop.P50 > 0 {
+		fmt.Fprintf(w, "commit→consume p50 / raw broker hop p50    : %.2f\n", float64(r.Latency.P50)/float64(r.RawHop.P50))
+	}
 	if r.Latency.P50 > 0 {
 		fmt.Fprintf(w, "p50 with old rows / p50 without           : %.2f\n", float64(r.LatencyOldRows.P50)/float64(r.Latency.P50))
 	}

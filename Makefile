@@ -1,0 +1,32 @@
+# Common tasks. CI runs .ci/run, which does all of `make check`.
+
+SQLC := bin/sqlc
+
+.PHONY: test check generate sqlc-diff fault fuzz bench example
+
+test:            ## the README's test command
+	go test -race ./...
+
+check: sqlc-diff ## formatting, vet, generated code, tests, fuzz and fault steps
+	bash .ci/run
+
+$(SQLC): tools/go.mod tools/go.sum
+	cd tools && go build -o ../$(SQLC) github.com/sqlc-dev/sqlc/cmd/sqlc
+
+generate: $(SQLC) ## regenerate store/internal/dbsqlc from queries/ and the migrations
+	$(SQLC) generate
+
+sqlc-diff: $(SQLC)
+	$(SQLC) diff
+
+fault:           ## tests that restart PostgreSQL or RabbitMQ (run alone)
+	go test -race -count=1 -p 1 -tags fault -run 'Restart|Restarts' ./internal/relay ./participant ./transport/rabbitmq
+
+fuzz:            ## a longer fuzz run of envelope decoding
+	go test -run '^$$' -fuzz '^FuzzDecodeDelivery$$' -fuzztime 5m ./transport/rabbitmq
+
+bench:           ## relay throughput and latency against raw ceilings, in one run
+	go run ./cmd/sagabox bench relay --database-url postgres://postgres@127.0.0.1:5432/sagabox_test
+
+example:
+	go run ./examples/checkout
