@@ -32,6 +32,7 @@ func (a *app) benchCommand() *cobra.Command {
 	relay.Flags().IntVar(&cfg.CommitWriters, "writers", 16, "concurrent writers in the raw commit measurement")
 	relay.Flags().DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each timed measurement")
 	relay.Flags().IntVar(&cfg.ProcessedRows, "old-rows", 1_000_000, "old published rows for the flat-latency measurement")
+	relay.Flags().Float64Var(&cfg.LatencyRate, "latency-rate", 0, "messages per second of the latency measurements (default: half the saturated rate)")
 	cmd.AddCommand(relay)
 	return cmd
 }

@@ -140,10 +140,12 @@ func (c Config) validate() error {
 
 // Relay publishes one schema's outbox.
 type Relay struct {
-	cfg    Config
-	log    *slog.Logger
-	wakeMu sync.Mutex
-	wakes  []chan struct{}
+	cfg Config
+	log *slog.Logger
+	// wake hands a wake-up to one idle worker: one claim per wake-up, not a
+	// claim by every worker (which, at thousands of commits per second,
+	// costs more database time than the publishing itself).
+	wake chan struct{}
 
 	// testHookAfterPublish, when set, runs after a batch was confirmed and
 	// before it is marked published. Returning true makes the worker stop
@@ -157,21 +159,20 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "relay", "schema", cfg.Store.Schema())}
-	for range cfg.Workers {
-		r.wakes = append(r.wakes, make(chan struct{}, 1))
-	}
-	return r, nil
+	return &Relay{
+		cfg:  cfg,
+		log:  cfg.Logger.With("component", "relay", "schema", cfg.Store.Schema()),
+		wake: make(chan struct{}, 1),
+	}, nil
 }
 
-// Wake makes every worker look for rows now. Call it after committing a
-// transaction that wrote to the outbox. It never blocks.
+// Wake makes an idle worker look for rows now (or the next worker to become
+// idle, if all are busy). Call it after committing a transaction that wrote
+// to the outbox. It never blocks.
 func (r *Relay) Wake() {
-	for _, ch := range r.wakes {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	select {
+	case r.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -179,11 +180,11 @@ func (r *Relay) Wake() {
 // (marking what was confirmed) and returns nil.
 func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for i := range r.cfg.Workers {
+	for range r.cfg.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.work(ctx, r.wakes[i])
+			r.work(ctx)
 		}()
 	}
 	if r.cfg.Listen {
@@ -199,7 +200,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
+func (r *Relay) work(ctx context.Context) {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	failures := 0
@@ -218,7 +219,8 @@ func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
 			r.log.Warn("relay batch failed; backing off", "err", err, "retry_in", wait, "failures", failures)
 		case n == r.cfg.BatchSize:
 			failures = 0
-			continue // more rows are likely waiting
+			r.Wake() // more rows are likely waiting: bring in another worker
+			continue
 		default:
 			failures = 0
 			wait = r.cfg.PollInterval
@@ -227,7 +229,7 @@ func (r *Relay) work(ctx context.Context, wake <-chan struct{}) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-wake:
+		case <-r.wake:
 			if err != nil {
 				// A wake-up does not cut a backoff short: the broker or
 				// database is still likely down.
