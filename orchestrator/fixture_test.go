@@ -210,7 +210,7 @@ func run(t *testing.T, fn func(ctx context.Context) error) {
 func (e *env) participantConfig(st *store.Store, service string) participant.Config {
 	cfg := participant.Config{
 		Pool: e.pool, Schema: st.Schema(), Service: service, Broker: e.broker, Workers: 3,
-		Retry:  participant.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 1},
+		Retry:  saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 1},
 		Relay:  participant.RelayConfig{PollInterval: 200 * time.Millisecond},
 		Logger: amqptest.Logger(e.t),
 	}

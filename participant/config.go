@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -91,12 +91,17 @@ type Config struct {
 
 	// Retry says how a message whose handler fails transiently (any error
 	// but a rejection, or a panic) is retried, and after how many attempts
-	// it is dead-lettered. Defaults to the defaults of RetryPolicy.
-	Retry RetryPolicy
+	// (MaxAttempts, the first included) it is dead-lettered. The delay before
+	// attempt n+1 is InitialInterval × BackoffCoefficient^(n-1), capped at
+	// MaximumInterval, drawn from its upper half (jitter). Zero fields take
+	// the participant's defaults, not saga.RetryPolicy's: DefaultInitialInterval
+	// (1s), DefaultBackoffCoefficient (2), DefaultMaximumInterval (30s) and
+	// DefaultMaxAttempts (10).
+	Retry saga.RetryPolicy
 
 	// MaxPayloadBytes is the largest payload accepted; a larger one is
 	// dead-lettered without running a handler. Defaults to
-	// DefaultMaxPayloadBytes (1 MiB).
+	// DefaultMaxPayloadBytes (512 KiB).
 	MaxPayloadBytes int
 
 	// StopTimeout bounds how long Run waits, after its context is cancelled,
@@ -130,33 +135,10 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 }
 
-// RetryPolicy says how often, and how soon, a message whose handler failed
-// transiently is processed again. Its vocabulary is Temporal's. The zero
-// value means "use the defaults".
-//
-// The delay before attempt n+1 is InitialInterval × BackoffCoefficient^(n-1),
-// capped at MaximumInterval, with jitter: the actual delay is drawn
-// uniformly from its upper half, so that messages that failed together do
-// not come back together.
-type RetryPolicy struct {
-	// InitialInterval is the delay after the first failed attempt. Defaults
-	// to DefaultInitialInterval (1s).
-	InitialInterval time.Duration
-	// BackoffCoefficient multiplies the delay after each further failure; at
-	// least 1. Defaults to DefaultBackoffCoefficient (2).
-	BackoffCoefficient float64
-	// MaximumInterval caps the delay; not less than InitialInterval.
-	// Defaults to DefaultMaximumInterval (30s), or InitialInterval if that is
-	// longer.
-	MaximumInterval time.Duration
-	// MaxAttempts is how many times a message is processed, the first time
-	// included, before it is dead-lettered and answered with a failure
-	// reply. Defaults to DefaultMaxAttempts (10).
-	MaxAttempts int
-}
-
-// WithDefaults returns a copy of p with every zero field set to its default.
-func (p RetryPolicy) WithDefaults() RetryPolicy {
+// retryDefaults fills the zero fields of a participant's retry policy with
+// the participant's defaults. They differ from saga.RetryPolicy's own, which
+// are for re-sending a command after a step timeout (one attempt).
+func retryDefaults(p saga.RetryPolicy) saga.RetryPolicy {
 	if p.InitialInterval == 0 {
 		p.InitialInterval = DefaultInitialInterval
 	}
@@ -172,35 +154,12 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 	return p
 }
 
-func (p RetryPolicy) validate() error {
-	var errs []error
-	if p.InitialInterval < 0 {
-		errs = append(errs, fmt.Errorf("Retry.InitialInterval %s is negative", p.InitialInterval))
-	}
-	if p.BackoffCoefficient < 1 || math.IsNaN(p.BackoffCoefficient) || math.IsInf(p.BackoffCoefficient, 0) {
-		errs = append(errs, fmt.Errorf("Retry.BackoffCoefficient %g is less than 1 or not finite", p.BackoffCoefficient))
-	}
-	if p.MaximumInterval < p.InitialInterval {
-		errs = append(errs, fmt.Errorf("Retry.MaximumInterval %s is less than Retry.InitialInterval %s", p.MaximumInterval, p.InitialInterval))
-	}
-	if p.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("Retry.MaxAttempts %d is less than 1", p.MaxAttempts))
-	}
-	return errors.Join(errs...)
-}
-
-// Backoff returns the delay before processing a message again after its
-// failures-th failed attempt, jitter included.
-func (p RetryPolicy) Backoff(failures int) time.Duration {
-	p = p.WithDefaults()
-	if failures < 1 {
-		failures = 1
-	}
-	d := float64(p.InitialInterval) * math.Pow(p.BackoffCoefficient, float64(failures-1))
-	if math.IsNaN(d) || d > float64(p.MaximumInterval) {
-		d = float64(p.MaximumInterval)
-	}
-	full := time.Duration(d)
+// retryDelay is the delay before processing a message again after its
+// failures-th failed attempt: the policy's exponential backoff, with jitter
+// drawn uniformly from its upper half so that messages that failed together
+// do not come back together.
+func retryDelay(p saga.RetryPolicy, failures int) time.Duration {
+	full := p.Backoff(max(failures, 1))
 	half := full / 2
 	if half <= 0 {
 		return full
@@ -260,7 +219,7 @@ func (c Config) WithDefaults() Config {
 	if c.Prefetch == 0 {
 		c.Prefetch = 2 * c.Workers
 	}
-	c.Retry = c.Retry.WithDefaults()
+	c.Retry = retryDefaults(c.Retry)
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
@@ -325,8 +284,8 @@ func (c Config) validate() error {
 	if c.Prefetch < c.Workers {
 		errs = append(errs, fmt.Errorf("Prefetch %d is less than Workers %d", c.Prefetch, c.Workers))
 	}
-	if err := c.Retry.validate(); err != nil {
-		errs = append(errs, err)
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("Retry: %w", err))
 	}
 	if c.MaxPayloadBytes < 1 {
 		errs = append(errs, fmt.Errorf("MaxPayloadBytes %d is less than 1", c.MaxPayloadBytes))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sagabox/sagabox/internal/amqptest"
 	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -33,7 +34,7 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 	e := newEnv(t)
 	e.setStock("stream", 1000)
 	e.newClient(func(cfg *participant.Config) {
-		cfg.Retry = participant.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumInterval: 300 * time.Millisecond, MaxAttempts: 20}
+		cfg.Retry = saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumInterval: 300 * time.Millisecond, MaxAttempts: 20}
 	}, nil)
 
 	const n = 60

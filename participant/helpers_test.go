@@ -122,7 +122,7 @@ func (e *env) config(b transport.Broker) participant.Config {
 		Service: service,
 		Broker:  b,
 		Workers: 2,
-		Retry: participant.RetryPolicy{
+		Retry: saga.RetryPolicy{
 			InitialInterval: time.Millisecond, MaximumInterval: 20 * time.Millisecond, MaxAttempts: 3,
 		},
 		StopTimeout: 10 * time.Second,

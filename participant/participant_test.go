@@ -367,9 +367,9 @@ func TestGuaranteeNoDoubleEffectEvents(t *testing.T) {
 
 func TestNewClientValidatesConfig(t *testing.T) {
 	t.Parallel()
-	_, err := participant.NewClient(participant.Config{Workers: -1, Retry: participant.RetryPolicy{MaxAttempts: -2}, Schema: "Bad-Schema"})
+	_, err := participant.NewClient(participant.Config{Workers: -1, Retry: saga.RetryPolicy{MaxAttempts: -2}, Schema: "Bad-Schema"})
 	require.Error(t, err)
-	for _, field := range []string{"Pool", "Service", "Broker", "Schema", "Workers", "Retry.MaxAttempts"} {
+	for _, field := range []string{"Pool", "Service", "Broker", "Schema", "Workers", "Retry: retry policy MaxAttempts -2"} {
 		require.ErrorContains(t, err, field)
 	}
 }
@@ -390,16 +390,22 @@ func TestRunChecksSchemaAndHandlers(t *testing.T) {
 	require.Panics(t, func() { inventory(e, c) }, "a type is registered once")
 }
 
-func TestRetryPolicyBackoff(t *testing.T) {
+func TestRetryDelayHasJitterWithinBackoff(t *testing.T) {
 	t.Parallel()
-	p := participant.RetryPolicy{InitialInterval: 100, BackoffCoefficient: 2, MaximumInterval: 1000}
+	p := saga.RetryPolicy{InitialInterval: 100, BackoffCoefficient: 2, MaximumInterval: 1000, MaxAttempts: 5}
 	for failures, full := range map[int]int64{1: 100, 2: 200, 3: 400, 4: 800, 5: 1000, 30: 1000} {
-		for range 20 {
-			d := int64(p.Backoff(failures))
+		seen := map[int64]bool{}
+		for range 50 {
+			d := int64(participant.RetryDelayForTest(p, failures))
 			require.GreaterOrEqual(t, d, full/2, "failures %d", failures)
 			require.LessOrEqual(t, d, full, "failures %d", failures)
+			seen[d] = true
 		}
+		require.Greater(t, len(seen), 1, "failures %d: the delay is jittered", failures)
 	}
+	d := participant.Config{}.WithDefaults().Retry
+	require.Equal(t, participant.DefaultMaxAttempts, d.MaxAttempts, "the participant's defaults, not saga's")
+	require.Equal(t, participant.DefaultMaximumInterval, d.MaximumInterval)
 }
 
 func TestRejectIsRejection(t *testing.T) {

@@ -164,7 +164,7 @@ func (c *Client) failed(ctx context.Context, d *transport.Delivery, cause error)
 	if n >= c.cfg.Retry.MaxAttempts {
 		return c.giveUp(ctx, d, fmt.Sprintf("gave up after %d attempts: %v", n, cause))
 	}
-	delay := c.cfg.Retry.Backoff(n)
+	delay := retryDelay(c.cfg.Retry, n)
 	c.retried(ctx, d, telemetry.CauseHandler)
 	c.log.Warn("handler failed; retrying", append(logAttrs(d), "delivery_attempt", n, "retry_in", delay, "err", cause)...)
 	return transport.Retry(delay)
@@ -215,7 +215,7 @@ func (c *Client) infraRetry(ctx context.Context, d *transport.Delivery, err erro
 		return transport.Retry(0)
 	}
 	n := c.infraFailures.Add(1)
-	delay := c.cfg.Retry.Backoff(int(min(n, 64)))
+	delay := retryDelay(c.cfg.Retry, int(min(n, 64)))
 	if err != nil {
 		telemetry.Fail(trace.SpanFromContext(ctx), err)
 	}

@@ -312,7 +312,7 @@ func (s *StepSpec[D]) problems() []string {
 		} else if s.hasTimeout && s.timeout == 0 {
 			p = append(p, "timeout is zero; omit WithTimeout for no timeout")
 		}
-		if err := s.retry.validate(); err != nil {
+		if err := s.retry.Validate(); err != nil {
 			for _, e := range strings.Split(err.Error(), "\n") {
 				p = append(p, e)
 			}

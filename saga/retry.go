@@ -66,9 +66,9 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 	return p
 }
 
-// validate reports the fields of p that are out of range, each error naming
+// Validate reports the fields of p that are out of range, each error naming
 // its field. Zero fields are valid (they take their default).
-func (p RetryPolicy) validate() error {
+func (p RetryPolicy) Validate() error {
 	var errs []error
 	if p.InitialInterval < 0 {
 		errs = append(errs, fmt.Errorf("retry policy InitialInterval %s is negative", p.InitialInterval))
