@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/lifecycle"
 	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/internal/telemetry"
@@ -200,25 +201,11 @@ func (c *Client) Run(ctx context.Context) error {
 
 	// Replies and sweeps run on workCtx, which outlives ctx by at most
 	// StopTimeout so that a shutdown lets transactions in flight finish.
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopped := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		select {
-		case <-stopped:
-			return
-		case <-ctx.Done():
-		}
-		t := time.NewTimer(c.cfg.StopTimeout)
-		defer t.Stop()
-		select {
-		case <-stopped:
-		case <-t.C:
-			c.log.Warn("stop timeout reached; cancelling replies and sweeps in flight (replies will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
-			cancelWork()
-		}
+	workCtx, releaseWork := lifecycle.DrainContext(ctx, c.cfg.StopTimeout, func() {
+		c.log.Warn("stop timeout reached; cancelling replies and sweeps in flight (replies will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
 	})
+	defer releaseWork()
+	var wg sync.WaitGroup
 
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
@@ -238,7 +225,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}), &transport.SubscribeOpts{Concurrency: c.cfg.Workers, Prefetch: c.cfg.Prefetch})
 	stopLoops()
 	loops.Wait()
-	close(stopped)
+	releaseWork()
 	stopRelay()
 	wg.Wait()
 	if err != nil {

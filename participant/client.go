@@ -8,10 +8,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/internal/lifecycle"
 	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/internal/telemetry"
@@ -181,25 +181,11 @@ func (c *Client) Run(ctx context.Context) error {
 
 	// Deliveries run on workCtx, which outlives ctx by at most StopTimeout so
 	// that a shutdown lets transactions in flight finish.
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopped := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		select {
-		case <-stopped:
-			return
-		case <-ctx.Done():
-		}
-		t := time.NewTimer(c.cfg.StopTimeout)
-		defer t.Stop()
-		select {
-		case <-stopped:
-		case <-t.C:
-			c.log.Warn("stop timeout reached; cancelling deliveries in flight (they will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
-			cancelWork()
-		}
+	workCtx, releaseWork := lifecycle.DrainContext(ctx, c.cfg.StopTimeout, func() {
+		c.log.Warn("stop timeout reached; cancelling deliveries in flight (they will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
 	})
+	defer releaseWork()
+	var wg sync.WaitGroup
 
 	retention, err := maintenance.NewRetention(maintenance.RetentionConfig{
 		Store: c.store, Interval: c.cfg.Retention.Interval, BatchSize: c.cfg.Retention.BatchSize,
@@ -218,7 +204,7 @@ func (c *Client) Run(ctx context.Context) error {
 	err = c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
 		return c.handle(workCtx, d)
 	}), &transport.SubscribeOpts{Concurrency: c.cfg.Workers, Prefetch: c.cfg.Prefetch})
-	close(stopped)
+	releaseWork()
 	stopRelay()
 	wg.Wait()
 	if err != nil {

@@ -1,0 +1,44 @@
+// Package lifecycle holds the shutdown plumbing shared by sagabox's clients.
+package lifecycle
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// DrainContext returns a context for work that must be allowed to finish when
+// parent is cancelled: it is cancelled stopTimeout after parent is done
+// (calling onTimeout first), or when release is called, whichever comes
+// first. Call release once the work is over; it is idempotent and waits for
+// the goroutine that watches parent, so nothing outlives the caller.
+func DrainContext(parent context.Context, stopTimeout time.Duration, onTimeout func()) (ctx context.Context, release func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	stopped := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-stopped:
+			return
+		case <-parent.Done():
+		}
+		t := time.NewTimer(stopTimeout)
+		defer t.Stop()
+		select {
+		case <-stopped:
+		case <-t.C:
+			if onTimeout != nil {
+				onTimeout()
+			}
+			cancel()
+		}
+	})
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			close(stopped)
+			wg.Wait()
+			cancel()
+		})
+	}
+}

@@ -1,0 +1,38 @@
+package lifecycle
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestDrainContextOutlivesParentUntilTimeout(t *testing.T) {
+	t.Parallel()
+	parent, cancel := context.WithCancel(context.Background())
+	var timedOut atomic.Bool
+	ctx, release := DrainContext(parent, 20*time.Millisecond, func() { timedOut.Store(true) })
+	defer release()
+	cancel()
+	require.NoError(t, ctx.Err(), "work may go on after the parent is cancelled")
+	<-ctx.Done()
+	require.True(t, timedOut.Load(), "onTimeout runs before the work is cancelled")
+}
+
+func TestDrainContextReleaseEndsItWithoutTimeout(t *testing.T) {
+	t.Parallel()
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var timedOut atomic.Bool
+	ctx, release := DrainContext(parent, time.Hour, func() { timedOut.Store(true) })
+	cancel()
+	release()
+	release() // idempotent
+	require.Error(t, ctx.Err())
+	require.False(t, timedOut.Load())
+}
