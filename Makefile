@@ -2,13 +2,17 @@
 
 SQLC := bin/sqlc
 
-.PHONY: test check generate sqlc-diff fault fuzz bench example
+.PHONY: test check lint generate sqlc-diff fault fuzz bench example
 
 test:            ## the README's test command
 	go test -race ./...
 
 check: sqlc-diff ## formatting, vet, generated code, tests, fuzz and fault steps
 	bash .ci/run
+
+lint:            ## golangci-lint with the import rules of .golangci.yml
+	cd tools/lint && go build -o ../../bin/golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	bin/golangci-lint run ./...
 
 $(SQLC): tools/go.mod tools/go.sum
 	cd tools && go build -o ../$(SQLC) github.com/sqlc-dev/sqlc/cmd/sqlc

@@ -49,7 +49,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer broker.Close()
+	defer func() { _ = broker.Close() }()
 
 	client, err := orchestrator.NewClient(orchestrator.Config{
 		Pool:        pool,

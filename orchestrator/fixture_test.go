@@ -307,7 +307,7 @@ func (e *env) start(c *orchestrator.Client, def *saga.Definition[Order], o Order
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(e.t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	st, err := orchestrator.Start(ctx, c, tx, def, o, opts)
 	require.NoError(e.t, err)
 	require.NoError(e.t, tx.Commit(ctx))

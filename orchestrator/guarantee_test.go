@@ -244,7 +244,7 @@ func TestGuaranteeAtomicStartLocalStep(t *testing.T) {
 	start := func(commit bool) *orchestrator.Started {
 		tx, err := e.pool.Begin(ctx)
 		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		_, err = tx.Exec(ctx, `SELECT set_config('test.schema', $1, true)`, pgx.Identifier{e.inv.Schema()}.Sanitize())
 		require.NoError(t, err)
 		st, err := orchestrator.Start(ctx, c, tx, noteSaga, Order{ID: "n", Qty: 1}, &orchestrator.StartOpts{StartKey: "n"})

@@ -79,7 +79,7 @@ func TestOperatorRetryAndAbort(t *testing.T) {
 	s, err = c.Retry(ctx, failed.ID, "alice", "inventory database writable again")
 	require.NoError(t, err)
 	require.Equal(t, saga.StatusCompensating, s.Status)
-	s = waitStatus(t, c, failed.ID, saga.StatusCompensated, 30*time.Second)
+	waitStatus(t, c, failed.ID, saga.StatusCompensated, 30*time.Second)
 	e.checkBusiness(Order{ID: "retry"}, saga.StatusCompensated)
 	requireEntry(t, c, failed.ID, saga.HistoryRetried, "alice", "inventory database writable again")
 

@@ -136,7 +136,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
 		}
-		defer work.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+		defer work.Rollback(context.WithoutCancel(ctx))
 	}
 	st, tr, err := c.start(ctx, work, runner, id, data, opts.StartKey)
 	if err != nil {

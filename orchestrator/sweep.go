@@ -150,7 +150,7 @@ func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now 
 	if err != nil {
 		return transition{}, err
 	}
-	defer sp.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	defer sp.Rollback(context.WithoutCancel(ctx))
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
 		return transition{}, err // not claimed: SagaClaimDueOf filters on known definitions

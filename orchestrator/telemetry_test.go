@@ -278,7 +278,7 @@ func (s spanSet) requireHops(t *testing.T, parent sdktrace.ReadOnlySpan, hops ..
 func attr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
 	for _, kv := range s.Attributes() {
 		if kv.Key == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

@@ -47,7 +47,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer broker.Close()
+	defer func() { _ = broker.Close() }()
 
 	client, err := participant.NewClient(participant.Config{
 		Pool:    pool,

@@ -380,7 +380,7 @@ func spanContextOf(traceparent string) trace.SpanContext {
 func spanAttr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
 	for _, kv := range s.Attributes() {
 		if kv.Key == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

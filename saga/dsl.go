@@ -313,9 +313,7 @@ func (s *StepSpec[D]) problems() []string {
 			p = append(p, "timeout is zero; omit WithTimeout for no timeout")
 		}
 		if err := s.retry.Validate(); err != nil {
-			for _, e := range strings.Split(err.Error(), "\n") {
-				p = append(p, e)
-			}
+			p = append(p, strings.Split(err.Error(), "\n")...)
 		} else if n := s.retry.WithDefaults().MaxAttempts; n > 1 && s.timeout <= 0 {
 			p = append(p, fmt.Sprintf("retry policy allows %d attempts but the step has no timeout, so nothing would ever trigger a retry", n))
 		}

@@ -214,7 +214,7 @@ func explainClaim(t *testing.T, s *store.Store) string {
 	ctx := context.Background()
 	tx, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
 	rows, err := tx.Query(ctx, "EXPLAIN "+sql, 30.0, "explain", 100)
 	require.NoError(t, err)

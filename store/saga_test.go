@@ -81,14 +81,14 @@ func TestSagaClaimDueSkipsLockedSagas(t *testing.T) {
 
 	txA, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
-	defer txA.Rollback(ctx) //nolint:errcheck
+	defer txA.Rollback(ctx)
 	a, err := s.SagaClaimDue(ctx, txA, now, 1)
 	require.NoError(t, err)
 	require.Len(t, a, 1)
 
 	txB, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
-	defer txB.Rollback(ctx) //nolint:errcheck
+	defer txB.Rollback(ctx)
 	b, err := s.SagaClaimDue(ctx, txB, now, 10)
 	require.NoError(t, err)
 	require.Len(t, b, 1, "the saga locked by A is skipped, the future one is not due")
@@ -136,7 +136,7 @@ func TestSagaOperationRequests(t *testing.T) {
 
 	txA, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
-	defer txA.Rollback(ctx) //nolint:errcheck
+	defer txA.Rollback(ctx)
 	claimed, err := s.SagaOperationClaimPending(ctx, txA, 10)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)

@@ -121,7 +121,7 @@ func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // rollback after commit is a no-op
+	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := fn(tx); err != nil {
 		return err
 	}

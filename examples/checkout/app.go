@@ -64,7 +64,7 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL is unreachable at %s:%d (%v); is it running? %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err, pgStartHint)
+		return nil, fmt.Errorf("PostgreSQL is unreachable at %s:%d (%w); is it running? %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err, pgStartHint)
 	}
 	a.pool = pool
 	dialCtx, cancelDial := context.WithTimeout(ctx, 15*time.Second)

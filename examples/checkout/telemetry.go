@@ -134,7 +134,7 @@ func spanNote(s sdktrace.ReadOnlySpan) string {
 	for _, kv := range s.Attributes() {
 		switch kv.Key {
 		case "sagabox.component", "sagabox.inbox.outcome", "sagabox.outcome":
-			notes = append(notes, fmt.Sprintf("%s=%s", strings.TrimPrefix(string(kv.Key), "sagabox."), kv.Value.Emit()))
+			notes = append(notes, fmt.Sprintf("%s=%s", strings.TrimPrefix(string(kv.Key), "sagabox."), kv.Value.String()))
 		}
 	}
 	if len(notes) == 0 {

@@ -106,7 +106,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer broker.Close()
+	defer func() { _ = broker.Close() }()
 	spec := transport.QueueSpec{Name: "sink", Events: []string{"bench.#"}}
 	if err := broker.Declare(ctx, spec); err != nil {
 		return nil, err
@@ -127,7 +127,12 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 			return transport.Ack()
 		}), &transport.SubscribeOpts{Concurrency: 4, Prefetch: 1000})
 	}()
-	defer func() { stopSub(); <-subDone }()
+	defer func() {
+		stopSub()
+		if err := <-subDone; err != nil {
+			logf("subscriber stopped with an error: %v", err)
+		}
+	}()
 	waitConsumed := func(target int64, timeout time.Duration) error {
 		deadline := time.Now().Add(timeout)
 		for consumed.Load() < target {
@@ -219,7 +224,12 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	base = consumed.Load()
 	start = time.Now()
 	go func() { relayDone <- rl.Run(relayCtx) }()
-	defer func() { stopRelay(); <-relayDone }()
+	defer func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			logf("relay stopped with an error: %v", err)
+		}
+	}()
 	if err := waitConsumed(base+int64(cfg.Backlog), 5*time.Minute); err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}

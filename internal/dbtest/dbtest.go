@@ -60,9 +60,10 @@ func ensureDatabase(ctx context.Context, url string) error {
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL at %s:%d: %w; %s", cfg.Host, cfg.Port, err, StartHint)
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{cfg.Database}.Sanitize())
-	if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505")) {
+	exists := errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") // created concurrently
+	if err != nil && !exists {
 		return fmt.Errorf("create test database %q: %w", cfg.Database, err)
 	}
 	return nil

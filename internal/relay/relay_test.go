@@ -27,7 +27,6 @@ type sink struct {
 	mu    sync.Mutex
 	seen  map[uuid.UUID]int // message id -> deliveries
 	order map[string][]int  // ordering key -> payload sequence numbers in arrival order
-	keys  map[uuid.UUID]string
 	cond  chan struct{}
 }
 

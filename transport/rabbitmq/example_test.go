@@ -17,7 +17,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err) // says how to start RabbitMQ if it is not running
 	}
-	defer b.Close()
+	defer func() { _ = b.Close() }()
 
 	// The inventory service consumes its commands until ctx is cancelled.
 	spec := transport.QueueSpec{Name: "inventory", Commands: []string{"inventory.reserve", "inventory.release"}}

@@ -219,7 +219,8 @@ func (b *Broker) servePublisher(sess *session, pc *pubChannel) (reopen bool) {
 				return !b.sessionOver(sess)
 			}
 			b.log.Warn("rabbitmq return for a message no longer awaited", "message_id", r.MessageId, "reply_code", r.ReplyCode, "reply_text", r.ReplyText)
-		case <-pc.closed:
+		case closeErr := <-pc.closed:
+			b.log.Debug("rabbitmq publish channel closed", "err", closeErr)
 			return !b.sessionOver(sess)
 		case <-sess.lost:
 			return false

@@ -136,7 +136,7 @@ func (s *Service) Place(ctx context.Context, pool *pgxpool.Pool, c *orchestrator
 	if err != nil {
 		return nil, fmt.Errorf("place order %s: %w", o.ID, err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, s.sql(`INSERT INTO orders.orders (id, customer, sku, qty, amount_cents, address)
 		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING`),
 		o.ID, o.Customer, o.SKU, o.Qty, o.AmountCents, o.Address); err != nil {
