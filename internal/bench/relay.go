@@ -181,27 +181,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 
 	// 2. Raw single-row insert commit rate (no relay running).
 	logf("raw commits: %d writers for %s", cfg.CommitWriters, cfg.Duration)
-	var commits atomic.Int64
-	commitCtx, stopCommits := context.WithTimeout(ctx, cfg.Duration)
-	var wg sync.WaitGroup
-	for range cfg.CommitWriters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for commitCtx.Err() == nil {
-				err := st.InTx(commitCtx, func(tx pgx.Tx) error {
-					return st.OutboxWrite(commitCtx, tx, []transport.Message{benchMessage(0)})
-				})
-				if err == nil {
-					commits.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	stopCommits()
-	rep.RawCommitPerSec = float64(commits.Load()) / cfg.Duration.Seconds()
-	if _, err := pool.Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
+	if rep.RawCommitPerSec, err = rawCommits(ctx, st, cfg.CommitWriters, cfg.Duration); err != nil {
 		return nil, err
 	}
 

@@ -33,6 +33,25 @@ func (a *app) benchCommand() *cobra.Command {
 	relay.Flags().DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each timed measurement")
 	relay.Flags().IntVar(&cfg.ProcessedRows, "old-rows", 1_000_000, "old published rows for the flat-latency measurement")
 	relay.Flags().Float64Var(&cfg.LatencyRate, "latency-rate", 0, "messages per second of the latency measurements (default: half the saturated rate)")
-	cmd.AddCommand(relay)
+	sagaCfg := bench.SagaConfig{}
+	sagas := &cobra.Command{
+		Use:   "sagas",
+		Short: "Three-step sagas per second end to end, as a ratio of the database's raw commit rate",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sagaCfg.DatabaseURL = a.databaseURL
+			sagaCfg.Log = a.stderr
+			rep, err := bench.RunSagas(cmd.Context(), sagaCfg)
+			if err != nil {
+				return err
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	sagas.Flags().StringVar(&sagaCfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
+	sagas.Flags().IntVar(&sagaCfg.Sagas, "sagas", 2000, "sagas to run")
+	sagas.Flags().IntVar(&sagaCfg.Concurrency, "concurrency", 8, "goroutines starting sagas")
+	cmd.AddCommand(relay, sagas)
 	return cmd
 }
