@@ -191,20 +191,29 @@ func (c *Client) poison(ctx context.Context, d *transport.Delivery, class, code,
 }
 
 func (c *Client) deadLetter(ctx context.Context, d *transport.Delivery, class string, f saga.Failure) transport.Outcome {
+	attrs := logAttrs(d)
 	res, err := c.process(ctx, d, nil, nil, 0, &f)
-	if err != nil {
+	switch {
+	case err == nil:
+		c.inboxOutcome(ctx, d, res.duplicate)
+		if !res.duplicate {
+			c.relay.Wake()
+		}
+	case store.IsDataError(err) && ctx.Err() == nil:
+		// Postgres refuses the message's own data (text it cannot hold, a
+		// step too long for the barrier's key): every retry would fail the
+		// same way. It cannot be recorded nor answered, only dead-lettered.
+		f.Reason += " (not recorded nor answered: the database refuses the message)"
+		attrs = append(attrs, "err", err)
+	default:
 		return c.infraRetry(ctx, d, err)
-	}
-	c.inboxOutcome(ctx, d, res.duplicate)
-	if !res.duplicate {
-		c.relay.Wake()
 	}
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeDeadLetter), telemetry.AttrReason.String(class))
 	span.SetStatus(codes.Error, f.Reason)
 	c.tel.DeadLetter(ctx, c.cfg.Schema, componentName, class)
 	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeDeadLetter)
-	c.log.Error("message dead-lettered", append(logAttrs(d), "reason", f.Reason, "reason_class", class, "code", f.Code)...)
+	c.log.Error("message dead-lettered", append(attrs, "reason", f.Reason, "reason_class", class, "code", f.Code)...)
 	return transport.DeadLetter(f.Reason)
 }
 

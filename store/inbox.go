@@ -139,10 +139,11 @@ type InboxAttempt struct {
 
 // InboxAttemptRecord counts one failed processing attempt of env, with its
 // cause, in a statement of its own (the processing transaction was rolled
-// back), and returns the number of failed attempts so far.
+// back), and returns the number of failed attempts so far. A cause that is
+// not valid UTF-8 or holds NUL bytes is stored with those replaced.
 func (s *Store) InboxAttemptRecord(ctx context.Context, env *transport.Envelope, cause string) (int, error) {
 	n, err := s.queries.InboxAttemptRecord(ctx, s.db(nil), &dbsqlc.InboxAttemptRecordParams{
-		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, LastError: cause,
+		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, LastError: storableText(cause),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("record failed attempt of message %s in schema %q: %w", env.MessageID, s.schema, err)
@@ -154,7 +155,7 @@ func (s *Store) InboxAttemptRecord(ctx context.Context, env *transport.Envelope,
 // own), that env was dead-lettered for reason.
 func (s *Store) InboxAttemptMarkDeadLettered(ctx context.Context, tx pgx.Tx, env *transport.Envelope, reason string) error {
 	if err := s.queries.InboxAttemptMarkDeadLettered(ctx, s.db(tx), &dbsqlc.InboxAttemptMarkDeadLetteredParams{
-		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Reason: reason,
+		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Reason: storableText(reason),
 	}); err != nil {
 		return fmt.Errorf("mark message %s dead-lettered in schema %q: %w", env.MessageID, s.schema, err)
 	}
@@ -337,8 +338,27 @@ func IsConnectionError(err error) bool {
 		// shutdown, cannot connect now.
 		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
 	}
-	// A failed connect, or a statement that failed before anything reached
-	// the server (a dead pooled connection).
+	// A failed connect, or a statement on a connection pgx had closed (a dead
+	// pooled connection). Not pgconn.SafeToRetry: pgx also calls "safe to
+	// retry" a statement on a connection still busy with an unclosed result
+	// and one on a context that was already done, both failures of the
+	// caller that a retry repeats for ever.
 	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) || pgconn.SafeToRetry(err)
+	return errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed)
+}
+
+// IsDataError reports whether err is Postgres refusing the data of a
+// statement: a data exception (class 22, e.g. a NUL byte or invalid UTF-8 in
+// text) or a program limit exceeded (class 54, e.g. a key too long for its
+// index). Running the statement again with the same data fails the same way.
+func IsDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
+}
+
+// storableText returns s as Postgres text can hold it: valid UTF-8 without
+// NUL bytes. Error texts come from handlers and from the messages they
+// handle, and a failure that cannot be recorded could never be counted.
+func storableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00")
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -173,5 +174,147 @@ func TestIsConnectionError(t *testing.T) {
 	_, err = c.Exec(ctx, "SELECT 1")
 	require.Error(t, err)
 	require.True(t, store.IsConnectionError(err), "err: %v", err)
+	// So is a statement on the connection pgx closed after that.
+	_, err = c.Exec(ctx, "SELECT 1")
+	require.Error(t, err)
+	require.True(t, store.IsConnectionError(err), "err: %v", err)
 	require.False(t, store.IsConnectionError(nil))
+}
+
+// pgx calls some failures of the caller "safe to retry" because nothing was
+// sent; they are not lost connections, and a receiver that took them for one
+// would retry the message for ever without counting its attempts.
+func TestIsConnectionErrorNotCallerBugs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+
+	// A statement on a context that was already done.
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = tx.Exec(done, "SELECT 1")
+	require.Error(t, err)
+	require.False(t, store.IsConnectionError(err), "err: %v", err)
+
+	// A statement while a result is still open (rows never closed).
+	rows, err := tx.Query(ctx, "SELECT 1")
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT 2")
+	require.Error(t, err)
+	require.False(t, store.IsConnectionError(err), "err: %v", err)
+	rows.Close()
+}
+
+func TestIsDataError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(ctx, "SELECT $1::text", "a\x00b")
+	require.True(t, store.IsDataError(err), "NUL in text: %v", err)
+	_, err = pool.Exec(ctx, "SELECT 1/0")
+	require.True(t, store.IsDataError(err), "division by zero: %v", err)
+	_, err = pool.Exec(ctx, "SELECT * FROM no_such_table")
+	require.False(t, store.IsDataError(err), "undefined table: %v", err)
+	require.False(t, store.IsDataError(nil))
+}
+
+// A failure whose text Postgres cannot hold as it is (a NUL byte, invalid
+// UTF-8: handler errors often quote their input) is still counted;
+// otherwise its message could never reach MaxAttempts.
+func TestInboxAttemptRecordsAnyErrorText(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := dbtest.Store(t, store.LineMessaging)
+	env := command(uuid.New())
+	n, err := s.InboxAttemptRecord(ctx, env, "no such sku \x00 here")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = s.InboxAttemptRecord(ctx, env, "no such sku \xff here")
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NoError(t, s.InboxAttemptMarkDeadLettered(ctx, nil, env, "gave up: \x00\xfe"))
+	a, err := s.InboxAttemptGet(ctx, env.MessageID)
+	require.NoError(t, err)
+	require.Equal(t, 2, a.Attempts)
+	require.Equal(t, "gave up: \\x00\uFFFD", a.LastError)
+}
+
+// The barrier under READ COMMITTED (DESIGN §4.6): an action and the
+// compensation of the same step racing on two connections are serialised by
+// the action mark's key. The compensation's insert of the "blocked" action
+// mark waits for the action's transaction; when that commits, the insert
+// does nothing and the next statement sees the action's outcome; when it
+// rolls back, the insert wins and the late action will find it.
+func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
+	t.Parallel()
+	for _, actionCommits := range []bool{true, false} {
+		t.Run(fmt.Sprintf("action commits %v", actionCommits), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := dbtest.Store(t, store.LineMessaging)
+			sagaID := uuid.New()
+			mark := func(phase store.BarrierPhase, outcome store.BarrierOutcome) store.BarrierMark {
+				return store.BarrierMark{SagaID: sagaID, Step: "reserve", Phase: phase, MessageID: uuid.New(), Outcome: outcome}
+			}
+
+			action, err := s.Pool().Begin(ctx)
+			require.NoError(t, err)
+			defer action.Rollback(ctx)
+			ok, err := s.BarrierInsert(ctx, action, mark(store.BarrierAction, store.BarrierApplied))
+			require.NoError(t, err)
+			require.True(t, ok)
+
+			comp, err := s.Pool().Begin(ctx)
+			require.NoError(t, err)
+			defer comp.Rollback(ctx)
+			var compPID int
+			require.NoError(t, comp.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&compPID))
+			ok, err = s.BarrierInsert(ctx, comp, mark(store.BarrierCompensation, store.BarrierApplied))
+			require.NoError(t, err)
+			require.True(t, ok)
+
+			type insert struct {
+				inserted bool
+				seen     store.BarrierMark
+				err      error
+			}
+			done := make(chan insert, 1)
+			go func() {
+				var r insert
+				r.inserted, r.err = s.BarrierInsert(ctx, comp, mark(store.BarrierAction, store.BarrierBlocked))
+				if r.err == nil {
+					r.seen, r.err = s.BarrierGet(ctx, comp, sagaID, "reserve", store.BarrierAction)
+				}
+				done <- r
+			}()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				err := s.Pool().QueryRow(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", compPID).Scan(&waiting)
+				return err == nil && waiting
+			}, 10*time.Second, 10*time.Millisecond, "the compensation waits for the action's transaction")
+
+			if actionCommits {
+				require.NoError(t, action.Commit(ctx))
+			} else {
+				require.NoError(t, action.Rollback(ctx))
+			}
+			var r insert
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the compensation's insert did not return")
+			}
+			require.NoError(t, r.err)
+			require.Equal(t, !actionCommits, r.inserted)
+			want := store.BarrierBlocked
+			if actionCommits {
+				want = store.BarrierApplied
+			}
+			require.Equal(t, want, r.seen.Outcome, "the compensation sees the winner's mark")
+			require.NoError(t, comp.Commit(ctx))
+		})
+	}
 }

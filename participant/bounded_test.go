@@ -1,0 +1,103 @@
+package participant_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// Handler bugs that fail the same way on every attempt are retried
+// MaxAttempts times and then dead-lettered with a failure reply, like any
+// other failing handler (DESIGN §4.8), even when the error they cause looks
+// like a lost connection to pgx or cannot be stored as it is:
+//   - a result left open (rows never closed): pgx then reports "conn busy"
+//     on the next statement, an error it calls safe to retry;
+//   - a query on a context the handler let expire: pgx reports it before
+//     sending anything, also "safe to retry";
+//   - an error text Postgres cannot store (a NUL byte, invalid UTF-8).
+func TestGuaranteePoisonInputHandlerBugsBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.newClient(nil, func(c *participant.Client) {
+		participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+			switch req.Data.SKU {
+			case "rows-open":
+				_, err := tx.Query(ctx, "SELECT 1") // never closed
+				return ReserveReply{}, err
+			case "ctx-expired":
+				qctx, cancel := context.WithCancel(ctx)
+				cancel()
+				_, err := tx.Exec(qctx, "SELECT 1")
+				return ReserveReply{}, err
+			case "nul-error":
+				return ReserveReply{}, errors.New("no such sku \x00 here")
+			case "bad-utf8-error":
+				return ReserveReply{}, errors.New("no such sku \xff\xfe here")
+			}
+			return ReserveReply{}, nil
+		})
+	})
+	dlq := amqptestConsume(t, e.broker.DeadLetterQueueName(service))
+
+	for _, sku := range []string{"rows-open", "ctx-expired", "nul-error", "bad-utf8-error"} {
+		cmd := reserve(uuid.New(), sku, 1)
+		e.publish(cmd)
+		f := requireFailure(t, e.replies.wait(t, cmd.MessageID), participant.CodeDeadLettered)
+		require.Contains(t, f.Reason, "gave up after 3 attempts", "sku %s", sku)
+		require.Equal(t, cmd.MessageID.String(), nextDeadLetter(t, dlq).id, "sku %s", sku)
+		a, err := e.store.InboxAttemptGet(context.Background(), cmd.MessageID)
+		require.NoError(t, err, "sku %s", sku)
+		require.Equal(t, 3, a.Attempts, "sku %s", sku)
+		require.NotNil(t, a.DeadLetteredAt, "sku %s", sku)
+	}
+
+	// The queue still flows.
+	ok := reserve(uuid.New(), "fine", 1)
+	e.publish(ok)
+	requireSuccess(t, e.replies.wait(t, ok.MessageID))
+}
+
+// A saga message whose envelope carries text Postgres cannot store (a NUL
+// byte in the step, a step too long for the barrier's key) cannot be
+// recorded in the inbox, so it cannot be answered either; it must still
+// reach the dead-letter queue instead of being retried for ever, and the
+// queue keeps flowing.
+func TestGuaranteePoisonInputUnstorableEnvelope(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.setStock("good", 100)
+	e.newClient(nil, nil)
+	dlq := amqptestConsume(t, e.broker.DeadLetterQueueName(service))
+
+	long := make([]byte, 4000) // random, so that Postgres cannot compress it
+	_, _ = rand.Read(long)
+	for name, step := range map[string]string{
+		"nul in step":   "reserve\x00",
+		"step too long": hex.EncodeToString(long),
+	} {
+		for _, kind := range []transport.Kind{transport.KindCommand, transport.KindCompensation} {
+			bad := reserve(uuid.New(), "good", 1)
+			if kind == transport.KindCompensation {
+				bad = release(uuid.New(), "good", 1)
+			}
+			bad.Step = step
+			e.publish(bad)
+			dead := nextDeadLetter(t, dlq)
+			require.Equal(t, bad.MessageID.String(), dead.id, "%s, %s", name, kind)
+
+			good := reserve(uuid.New(), "good", 1)
+			e.publish(good)
+			requireSuccess(t, e.replies.wait(t, good.MessageID))
+		}
+	}
+	require.Equal(t, 96, e.stock("good"))
+}
