@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -177,38 +178,21 @@ func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) 
 }
 
 func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor, reason string) (_ *Saga, err error) {
-	ctx, span := c.tel.Tracer().Start(ctx, "saga "+string(kind), trace.WithAttributes(
-		telemetry.AttrSagaID.String(id.String()), telemetry.AttrActor.String(actor), telemetry.AttrSchema.String(c.cfg.Schema)))
+	ctx, span := c.startOperation(ctx, id, kind, actor)
 	defer func() {
 		if err != nil {
 			telemetry.Fail(span, err)
 		}
 		span.End()
 	}()
-	if strings.TrimSpace(actor) == "" {
-		return nil, fmt.Errorf("orchestrator: %s saga %s: actor is required", kind, id)
+	if err := checkActor(actor); err != nil {
+		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}
 	var tr transition
 	for try := 0; ; try++ {
 		err = c.store.InTx(ctx, func(tx pgx.Tx) error {
-			rec, err := c.store.SagaGetForUpdate(ctx, tx, id)
-			if err != nil {
-				return err
-			}
-			runner, err := c.registry.Lookup(rec.Type, rec.Version)
-			if err != nil {
-				return err
-			}
-			s, err := sagaFromRecord(&rec)
-			if err != nil {
-				return err
-			}
-			now := c.now()
-			res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
-			if err != nil {
-				return err
-			}
-			tr, err = c.write(ctx, tx, rec, res, now)
+			var err error
+			tr, err = c.operateTx(ctx, tx, id, kind, actor, reason)
 			return err
 		})
 		if err == nil || !store.IsRetryable(err) || try >= txRetries {
@@ -218,16 +202,60 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}
+	c.operated(ctx, tr, kind, actor, reason)
+	return sagaFromRecord(&tr.rec)
+}
+
+// errNoActor refuses an operator action without an actor.
+var errNoActor = errors.New("actor is required")
+
+func checkActor(actor string) error {
+	if strings.TrimSpace(actor) == "" {
+		return errNoActor
+	}
+	return nil
+}
+
+// startOperation starts the span of an operator action.
+func (c *Client) startOperation(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor string) (context.Context, trace.Span) {
+	return c.tel.Tracer().Start(ctx, "saga "+string(kind), trace.WithAttributes(
+		telemetry.AttrSagaID.String(id.String()), telemetry.AttrActor.String(actor), telemetry.AttrSchema.String(c.cfg.Schema)))
+}
+
+// operateTx applies operator action kind to saga id in tx.
+func (c *Client) operateTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, kind saga.EventKind, actor, reason string) (transition, error) {
+	rec, err := c.store.SagaGetForUpdate(ctx, tx, id)
+	if err != nil {
+		return transition{}, err
+	}
+	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	if err != nil {
+		return transition{}, err
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return transition{}, err
+	}
+	now := c.now()
+	res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
+	if err != nil {
+		return transition{}, err
+	}
+	return c.write(ctx, tx, rec, res, now)
+}
+
+// operated does what follows the commit of an operator action: wake-ups,
+// metrics, the log line and the span's attributes.
+func (c *Client) operated(ctx context.Context, tr transition, kind saga.EventKind, actor, reason string) {
 	c.committed(ctx, tr)
 	if kind == saga.EventRetry {
 		c.countResends(ctx, tr, telemetry.CauseOperator)
 	}
-	span.SetAttributes(telemetry.AttrSagaType.String(tr.rec.Type), telemetry.AttrStatus.String(string(tr.res.Instance.Status)))
-	attrs := []any{"saga_id", id.String(), "saga_type", tr.rec.Type, "actor", actor, "reason", reason, "status", string(tr.res.Instance.Status)}
+	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrSagaType.String(tr.rec.Type), telemetry.AttrStatus.String(string(tr.res.Instance.Status)))
+	attrs := []any{"saga_id", tr.rec.ID.String(), "saga_type", tr.rec.Type, "actor", actor, "reason", reason, "status", string(tr.res.Instance.Status)}
 	if kind == saga.EventAbort {
 		c.log.Warn("saga aborted by operator", attrs...)
 	} else {
 		c.log.Info("saga retried by operator", attrs...)
 	}
-	return sagaFromRecord(&tr.rec)
 }

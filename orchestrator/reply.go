@@ -23,6 +23,13 @@ const (
 	// dead-lettered: its saga's definition version is not registered here,
 	// or its payload breaks the command's contract. Detail says which.
 	HistoryReplyDeadLettered saga.HistoryEvent = "reply-dead-lettered"
+	// HistoryDeadlineFailed: the saga's deadline passed but its timer could
+	// not be applied: the saga core refused the stored instance (e.g. its
+	// steps no longer match the registered definition) or could not build
+	// the command to send. The deadline is cleared so that the sweeper does
+	// not claim the saga again; Detail says why. An operator retries or
+	// aborts the saga once the definition is fixed.
+	HistoryDeadlineFailed saga.HistoryEvent = "deadline-failed"
 )
 
 // componentName is the component attribute of the Client's spans and

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
@@ -15,44 +16,106 @@ import (
 const requestBatch = 20
 
 // applyRequests applies operator requests recorded by tools that have no
-// saga definitions (the sagabox CLI). Each request is claimed with SKIP
-// LOCKED, applied with Retry or Abort, and marked with its outcome; a
-// request for a definition version this orchestrator does not run is left
-// for one that does.
+// saga definitions (the sagabox CLI), up to requestBatch of them. Only
+// requests for sagas of the definitions this orchestrator runs are claimed;
+// the others are left for an orchestrator that runs them.
 func (c *Client) applyRequests(ctx context.Context) error {
-	return c.store.InTx(ctx, func(tx pgx.Tx) error {
-		ops, err := c.store.SagaOperationClaimPending(ctx, tx, requestBatch)
+	keys := c.sagaKeys()
+	for range requestBatch {
+		found, err := c.applyRequest(ctx, keys)
+		if err != nil || !found {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyRequest claims the oldest pending request (SKIP LOCKED), applies it
+// with Retry or Abort and marks it with its outcome, all in one
+// transaction: the action is applied if and only if its request is marked,
+// so a request is never applied twice. It reports whether it found one.
+func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found bool, err error) {
+	var op store.SagaOperation
+	var kind saga.EventKind
+	var tr transition
+	var refusal error
+	err = c.store.InTx(ctx, func(tx pgx.Tx) error {
+		ops, err := c.store.SagaOperationClaimPending(ctx, tx, 1, keys)
+		if err != nil || len(ops) == 0 {
+			return err
+		}
+		found, op, refusal = true, ops[0], nil
+		kind = saga.EventRetry
+		if op.Action == "abort" {
+			kind = saga.EventAbort
+		}
+		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		for _, op := range ops {
-			kind := saga.EventRetry
-			if op.Action == "abort" {
-				kind = saga.EventAbort
-			}
-			_, err := c.operate(ctx, op.SagaID, kind, op.Actor, op.Reason)
-			refusal := ""
-			switch {
-			case err == nil:
-			case errors.Is(err, saga.ErrUnknownDefinition):
-				c.log.Warn("operator request left for an orchestrator that runs the saga's definition",
-					"request_id", op.ID, "saga_id", op.SagaID.String(), "err", err)
-				continue
-			case errors.Is(err, saga.ErrInvalidTransition), errors.Is(err, store.ErrNotFound):
-				refusal = err.Error()
-				c.log.Warn("operator request refused", "request_id", op.ID, "saga_id", op.SagaID.String(),
-					"action", op.Action, "actor", op.Actor, "err", err)
-			default:
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				c.log.Warn("operator request not applied; will try again", "request_id", op.ID, "saga_id", op.SagaID.String(), "err", err)
-				continue
-			}
-			if err := c.store.SagaOperationMarkApplied(ctx, tx, op.ID, c.now(), refusal); err != nil {
-				return fmt.Errorf("operator request %d: %w", op.ID, err)
-			}
+		defer sp.Rollback(context.WithoutCancel(ctx))
+		opCtx, span := c.startOperation(ctx, op.SagaID, kind, op.Actor)
+		defer span.End()
+		if refusal = checkActor(op.Actor); refusal == nil {
+			tr, refusal = c.operateTx(opCtx, sp, op.SagaID, kind, op.Actor, op.Reason)
 		}
-		return nil
+		switch {
+		case refusal == nil:
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+		case refused(refusal):
+			telemetry.Fail(span, refusal)
+			if err := sp.Rollback(ctx); err != nil {
+				return err
+			}
+		default:
+			// Transient (the database): claimed again next pass.
+			telemetry.Fail(span, refusal)
+			return refusal
+		}
+		reason := ""
+		if refusal != nil {
+			reason = fmt.Sprintf("%s saga %s: %v", kind, op.SagaID, refusal)
+		}
+		return c.store.SagaOperationMarkApplied(ctx, tx, op.ID, c.now(), reason)
 	})
+	if err != nil {
+		return found, fmt.Errorf("operator request %d (%s saga %s): %w", op.ID, op.Action, op.SagaID, err)
+	}
+	if !found {
+		return false, nil
+	}
+	if refusal != nil {
+		c.log.Warn("operator request refused", "request_id", op.ID, "saga_id", op.SagaID.String(),
+			"action", op.Action, "actor", op.Actor, "err", refusal)
+		return true, nil
+	}
+	c.operated(ctx, tr, kind, op.Actor, op.Reason)
+	return true, nil
+}
+
+// refused reports whether err refuses an operator action for good: the
+// action is not allowed, the saga or its definition does not exist, or the
+// saga core cannot apply it. Only database errors are worth another try.
+func refused(err error) bool {
+	for _, target := range []error{
+		errNoActor, store.ErrNotFound, saga.ErrInvalidTransition, saga.ErrUnknownDefinition,
+		saga.ErrInvalidInstance, saga.ErrInvalidEvent, saga.ErrInvalidPayload,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// sagaKeys names the definitions the Client runs.
+func (c *Client) sagaKeys() []store.SagaKey {
+	runners := c.registry.Runners()
+	keys := make([]store.SagaKey, 0, len(runners))
+	for _, r := range runners {
+		keys = append(keys, store.SagaKey{Type: r.Name(), Version: r.Version()})
+	}
+	return keys
 }

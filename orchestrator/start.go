@@ -41,17 +41,43 @@ type Started struct {
 type txKey struct{}
 
 // TxFromContext returns the transaction in which the orchestrator runs a
-// definition's local steps (saga.LocalStep): the caller's transaction
-// during Start, the transaction that applies a reply, timer or operator
-// action otherwise. Do the step's writes in it and never commit or roll it
-// back. It returns nil outside of a local step.
+// definition's local steps (saga.LocalStep): a savepoint of the caller's
+// transaction during Start, of the transaction that applies a reply, timer
+// or operator action otherwise. The savepoint is rolled back if the step
+// rejects or fails, and released into the enclosing transaction otherwise.
+// Do the step's writes in it and never commit or roll it back. It returns
+// nil outside of a local step.
 func TxFromContext(ctx context.Context) pgx.Tx {
 	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
 	return tx
 }
 
+// withTx returns ctx carrying tx for the saga core's local steps, each of
+// which runs under a savepoint of tx (see localScope).
 func withTx(ctx context.Context, tx pgx.Tx) context.Context {
-	return context.WithValue(ctx, txKey{}, tx)
+	return saga.WithLocalScope(context.WithValue(ctx, txKey{}, tx), localScope(tx))
+}
+
+// localScope runs each local step under a savepoint of tx, so that the
+// writes of a step that rejects or fails are rolled back and those of the
+// steps before it are kept.
+func localScope(tx pgx.Tx) saga.LocalScope {
+	return func(ctx context.Context, run func(ctx context.Context) error) error {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("savepoint: %w", err)
+		}
+		if err := run(context.WithValue(ctx, txKey{}, sp)); err != nil {
+			if rerr := sp.Rollback(ctx); rerr != nil {
+				return fmt.Errorf("roll back to savepoint after %w: %w", err, rerr)
+			}
+			return err
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+		return nil
+	}
 }
 
 // Start starts a saga of def with data in tx, the caller's transaction: the
@@ -122,8 +148,8 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	// With a start key, the saga may exist already: then nothing runs. It
 	// may also be inserted right now by a concurrent transaction: start
 	// inside a savepoint, so that losing that race undoes the local steps'
-	// writes.
-	work := tx
+	// writes. Local steps also start inside one, so that a Start that fails
+	// leaves none of their writes in tx.
 	if opts.StartKey != "" {
 		existing, err := c.store.SagaGetByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		switch {
@@ -132,6 +158,9 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		case !errors.Is(err, store.ErrNotFound):
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
+	}
+	work := tx
+	if opts.StartKey != "" || hasLocalStep(runner) {
 		work, err = tx.Begin(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
@@ -189,4 +218,14 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uu
 		return nil, transition{}, err
 	}
 	return &Started{ID: id, Status: res.Instance.Status}, transition{rec: stored, res: res}, nil
+}
+
+// hasLocalStep reports whether runner has a local step.
+func hasLocalStep(runner saga.Runner) bool {
+	for _, st := range runner.Steps() {
+		if st.Local {
+			return true
+		}
+	}
+	return false
 }

@@ -2,6 +2,8 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,7 +61,7 @@ func (c *Client) sweepLoop(ctx, workCtx context.Context) {
 		c.sweepNext = c.now().Add(c.cfg.SweepInterval)
 		c.sweepMu.Unlock()
 		for ctx.Err() == nil {
-			n, err := c.sweep(workCtx)
+			n, failed, err := c.sweepPass(workCtx)
 			if err != nil {
 				failures++
 				if ctx.Err() == nil {
@@ -68,7 +70,9 @@ func (c *Client) sweepLoop(ctx, workCtx context.Context) {
 				break
 			}
 			failures = 0
-			if n < c.cfg.SweepBatch {
+			// A full batch may have more behind it, unless some of it
+			// failed: those sagas are claimed again first, so wait.
+			if n < c.cfg.SweepBatch || failed > 0 {
 				break
 			}
 		}
@@ -81,18 +85,23 @@ func (c *Client) sweepLoop(ctx, workCtx context.Context) {
 
 // sweep claims up to SweepBatch sagas whose deadline has passed (skipping
 // sagas locked by other orchestrators or replies) and applies a timer event
-// to each, in one transaction, so each deadline fires once. A saga whose
-// timer fails is rolled back alone (savepoint) and claimed again next pass.
-// It returns how many sagas it claimed.
+// to each, in one transaction, so each deadline fires once. It returns how
+// many sagas it claimed.
 func (c *Client) sweep(ctx context.Context) (int, error) {
-	keys := make([]store.SagaKey, 0, 8)
-	for _, r := range c.registry.Runners() {
-		keys = append(keys, store.SagaKey{Type: r.Name(), Version: r.Version()})
-	}
+	n, _, err := c.sweepPass(ctx)
+	return n, err
+}
+
+// sweepPass is sweep; it also returns how many of the claimed sagas failed
+// for a reason that may pass (the database): each is rolled back alone
+// (savepoint) and claimed again next pass. A timer that the saga core
+// refuses is no such failure: it is recorded on the saga (see
+// deadlineFailed) and the saga is not claimed again.
+func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error) {
+	keys := c.sagaKeys()
 	var trs []transition
-	var claimed int
-	err := c.store.InTx(ctx, func(tx pgx.Tx) error {
-		trs = trs[:0]
+	err = c.store.InTx(ctx, func(tx pgx.Tx) error {
+		trs, failed = trs[:0], 0
 		now := c.now()
 		recs, err := c.store.SagaClaimDueOf(ctx, tx, now, c.cfg.SweepBatch, keys)
 		if err != nil {
@@ -101,19 +110,25 @@ func (c *Client) sweep(ctx context.Context) (int, error) {
 		claimed = len(recs)
 		for _, rec := range recs {
 			tr, err := c.fire(ctx, tx, rec, now)
-			if err != nil {
-				if ctx.Err() != nil {
+			var refused *timerRefusedError
+			switch {
+			case err == nil:
+				trs = append(trs, tr)
+			case ctx.Err() != nil:
+				return err
+			case errors.As(err, &refused):
+				if err := c.deadlineFailed(ctx, tx, rec, now, refused.err); err != nil {
 					return err
 				}
+			default:
+				failed++
 				c.log.Error("deadline not applied; will try again", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", err)
-				continue
 			}
-			trs = append(trs, tr)
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for _, tr := range trs {
 		if len(tr.res.History) > 0 {
@@ -122,7 +137,33 @@ func (c *Client) sweep(ctx context.Context) (int, error) {
 		}
 	}
 	c.committed(ctx, trs...)
-	return claimed, nil
+	return claimed, failed, nil
+}
+
+// timerRefusedError is an error of the saga core applying a timer: the
+// stored instance does not fit the definition, or a command cannot be
+// built. The core is deterministic, so another pass would fail alike.
+type timerRefusedError struct{ err error }
+
+func (e *timerRefusedError) Error() string { return e.err.Error() }
+func (e *timerRefusedError) Unwrap() error { return e.err }
+
+// deadlineFailed records in tx, on the claimed saga rec, why its timer was
+// not applied (history and LastError), and clears its deadline so that it
+// is not claimed again: the saga stays as it is, visibly, for an operator.
+func (c *Client) deadlineFailed(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time, cause error) error {
+	reason := fmt.Sprintf("deadline %s not applied: %v", rec.Deadline.UTC().Format(time.RFC3339Nano), cause)
+	if err := c.store.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{
+		At: now, Event: string(HistoryDeadlineFailed), StepIndex: rec.CurrentStep, Phase: rec.Phase, Attempt: rec.Attempts, Detail: reason,
+	}}); err != nil {
+		return err
+	}
+	rec.LastError, rec.Deadline = reason, nil
+	if err := c.store.SagaUpdate(ctx, tx, rec, now); err != nil {
+		return err
+	}
+	c.log.Error("deadline cannot be applied; recorded on the saga and cleared", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", cause)
+	return nil
 }
 
 // countResends counts the commands of tr sent again (attempt > 1).
@@ -157,11 +198,11 @@ func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now 
 	}
 	s, err := sagaFromRecord(&rec)
 	if err != nil {
-		return transition{}, err
+		return transition{}, &timerRefusedError{err}
 	}
 	res, err := runner.Apply(withTx(ctx, sp), s.Instance(), saga.Event{Kind: saga.EventTimer, At: now})
 	if err != nil {
-		return transition{}, err
+		return transition{}, &timerRefusedError{err}
 	}
 	if res.Ignored {
 		// The row's deadline has passed but the core sees nothing due: the

@@ -129,12 +129,19 @@ RETURNING *;
 
 -- name: SagaOperationClaimPending :many
 -- Locks up to @max pending operator requests, oldest first, skipping those
--- another orchestrator is applying.
-SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation
-WHERE applied_at IS NULL
-ORDER BY id
+-- another orchestrator is applying. Only requests for sagas of the
+-- definitions (type, version pairs) the caller runs, or for sagas that do
+-- not exist (to be refused), are claimed: requests left for another
+-- orchestrator never hide the caller's own behind them.
+SELECT o.* FROM /* TEMPLATE: schema */sagabox_saga_operation o
+LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
+WHERE o.applied_at IS NULL
+  AND (s.id IS NULL OR (s.saga_type, s.version) IN (
+      SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
+  ))
+ORDER BY o.id
 LIMIT @max::integer
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF o SKIP LOCKED;
 
 -- name: SagaOperationMarkApplied :exec
 UPDATE /* TEMPLATE: schema */sagabox_saga_operation

@@ -270,7 +270,7 @@ func (m *machine[D]) runLocal(s *StepSpec[D]) (rejected, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode data: %w", err)
 	}
-	err = s.local(m.ctx, &m.data)
+	err = runScoped(m.ctx, func(ctx context.Context) error { return s.local(ctx, &m.data) })
 	if err == nil {
 		return nil, nil
 	}

@@ -785,6 +785,35 @@ func TestLocalSteps(t *testing.T) {
 		require.NotErrorIs(t, err, saga.ErrRejected)
 		require.EqualError(t, err, `saga local v1 `+id.String()+`: step "note-start": local step: printer out of paper`)
 	})
+	t.Run("each local step runs through the context's scope", func(t *testing.T) {
+		t.Parallel()
+		type key struct{}
+		var got []any
+		def := saga.MustNew("scoped", 1,
+			saga.LocalStep("first", func(ctx context.Context, _ *Order) error {
+				got = append(got, ctx.Value(key{}))
+				return nil
+			}),
+			saga.LocalStep("second", func(ctx context.Context, _ *Order) error {
+				got = append(got, ctx.Value(key{}))
+				return saga.Reject(errors.New("no"))
+			}))
+		var outcomes []error
+		ctx := saga.WithLocalScope(context.Background(), func(ctx context.Context, run func(context.Context) error) error {
+			err := run(context.WithValue(ctx, key{}, len(outcomes)))
+			outcomes = append(outcomes, err)
+			return err
+		})
+		data, err := def.EncodeData(Order{})
+		require.NoError(t, err)
+		res, err := def.Start(ctx, uuid.New(), data, sagatest.Epoch)
+		require.NoError(t, err)
+		require.Equal(t, saga.StatusCompensated, res.Instance.Status)
+		require.Equal(t, []any{0, 1}, got, "each step gets the scope's context")
+		require.Len(t, outcomes, 2)
+		require.NoError(t, outcomes[0])
+		require.ErrorIs(t, outcomes[1], saga.ErrRejected, "the scope sees the rejection, to undo the step's writes")
+	})
 	t.Run("context is passed through", func(t *testing.T) {
 		t.Parallel()
 		type key struct{}

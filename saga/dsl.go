@@ -76,9 +76,11 @@ func Step[D any](name string, opts ...StepOption[D]) *StepSpec[D] {
 
 // LocalStep declares a step that runs fn in the orchestrator's process,
 // inside the transaction that applies the preceding event (the orchestrator
-// passes its transaction through ctx). fn may modify the data. If fn returns
-// an error wrapping ErrRejected (see Reject) the saga compensates; any other
-// error is returned by Start or Apply so that the orchestrator rolls back and
+// passes its transaction through ctx, under a savepoint of its own: see
+// LocalScope). fn may modify the data. If fn returns an error wrapping
+// ErrRejected (see Reject) the saga compensates, and fn's writes and data
+// changes are discarded: a rejected step did nothing; any other error is
+// returned by Start or Apply so that the orchestrator rolls back and
 // retries. A local step may take Compensate (a command compensates it) and
 // When; it cannot take Invoke, WithTimeout or WithRetry.
 func LocalStep[D any](name string, fn func(ctx context.Context, d *D) error, opts ...StepOption[D]) *StepSpec[D] {

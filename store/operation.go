@@ -48,9 +48,15 @@ func (s *Store) SagaOperationRequest(ctx context.Context, id uuid.UUID, action, 
 }
 
 // SagaOperationClaimPending locks in tx up to max pending requests, oldest
-// first, skipping requests another orchestrator holds.
-func (s *Store) SagaOperationClaimPending(ctx context.Context, tx pgx.Tx, max int) ([]SagaOperation, error) {
-	rows, err := s.queries.SagaOperationClaimPending(ctx, s.db(tx), int32(max))
+// first, skipping requests another orchestrator holds. It claims only
+// requests for sagas of the definitions in keys, and requests for sagas
+// that do not exist.
+func (s *Store) SagaOperationClaimPending(ctx context.Context, tx pgx.Tx, max int, keys []SagaKey) ([]SagaOperation, error) {
+	p := &dbsqlc.SagaOperationClaimPendingParams{Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
+	for i, k := range keys {
+		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
+	}
+	rows, err := s.queries.SagaOperationClaimPending(ctx, s.db(tx), p)
 	if err != nil {
 		return nil, fmt.Errorf("claim pending operator requests: %w", err)
 	}

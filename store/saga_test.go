@@ -137,7 +137,7 @@ func TestSagaOperationRequests(t *testing.T) {
 	txA, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer txA.Rollback(ctx)
-	claimed, err := s.SagaOperationClaimPending(ctx, txA, 10)
+	claimed, err := s.SagaOperationClaimPending(ctx, txA, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Equal(t, "alice", claimed[0].Actor)
@@ -145,7 +145,7 @@ func TestSagaOperationRequests(t *testing.T) {
 	// A second orchestrator skips the request A holds.
 	txB, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
-	other, err := s.SagaOperationClaimPending(ctx, txB, 10)
+	other, err := s.SagaOperationClaimPending(ctx, txB, 10, nil)
 	require.NoError(t, err)
 	require.Empty(t, other)
 	require.NoError(t, txB.Rollback(ctx))

@@ -515,17 +515,30 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 }
 
 const sagaOperationClaimPending = `-- name: SagaOperationClaimPending :many
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error FROM /* TEMPLATE: schema */sagabox_saga_operation
-WHERE applied_at IS NULL
-ORDER BY id
-LIMIT $1::integer
-FOR UPDATE SKIP LOCKED
+SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error FROM /* TEMPLATE: schema */sagabox_saga_operation o
+LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
+WHERE o.applied_at IS NULL
+  AND (s.id IS NULL OR (s.saga_type, s.version) IN (
+      SELECT unnest($1::text[]), unnest($2::integer[])
+  ))
+ORDER BY o.id
+LIMIT $3::integer
+FOR UPDATE OF o SKIP LOCKED
 `
 
+type SagaOperationClaimPendingParams struct {
+	SagaTypes []string
+	Versions  []int32
+	Max       int32
+}
+
 // Locks up to @max pending operator requests, oldest first, skipping those
-// another orchestrator is applying.
-func (q *Queries) SagaOperationClaimPending(ctx context.Context, db DBTX, max int32) ([]*SagaboxSagaOperation, error) {
-	rows, err := db.Query(ctx, sagaOperationClaimPending, max)
+// another orchestrator is applying. Only requests for sagas of the
+// definitions (type, version pairs) the caller runs, or for sagas that do
+// not exist (to be refused), are claimed: requests left for another
+// orchestrator never hide the caller's own behind them.
+func (q *Queries) SagaOperationClaimPending(ctx context.Context, db DBTX, arg *SagaOperationClaimPendingParams) ([]*SagaboxSagaOperation, error) {
+	rows, err := db.Query(ctx, sagaOperationClaimPending, arg.SagaTypes, arg.Versions, arg.Max)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,116 @@
+package orchestrator_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/saga"
+)
+
+// retries counts the operator retries recorded in the history of saga id.
+func (e *env) retries(id uuid.UUID) int {
+	e.t.Helper()
+	return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_history WHERE saga_id = $1 AND event = 'retried'`, id)
+}
+
+// TestOperatorRequestAppliedOnceWhenMarkingFails: an operator request
+// (from the CLI) is applied together with its "applied" mark: when the mark
+// cannot be written the action is not applied either, so the request is
+// applied exactly once when it is claimed again, never once per pass.
+func TestOperatorRequestAppliedOnceWhenMarkingFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := orderSaga(1, time.Minute, 1)
+	c := e.newOrchestrator(e.orchConfig(def))
+	ctx := context.Background()
+	st := e.start(c, def, Order{ID: "op", Qty: 1, Amount: 10, Address: "here"}, nil)
+	op, err := e.orch.SagaOperationRequest(ctx, st.ID, "retry", "alice", "participant lost the command")
+	require.NoError(t, err)
+
+	// Marking the request fails (a constraint, a statement timeout, a
+	// dropped connection at commit).
+	schema := pgx.Identifier{e.orch.Schema()}.Sanitize()
+	_, err = e.pool.Exec(ctx, fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.refuse_mark() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN RAISE EXCEPTION 'cannot mark operator requests'; END $$;
+		CREATE TRIGGER refuse_mark BEFORE UPDATE ON %[1]s.sagabox_saga_operation
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse_mark();`, schema))
+	require.NoError(t, err)
+	for range 3 {
+		require.Error(t, c.ApplyRequests(ctx))
+	}
+	s, err := c.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Steps[0].Attempt, "the retry must not be applied while its request cannot be marked")
+	require.Zero(t, e.retries(st.ID))
+
+	_, err = e.pool.Exec(ctx, fmt.Sprintf(`DROP TRIGGER refuse_mark ON %s.sagabox_saga_operation`, schema))
+	require.NoError(t, err)
+	require.NoError(t, c.ApplyRequests(ctx))
+	require.NoError(t, c.ApplyRequests(ctx))
+	s, err = c.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, 2, s.Steps[0].Attempt)
+	require.Equal(t, 1, e.retries(st.ID))
+	got, err := e.orch.SagaOperationGet(ctx, op.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.AppliedAt)
+	require.Empty(t, got.Error)
+}
+
+// TestOperatorRequestsOfOtherDefinitionsDoNotStarve: requests for sagas of
+// a definition this orchestrator does not run are left for one that does,
+// without keeping it from the requests it can apply; a request that can
+// never be applied (no actor) is refused, not retried forever.
+func TestOperatorRequestsOfOtherDefinitionsDoNotStarve(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v1, v2 := orderSaga(1, time.Minute, 1), orderSaga(2, time.Minute, 1)
+	c := e.newOrchestrator(e.orchConfig(v1))
+	newer := e.newOrchestrator(e.orchConfig(v2))
+	ctx := context.Background()
+
+	// More requests for v2 sagas than one pass claims, all older than the
+	// v1 requests.
+	var others []uuid.UUID
+	for i := range 25 {
+		st := e.start(newer, v2, Order{ID: fmt.Sprintf("v2-%d", i), Qty: 1, Amount: 10, Address: "here"}, nil)
+		_, err := e.orch.SagaOperationRequest(ctx, st.ID, "retry", "alice", "v2")
+		require.NoError(t, err)
+		others = append(others, st.ID)
+	}
+	mine := e.start(c, v1, Order{ID: "v1", Qty: 1, Amount: 10, Address: "here"}, nil)
+	applied, err := e.orch.SagaOperationRequest(ctx, mine.ID, "retry", "bob", "v1")
+	require.NoError(t, err)
+	blank, err := e.orch.SagaOperationRequest(ctx, mine.ID, "abort", "", "no actor")
+	require.NoError(t, err)
+
+	require.NoError(t, c.ApplyRequests(ctx))
+	op, err := e.orch.SagaOperationGet(ctx, applied.ID)
+	require.NoError(t, err)
+	require.NotNil(t, op.AppliedAt, "the v1 request must be applied")
+	require.Empty(t, op.Error)
+	require.Equal(t, 1, e.retries(mine.ID))
+	op, err = e.orch.SagaOperationGet(ctx, blank.ID)
+	require.NoError(t, err)
+	require.NotNil(t, op.AppliedAt, "a request without actor is refused")
+	require.Contains(t, op.Error, "actor is required")
+	s, err := c.Get(ctx, mine.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, s.Status)
+
+	// The v2 requests wait, untouched, for an orchestrator that runs v2.
+	require.Equal(t, 25, e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_operation WHERE applied_at IS NULL`))
+	require.NoError(t, newer.ApplyRequests(ctx))
+	require.NoError(t, newer.ApplyRequests(ctx))
+	require.Zero(t, e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_operation WHERE applied_at IS NULL`))
+	for _, id := range others {
+		require.Equal(t, 1, e.retries(id))
+	}
+}
