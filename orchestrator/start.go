@@ -201,6 +201,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uu
 		return nil, transition{}, err
 	}
 	rec := store.SagaRecord{StartKey: startKey}
+	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
 		return nil, transition{}, err
 	}

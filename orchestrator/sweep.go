@@ -176,9 +176,10 @@ func (c *Client) countResends(ctx context.Context, tr transition, cause string) 
 }
 
 // fire applies the timer of one claimed saga inside a savepoint of tx, in a
-// span of its own: the commands it sends (re-sends, compensations) start a
-// trace there.
+// span of its own, a child of the span that started the saga: the commands
+// it sends (re-sends, compensations) stay in the saga's trace.
 func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time) (_ transition, err error) {
+	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
 	ctx, span := c.tel.Tracer().Start(ctx, "saga deadline "+rec.Type, trace.WithAttributes(
 		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
 	defer func() {

@@ -323,3 +323,56 @@ func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 	}
 	require.NotContains(t, logs.String(), secret)
 }
+
+// A deadline fired by the sweeper belongs to the saga's trace: its span is a
+// child of the span that started the saga, so the re-sent command and the
+// compensations it sends stay in one trace too.
+func TestTelemetryDeadlineJoinsTheSagaTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tp, rec := telemetrytest.NewTracer(t)
+	def := orderSaga(1, 10*time.Second, 1)
+	e.blackhole(Reserve.Name(), Release.Name())
+	clock := newFakeClock()
+	cfg := e.orchConfig(def)
+	cfg.Clock, cfg.TracerProvider = clock.Now, tp
+	c := e.runOrchestrator(cfg)
+
+	st := e.start(c, def, Order{ID: "slow", Qty: 1, Amount: 10, Address: "here"}, nil)
+	waitFor(t, 30*time.Second, "reserve sent", func() bool {
+		s, err := c.Get(context.Background(), st.ID)
+		require.NoError(t, err)
+		return s.Steps[0].Status == saga.StepRunning
+	})
+	clock.Advance(11 * time.Second) // reserve times out: compensate it
+	waitFor(t, 30*time.Second, "the reserve step's own compensation", func() bool {
+		s, err := c.Get(context.Background(), st.ID)
+		require.NoError(t, err)
+		return s.Status == saga.StatusCompensating
+	})
+
+	var start, deadline sdktrace.ReadOnlySpan
+	waitFor(t, 30*time.Second, "the deadline span", func() bool {
+		for _, s := range rec.Ended() {
+			switch s.Name() {
+			case "start saga order":
+				start = s
+			case "saga deadline order":
+				deadline = s
+			}
+		}
+		return start != nil && deadline != nil
+	})
+	require.Equal(t, start.SpanContext().TraceID(), deadline.SpanContext().TraceID(), "one trace per saga")
+	require.Equal(t, start.SpanContext().SpanID(), deadline.Parent().SpanID())
+	sends := 0
+	waitFor(t, 30*time.Second, "the compensation's send span", func() bool {
+		sends = 0
+		for _, s := range rec.Ended() {
+			if s.Name() == "send compensation inventory.release" && s.Parent().SpanID() == deadline.SpanContext().SpanID() {
+				sends++
+			}
+		}
+		return sends == 1
+	})
+}

@@ -3,12 +3,13 @@
 -- exists for the saga type nothing is inserted and no row is returned.
 INSERT INTO /* TEMPLATE: schema */sagabox_saga (
     id, saga_type, version, status, start_key, data, steps, current_step, phase,
-    deadline, attempts, last_error, created_at, updated_at, finished_at
+    deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
 ) VALUES (
     @id::uuid, @saga_type::text, @version::integer, @status::text, sqlc.narg('start_key')::text,
     @data::jsonb, @steps::jsonb, @current_step::integer, @phase::text,
     sqlc.narg('deadline')::timestamptz, @attempts::integer, @last_error::text,
-    @now::timestamptz, @now::timestamptz, sqlc.narg('finished_at')::timestamptz
+    @now::timestamptz, @now::timestamptz, sqlc.narg('finished_at')::timestamptz,
+    @traceparent::text, @tracestate::text
 )
 ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
 RETURNING *;

@@ -41,6 +41,9 @@ type SagaRecord struct {
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt *time.Time
+	// TraceParent and TraceState are the W3C trace context of the span that
+	// started the saga; empty without tracing.
+	TraceParent, TraceState string
 }
 
 // HistoryRecord is one entry of a saga's history.
@@ -64,6 +67,7 @@ func sagaRecord(r *dbsqlc.SagaboxSaga) SagaRecord {
 		Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep), Phase: r.Phase,
 		Revision: r.Revision, Deadline: r.Deadline, Attempts: int(r.Attempts), LastError: r.LastError,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt,
+		TraceParent: r.Traceparent, TraceState: r.Tracestate,
 	}
 	if r.StartKey != nil {
 		rec.StartKey = *r.StartKey
@@ -87,6 +91,7 @@ func (s *Store) SagaInsert(ctx context.Context, tx pgx.Tx, rec SagaRecord, now t
 		StartKey: nullable(rec.StartKey), Data: rec.Data, Steps: rec.Steps,
 		CurrentStep: int32(rec.CurrentStep), Phase: rec.Phase, Deadline: rec.Deadline,
 		Attempts: int32(rec.Attempts), LastError: rec.LastError, Now: now, FinishedAt: rec.FinishedAt,
+		Traceparent: rec.TraceParent, Tracestate: rec.TraceState,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		existing, err := s.queries.SagaGetByStartKey(ctx, s.db(tx), &dbsqlc.SagaGetByStartKeyParams{SagaType: rec.Type, StartKey: rec.StartKey})

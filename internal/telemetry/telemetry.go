@@ -302,6 +302,16 @@ func Inject(ctx context.Context) (traceparent, tracestate string) {
 	return carrier.Get("traceparent"), carrier.Get("tracestate")
 }
 
+// ExtractParent returns ctx with the remote span context of a stored W3C
+// trace context as its parent, unless ctx already carries a valid span or
+// traceparent is empty.
+func ExtractParent(ctx context.Context, traceparent, tracestate string) context.Context {
+	if traceparent == "" || trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
+	}
+	return propagator.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent, "tracestate": tracestate})
+}
+
 // Extract returns ctx with the remote span context carried by env.
 func Extract(ctx context.Context, env *transport.Envelope) context.Context {
 	if env.TraceParent == "" {

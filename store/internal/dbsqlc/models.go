@@ -138,6 +138,8 @@ type SagaboxSaga struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	FinishedAt  *time.Time
+	Traceparent string
+	Tracestate  string
 }
 
 type SagaboxSagaHistory struct {

@@ -13,7 +13,7 @@ import (
 )
 
 const sagaClaimDue = `-- name: SagaClaimDue :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
 WHERE deadline <= $1::timestamptz
   AND deadline IS NOT NULL
   AND status IN ('running', 'compensating')
@@ -56,6 +56,8 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
@@ -68,7 +70,7 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 }
 
 const sagaClaimDueOf = `-- name: SagaClaimDueOf :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= $1::timestamptz
   AND s.deadline IS NOT NULL
   AND s.status IN ('running', 'compensating')
@@ -121,6 +123,8 @@ func (q *Queries) SagaClaimDueOf(ctx context.Context, db DBTX, arg *SagaClaimDue
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
@@ -203,7 +207,7 @@ func (q *Queries) SagaDeleteFinishedBefore(ctx context.Context, db DBTX, arg *Sa
 }
 
 const sagaGet = `-- name: SagaGet :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
 `
 
 func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxSaga, error) {
@@ -226,12 +230,14 @@ func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxS
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return &i, err
 }
 
 const sagaGetByStartKey = `-- name: SagaGetByStartKey :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
 WHERE saga_type = $1::text AND start_key = $2::text
 `
 
@@ -260,12 +266,14 @@ func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetBy
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return &i, err
 }
 
 const sagaGetForUpdate = `-- name: SagaGetForUpdate :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid FOR UPDATE
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid FOR UPDATE
 `
 
 // Locks one saga so that its events are applied one at a time.
@@ -289,6 +297,8 @@ func (q *Queries) SagaGetForUpdate(ctx context.Context, db DBTX, id uuid.UUID) (
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return &i, err
 }
@@ -379,15 +389,16 @@ func (q *Queries) SagaHistoryList(ctx context.Context, db DBTX, sagaID uuid.UUID
 const sagaInsert = `-- name: SagaInsert :one
 INSERT INTO /* TEMPLATE: schema */sagabox_saga (
     id, saga_type, version, status, start_key, data, steps, current_step, phase,
-    deadline, attempts, last_error, created_at, updated_at, finished_at
+    deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
 ) VALUES (
     $1::uuid, $2::text, $3::integer, $4::text, $5::text,
     $6::jsonb, $7::jsonb, $8::integer, $9::text,
     $10::timestamptz, $11::integer, $12::text,
-    $13::timestamptz, $13::timestamptz, $14::timestamptz
+    $13::timestamptz, $13::timestamptz, $14::timestamptz,
+    $15::text, $16::text
 )
 ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
-RETURNING id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at
+RETURNING id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
 `
 
 type SagaInsertParams struct {
@@ -405,6 +416,8 @@ type SagaInsertParams struct {
 	LastError   string
 	Now         time.Time
 	FinishedAt  *time.Time
+	Traceparent string
+	Tracestate  string
 }
 
 // Inserts a saga in the caller's transaction. With a start key that already
@@ -425,6 +438,8 @@ func (q *Queries) SagaInsert(ctx context.Context, db DBTX, arg *SagaInsertParams
 		arg.LastError,
 		arg.Now,
 		arg.FinishedAt,
+		arg.Traceparent,
+		arg.Tracestate,
 	)
 	var i SagaboxSaga
 	err := row.Scan(
@@ -444,12 +459,14 @@ func (q *Queries) SagaInsert(ctx context.Context, db DBTX, arg *SagaInsertParams
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return &i, err
 }
 
 const sagaList = `-- name: SagaList :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
   AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
   AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
@@ -503,6 +520,8 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
