@@ -277,7 +277,7 @@ func (c *Client) processTx(ctx context.Context, tx pgx.Tx, d *transport.Delivery
 	if giveUp != nil {
 		return result{note: "dead-lettered"}, nil
 	}
-	if _, err := c.call(ctx, tx, h, d, data, attempt); err != nil {
+	if err := c.callIsolated(ctx, tx, h, d, data, attempt); err != nil {
 		return result{}, err
 	}
 	return result{note: "applied"}, nil
@@ -396,7 +396,7 @@ func (c *Client) compensation(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 			return result{}, err
 		}
 		if act.Outcome == store.BarrierApplied {
-			if _, err := c.call(ctx, tx, h, d, data, attempt); err != nil {
+			if err := c.callIsolated(ctx, tx, h, d, data, attempt); err != nil {
 				return result{}, err
 			}
 		} else {
@@ -420,6 +420,24 @@ func (c *Client) call(ctx context.Context, tx pgx.Tx, h *handler, d *transport.D
 		}
 	}()
 	return h.call(ctx, tx, &d.Envelope, data, attempt)
+}
+
+// callIsolated runs a compensation or event handler under a savepoint of tx,
+// as command handlers run: what the handler does to the transaction it is
+// given (even calling Commit or Rollback on it) cannot end the transaction
+// that also holds the inbox record, the barrier mark and the reply.
+func (c *Client) callIsolated(ctx context.Context, tx pgx.Tx, h *handler, d *transport.Delivery, data any, attempt int) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("create savepoint: %w", err)
+	}
+	if _, err := c.call(ctx, sp, h, d, data, attempt); err != nil {
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
 }
 
 // reply writes the reply to d to the outbox in tx. A reply carries the type
