@@ -265,118 +265,109 @@ func benchMessage(n int) transport.Message {
 // one by one, several publishers in parallel) at rate for d and returns the
 // publish→consume latency: what the broker alone costs per hop.
 func measureRawHop(ctx context.Context, broker transport.Publisher, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
-	var mu sync.Mutex
-	sent := map[uuid.UUID]time.Time{}
-	var latencies []time.Duration
-	total := int(rate * d.Seconds())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for len(latencies) < total {
-			select {
-			case id := <-arrivals:
-				now := time.Now()
-				mu.Lock()
-				at, ok := sent[id]
-				mu.Unlock()
-				if ok {
-					latencies = append(latencies, now.Sub(at))
-				}
-			case <-time.After(30 * time.Second):
-				return
-			}
-		}
-	}()
-	const publishers = 8
-	interval := time.Duration(float64(time.Second) * publishers / rate)
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
-	for p := range publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
-			for i := p; i < total; i += publishers {
-				<-tick.C
-				m := benchMessage(i)
-				m.Version, m.MessageID, m.RoutingKey, m.CreatedAt = transport.EnvelopeVersion, uuid.Must(uuid.NewV7()), m.Type, time.Now()
-				mu.Lock()
-				sent[m.MessageID] = time.Now()
-				mu.Unlock()
-				if err := broker.Publish(ctx, m); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	<-done
-	if err, ok := firstErr.Load().(error); ok {
-		return Percentiles{}, err
-	}
-	return percentiles(latencies), nil
+	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
+		m := benchMessage(i)
+		m.Version, m.MessageID, m.RoutingKey, m.CreatedAt = transport.EnvelopeVersion, uuid.Must(uuid.NewV7()), m.Type, time.Now()
+		start := time.Now()
+		return m.MessageID, start, broker.Publish(ctx, m)
+	})
 }
 
 // measureLatency commits single-row transactions at rate for d, waking the
 // relay after each commit as sagabox's own writers do, and returns the
 // commit→consume latency distribution.
 func measureLatency(ctx context.Context, st *store.Store, rl *relay.Relay, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
-	var mu sync.Mutex
-	committed := map[uuid.UUID]time.Time{}
-	var latencies []time.Duration
+	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
+		msg := []transport.Message{benchMessage(i)}
+		msg[0].MessageID = uuid.Must(uuid.NewV7())
+		if err := st.InTx(ctx, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) }); err != nil {
+			return uuid.Nil, time.Time{}, err
+		}
+		committed := time.Now()
+		rl.Wake()
+		return msg[0].MessageID, committed, nil
+	})
+}
+
+// measureHops calls send rate times a second for d, from several goroutines
+// so that the offered rate does not depend on one call's round trip, and
+// returns the distribution of the time from each hop's start (as send
+// reports it) to the message's arrival.
+func measureHops(ctx context.Context, arrivals <-chan uuid.UUID, rate float64, d time.Duration,
+	send func(ctx context.Context, i int) (uuid.UUID, time.Time, error),
+) (Percentiles, error) {
 	total := int(rate * d.Seconds())
-	done := make(chan struct{})
+	var mu sync.Mutex
+	started := make(map[uuid.UUID]time.Time, total)
+	arrived := make(map[uuid.UUID]time.Time, total)
+	collected := make(chan struct{})
+	stop := make(chan struct{})
 	go func() {
-		defer close(done)
-		for len(latencies) < total {
+		defer close(collected)
+		for {
 			select {
 			case id := <-arrivals:
-				now := time.Now()
 				mu.Lock()
-				at, ok := committed[id]
+				arrived[id] = time.Now()
 				mu.Unlock()
-				if ok {
-					latencies = append(latencies, now.Sub(at))
-				}
-			case <-time.After(30 * time.Second):
+			case <-stop:
 				return
 			}
 		}
 	}()
-	// Writers run in parallel so that the offered rate does not depend on
-	// one commit's round trip.
-	const writers = 8
-	interval := time.Duration(float64(time.Second) * writers / rate)
+
+	const senders = 8
+	interval := time.Duration(float64(time.Second) * senders / rate)
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for w := range senders {
+		wg.Go(func() {
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
-			for i := w; i < total; i += writers {
+			for i := w; i < total; i += senders {
 				<-tick.C
-				msg := []transport.Message{benchMessage(i)}
-				msg[0].MessageID = uuid.Must(uuid.NewV7())
-				err := st.InTx(ctx, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) })
+				id, at, err := send(ctx, i)
 				if err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
 				mu.Lock()
-				committed[msg[0].MessageID] = time.Now()
+				started[id] = at
 				mu.Unlock()
-				rl.Wake()
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	<-done
+	// Wait for the last arrivals (a message may even arrive before its
+	// sender recorded its start: both are matched at the end).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		missing := 0
+		for id := range started {
+			if _, ok := arrived[id]; !ok {
+				missing++
+			}
+		}
+		mu.Unlock()
+		if missing == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	<-collected
 	if err, ok := firstErr.Load().(error); ok {
 		return Percentiles{}, err
+	}
+	latencies := make([]time.Duration, 0, len(started))
+	for id, at := range started {
+		if got, ok := arrived[id]; ok {
+			latencies = append(latencies, got.Sub(at))
+		}
+	}
+	if len(latencies) < len(started) {
+		return Percentiles{}, fmt.Errorf("%d of %d messages did not arrive within 30 s", len(started)-len(latencies), len(started))
 	}
 	return percentiles(latencies), nil
 }
