@@ -239,7 +239,7 @@ func TestCheckoutShowsTraceAndMetrics(t *testing.T) {
 	t.Parallel()
 	var out lockedBuffer
 	w := notifyWriter{buf: &out, ch: make(chan struct{}, 1)}
-	args := append(isolated(t), "-orders", "40", "-fail-rate", "0", "-trace", "-metrics-addr", "127.0.0.1:0")
+	args := append(isolated(t), "-orders", "80", "-fail-rate", "0", "-trace", "-metrics-addr", "127.0.0.1:0")
 	done := make(chan int, 1)
 	go func() { done <- run(context.Background(), args, w, io.Discard) }()
 
