@@ -27,6 +27,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sagabox/sagabox/transport"
 )
@@ -55,6 +56,10 @@ var _ transport.Broker = (*Broker)(nil)
 type Broker struct {
 	cfg Config
 	log *slog.Logger
+	// malformed counts deliveries dead-lettered because they could not be
+	// decoded; the library's other dead letters are counted by the handler
+	// that decided them.
+	malformed metric.Int64Counter
 
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -101,12 +106,20 @@ func newBroker(ctx context.Context, cfg Config, blockedHook chan amqp.Blocking) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// The name, unit and attribute keys are those of internal/telemetry's
+	// dead-letter counter, so both land in one metric.
+	malformed, err := cfg.MeterProvider.Meter("github.com/sagabox/sagabox").Int64Counter("sagabox.dead_letters",
+		metric.WithUnit("{message}"), metric.WithDescription("Messages moved to a dead-letter queue, by reason class."))
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: create metrics: %w", err)
+	}
 	b := &Broker{
-		cfg:   cfg,
-		log:   cfg.Logger.With("component", "rabbitmq"),
-		done:  make(chan struct{}),
-		ready: make(chan struct{}),
-		specs: make(map[string]transport.QueueSpec),
+		malformed: malformed,
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "rabbitmq"),
+		done:      make(chan struct{}),
+		ready:     make(chan struct{}),
+		specs:     make(map[string]transport.QueueSpec),
 
 		blockedHook: blockedHook,
 	}

@@ -14,8 +14,10 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/telemetry/telemetrytest"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 	"github.com/sagabox/sagabox/transport/transporttest"
@@ -193,7 +195,8 @@ func TestGuaranteeNoLostMessageAcrossClosedConnection(t *testing.T) {
 func TestGuaranteePoisonInputDeadLettered(t *testing.T) {
 	t.Parallel()
 	const maxBytes = 4096
-	b := amqptest.NewBroker(t, rabbitmq.Config{MaxMessageBytes: maxBytes})
+	meter := telemetrytest.NewMeter(t)
+	b := amqptest.NewBroker(t, rabbitmq.Config{MaxMessageBytes: maxBytes, MeterProvider: meter.Provider})
 	ctx := testCtx(t)
 	require.NoError(t, b.Declare(ctx, spec))
 	handled := make(chan uuid.UUID, 16)
@@ -246,6 +249,10 @@ func TestGuaranteePoisonInputDeadLettered(t *testing.T) {
 			t.Fatalf("%s: good message not handled", tc.name)
 		}
 	}
+	// Each malformed delivery is counted once, as the library's other dead
+	// letters are.
+	require.EqualValues(t, 10, meter.Collect(t).Sum("sagabox.dead_letters",
+		attribute.String("sagabox.component", "rabbitmq"), attribute.String("sagabox.dead_letter.reason", "malformed")))
 }
 
 // TestHandlerPanicRetries checks that a panicking handler does not kill the

@@ -7,6 +7,9 @@ import (
 	"net/url"
 	"regexp"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // QueueType is the RabbitMQ queue type used for every queue the broker
@@ -105,6 +108,12 @@ type Config struct {
 	// Logger receives connection events and dead letters, with the
 	// attribute component=rabbitmq. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// MeterProvider creates the counter of messages the broker dead-letters
+	// itself because they cannot be decoded (sagabox.dead_letters with
+	// sagabox.component=rabbitmq and sagabox.dead_letter.reason=malformed).
+	// Defaults to the global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -141,6 +150,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
 	}
 	return c
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sagabox/sagabox/transport"
 )
@@ -160,6 +162,10 @@ func (b *Broker) consume(ctx context.Context, sess *session, spec transport.Queu
 func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
 	del, err := DecodeDelivery(d, b.cfg.MaxMessageBytes)
 	if err != nil {
+		b.malformed.Add(ctx, 1, metric.WithAttributes(
+			attribute.String("sagabox.component", "rabbitmq"),
+			attribute.String("sagabox.dead_letter.reason", "malformed"),
+			attribute.String("sagabox.queue", queue)))
 		b.deadLetter(ctx, queue, d, nil, "malformed message: "+err.Error(), false)
 		return
 	}
