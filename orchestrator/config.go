@@ -32,6 +32,11 @@ const (
 	// DefaultStopTimeout bounds the drain of replies and sweeps in flight
 	// when Run's context is cancelled.
 	DefaultStopTimeout = 30 * time.Second
+	// DefaultReplyMaxAttempts, DefaultReplyInitialInterval and
+	// DefaultReplyMaximumInterval are the defaults of ReplyRetry.
+	DefaultReplyMaxAttempts     = 10
+	DefaultReplyInitialInterval = time.Second
+	DefaultReplyMaximumInterval = 30 * time.Second
 	// DefaultSagaRetention is how long completed and compensated sagas (and
 	// their history) are kept.
 	DefaultSagaRetention = 30 * 24 * time.Hour
@@ -105,6 +110,17 @@ type Config struct {
 	// deadlines, timers, history and row timestamps) reads it, so that tests
 	// can drive time. Defaults to time.Now.
 	Clock func() time.Time
+
+	// ReplyRetry bounds the retries of a reply that cannot be applied for a
+	// reason other than an unreachable database (e.g. a local step that keeps
+	// failing): it is delivered again after the policy's backoff, and after
+	// MaxAttempts attempts it is dead-lettered and recorded on its saga
+	// (history entry reply-dead-lettered, LastError). A reply that fails
+	// because the database is unreachable is retried until it is back,
+	// without counting. Defaults to DefaultReplyMaxAttempts (10) attempts,
+	// DefaultReplyInitialInterval (1s) doubling up to
+	// DefaultReplyMaximumInterval (30s).
+	ReplyRetry saga.RetryPolicy
 
 	// StopTimeout bounds how long Run waits, after its context is cancelled,
 	// for the replies and sweeps in flight. Past it their transactions are
@@ -212,6 +228,15 @@ func (c Config) WithDefaults() Config {
 	if c.StopTimeout == 0 {
 		c.StopTimeout = DefaultStopTimeout
 	}
+	if c.ReplyRetry.MaxAttempts == 0 {
+		c.ReplyRetry.MaxAttempts = DefaultReplyMaxAttempts
+	}
+	if c.ReplyRetry.InitialInterval == 0 {
+		c.ReplyRetry.InitialInterval = DefaultReplyInitialInterval
+	}
+	if c.ReplyRetry.MaximumInterval == 0 {
+		c.ReplyRetry.MaximumInterval = max(DefaultReplyMaximumInterval, c.ReplyRetry.InitialInterval)
+	}
 	if c.Relay.BatchSize == 0 {
 		c.Relay.BatchSize = DefaultRelayBatchSize
 	}
@@ -280,6 +305,9 @@ func (c Config) validate() error {
 	}
 	if c.StopTimeout < 0 {
 		errs = append(errs, fmt.Errorf("StopTimeout %s is negative", c.StopTimeout))
+	}
+	if err := c.ReplyRetry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("ReplyRetry: %w", err))
 	}
 	if c.Relay.BatchSize < 1 {
 		errs = append(errs, fmt.Errorf("Relay.BatchSize %d is less than 1", c.Relay.BatchSize))

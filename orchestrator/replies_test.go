@@ -2,14 +2,18 @@ package orchestrator_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
 // A reply delivered twice, and a reply for a step that is already done,
@@ -80,4 +84,41 @@ func TestGuaranteeNoDoubleEffectDuplicateAndStaleReplies(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, applied, "the reserve reply is applied once")
+}
+
+// A reply that keeps failing to apply (here: a local step after it that
+// always errors) is retried a bounded number of times, then dead-lettered
+// with the reason and recorded on the saga: it does not loop forever.
+func TestGuaranteePoisonInputReplyRetriesAreBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := saga.MustNew("order", 1,
+		saga.Step("reserve",
+			saga.Invoke(Reserve, func(o *Order) ReserveReq { return ReserveReq{OrderID: o.ID, Qty: o.Qty} }, nil),
+			saga.Compensate(Release, func(o *Order) OrderRef { return OrderRef{OrderID: o.ID} }),
+		),
+		saga.LocalStep("book", func(context.Context, *Order) error { return errors.New("ledger unavailable") }),
+	)
+	run(t, e.inventory(false).Run)
+	cfg := e.orchConfig(def)
+	cfg.ReplyRetry = saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3}
+	ctx := context.Background()
+	require.NoError(t, e.broker.Declare(ctx, orchestratorQueue))
+	dead := amqptest.Consume(t, e.broker.DeadLetterQueueName(orchestratorQueue.Name))
+	c := e.runOrchestrator(cfg)
+	started := e.start(c, def, Order{ID: "poison-reply", Qty: 1}, nil)
+
+	dl := amqptest.Next(t, dead, 30*time.Second)
+	reason, _ := dl.Headers[rabbitmq.HeaderDeadLetterReason].(string)
+	require.Contains(t, reason, "reply could not be applied after 3 attempts: ")
+	require.Contains(t, reason, "ledger unavailable")
+
+	s, err := c.Get(ctx, started.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, s.Status, "the saga waits for an operator, visibly")
+	require.Contains(t, s.LastError, "after 3 attempts")
+	hist, err := c.History(ctx, started.ID)
+	require.NoError(t, err)
+	require.Equal(t, orchestrator.HistoryReplyDeadLettered, hist[len(hist)-1].Event)
+	require.Equal(t, 3, e.count(`SELECT attempts FROM %[1]s.sagabox_inbox_attempt WHERE dead_lettered_at IS NOT NULL`))
 }

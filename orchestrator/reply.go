@@ -41,10 +41,10 @@ const (
 	// failure or deadlock is retried at once before the reply goes back to
 	// the queue.
 	txRetries = 5
-	// replyRetryDelay is how long a reply whose processing failed for a
-	// transient reason (database down, local step error) waits before it
-	// is delivered again.
-	replyRetryDelay = time.Second
+	// databaseRetryDelay is how long a reply that could not be applied
+	// because the database is unreachable waits before it is delivered
+	// again. Such failures do not count against ReplyRetry.
+	databaseRetryDelay = time.Second
 )
 
 // replyOutcome is what processing one reply amounted to.
@@ -107,8 +107,7 @@ func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transpo
 			log.Warn("reply not applied: stopping; it will be redelivered", "err", err)
 			return transport.Retry(0)
 		}
-		log.Error("reply not applied; will retry", "err", err, "retry_in", replyRetryDelay)
-		return transport.Retry(replyRetryDelay)
+		return c.retryReply(ctx, d, log, err)
 	}
 	inbox := telemetry.InboxNew
 	if out == replyDuplicate {
@@ -138,6 +137,34 @@ func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transpo
 	span.SetAttributes(telemetry.AttrOutcome.String(outcome))
 	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, outcome)
 	return transport.Ack()
+}
+
+// retryReply decides what becomes of a reply that could not be applied:
+// delivered again after a backoff, or, once ReplyRetry.MaxAttempts attempts
+// failed, dead-lettered and recorded on its saga. Attempts are counted in
+// the inbox attempt table, outside the rolled-back transaction; failures to
+// reach the database are not counted.
+func (c *Client) retryReply(ctx context.Context, d *transport.Delivery, log *slog.Logger, cause error) transport.Outcome {
+	if store.IsConnectionError(cause) {
+		log.Warn("reply not applied: database unreachable; will retry", "err", cause, "retry_in", databaseRetryDelay)
+		return transport.Retry(databaseRetryDelay)
+	}
+	attempts, err := c.store.InboxAttemptRecord(ctx, &d.Envelope, cause.Error())
+	if err != nil {
+		log.Warn("reply not applied, and its attempt could not be recorded; will retry", "err", cause, "record_err", err, "retry_in", databaseRetryDelay)
+		return transport.Retry(databaseRetryDelay)
+	}
+	if attempts >= c.cfg.ReplyRetry.MaxAttempts {
+		reason := fmt.Sprintf("reply could not be applied after %d attempts: %v", attempts, cause)
+		if err := c.store.InboxAttemptMarkDeadLettered(ctx, nil, &d.Envelope, reason); err != nil {
+			log.Warn("could not mark the reply's attempts dead-lettered", "err", err)
+		}
+		c.recordUnapplied(ctx, d, reason)
+		return c.deadLetterReply(ctx, d, log, telemetry.ReasonRetriesExhausted, reason)
+	}
+	delay := c.cfg.ReplyRetry.Backoff(attempts)
+	log.Error("reply not applied; will retry", "err", cause, "delivery_attempt", attempts, "retry_in", delay)
+	return transport.Retry(delay)
 }
 
 // deadLetterReply dead-letters d, logging and counting it once.
