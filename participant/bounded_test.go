@@ -5,13 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -100,4 +104,63 @@ func TestGuaranteePoisonInputUnstorableEnvelope(t *testing.T) {
 		}
 	}
 	require.Equal(t, 96, e.stock("good"))
+}
+
+// A message whose handler keeps failing waits for its next attempt without
+// holding a worker (DESIGN §4.8: the queue keeps flowing). With one worker
+// and a backoff of seconds, two good commands, each published once the one
+// before was answered, are answered before the failing message's second
+// attempt; the failing message still ends dead-lettered after MaxAttempts,
+// with its failure reply. Only the order of events is asserted: a worker
+// held for the backoff would take the failing message's second attempt
+// before the second good command.
+func TestGuaranteePoisonInputRetryingMessageDoesNotStallQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.setStock("good", 10)
+	var mu sync.Mutex
+	var badAttempts []int // DeliveryAttempt of each run of the failing handler
+	e.newClient(func(cfg *participant.Config) {
+		cfg.Workers = 1
+		// Delays drawn from [2.5s, 5s]: the 5s retry queue.
+		cfg.Retry = saga.RetryPolicy{InitialInterval: 5 * time.Second, MaximumInterval: 5 * time.Second, MaxAttempts: 3}
+	}, func(c *participant.Client) {
+		participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+			if req.Data.SKU == "bad" {
+				mu.Lock()
+				badAttempts = append(badAttempts, req.DeliveryAttempt)
+				mu.Unlock()
+				return ReserveReply{}, errors.New("downstream is down")
+			}
+			return ReserveReply{Remaining: 1}, nil
+		})
+	})
+	dlq := amqptestConsume(t, e.broker.DeadLetterQueueName(service))
+	attempts := func(id uuid.UUID) int {
+		a, err := e.store.InboxAttemptGet(context.Background(), id)
+		if errors.Is(err, store.ErrNotFound) {
+			return 0
+		}
+		require.NoError(t, err)
+		return a.Attempts
+	}
+
+	bad := reserve(uuid.New(), "bad", 1)
+	e.publish(bad)
+	eventually(t, func() bool { return attempts(bad.MessageID) >= 1 }, "the failing message's first attempt")
+	for range 2 {
+		good := reserve(uuid.New(), "good", 1)
+		e.publish(good)
+		requireSuccess(t, e.replies.wait(t, good.MessageID))
+	}
+	require.Equal(t, 1, attempts(bad.MessageID), "good commands published after the failing message's first attempt are answered before its second")
+	require.Zero(t, e.replies.count(bad.MessageID), "the failing message is still retrying")
+
+	f := requireFailure(t, e.replies.wait(t, bad.MessageID), participant.CodeDeadLettered)
+	require.Contains(t, f.Reason, "gave up after 3 attempts")
+	require.Equal(t, bad.MessageID.String(), nextDeadLetter(t, dlq).id)
+	require.Equal(t, 3, attempts(bad.MessageID))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{1, 2, 3}, badAttempts, "each attempt knows its number: the retried copies read as redelivered")
 }

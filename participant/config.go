@@ -38,8 +38,11 @@ const (
 	DefaultInitialInterval = time.Second
 	// DefaultBackoffCoefficient is the growth factor of the retry delay.
 	DefaultBackoffCoefficient = 2.0
-	// DefaultMaximumInterval caps the retry delay. It is short because the
-	// broker adapter holds a worker while a delivery waits for its retry.
+	// DefaultMaximumInterval caps the retry delay. A message waiting for its
+	// retry holds no worker (the broker parks it; the RabbitMQ adapter rounds
+	// the delay up to 1s, 5s, 30s or 2m), so the cap only bounds how long a
+	// failing message takes to reach the dead-letter queue: with the other
+	// defaults, about three minutes.
 	DefaultMaximumInterval = 30 * time.Second
 	// DefaultMaxAttempts is how many times a message is processed before it
 	// is dead-lettered, the first attempt included.
@@ -93,10 +96,11 @@ type Config struct {
 	// but a rejection, or a panic) is retried, and after how many attempts
 	// (MaxAttempts, the first included) it is dead-lettered. The delay before
 	// attempt n+1 is InitialInterval × BackoffCoefficient^(n-1), capped at
-	// MaximumInterval, drawn from its upper half (jitter). Zero fields take
-	// the participant's defaults, not saga.RetryPolicy's: DefaultInitialInterval
-	// (1s), DefaultBackoffCoefficient (2), DefaultMaximumInterval (30s) and
-	// DefaultMaxAttempts (10).
+	// MaximumInterval, drawn from its upper half (jitter); the broker may
+	// round it up (see transport.Retry). No worker is held meanwhile. Zero
+	// fields take the participant's defaults, not saga.RetryPolicy's:
+	// DefaultInitialInterval (1s), DefaultBackoffCoefficient (2),
+	// DefaultMaximumInterval (30s) and DefaultMaxAttempts (10).
 	Retry saga.RetryPolicy
 
 	// MaxPayloadBytes is the largest payload accepted; a larger one is

@@ -212,7 +212,8 @@ type Action int
 const (
 	// ActionAck removes the message from the queue.
 	ActionAck Action = iota
-	// ActionRetry returns the message to the queue after Outcome.Delay.
+	// ActionRetry returns the message to the queue after Outcome.Delay,
+	// holding nothing meanwhile (see Retry).
 	ActionRetry
 	// ActionDeadLetter moves the message to the queue's dead-letter queue with
 	// Outcome.Reason recorded, then removes it from the queue.
@@ -222,8 +223,8 @@ const (
 // Outcome is a handler's verdict on one delivery.
 type Outcome struct {
 	Action Action
-	// Delay is how long to wait before the message is delivered again
-	// (ActionRetry only).
+	// Delay is the least time before the message is delivered again
+	// (ActionRetry only); 0 returns it to its queue at once.
 	Delay time.Duration
 	// Reason is recorded with a dead-lettered message (ActionDeadLetter only).
 	Reason string
@@ -233,6 +234,15 @@ type Outcome struct {
 func Ack() Outcome { return Outcome{Action: ActionAck} }
 
 // Retry returns the outcome that redelivers a message after delay.
+//
+// With delay 0 the message goes back to its queue at once. With a positive
+// delay the subscriber holds neither the message nor a handler goroutine
+// while it waits, so the other messages of the queue keep flowing: the
+// message is parked by the broker and comes back no sooner than delay (a
+// backend may round delay up to one of a few fixed steps; the RabbitMQ
+// adapter uses 1s, 5s, 30s and 2m), with Delivery.Redelivered set and
+// Delivery.Retries one higher. As with any redelivery, the message may also
+// come back twice; receivers deduplicate on its MessageID.
 func Retry(delay time.Duration) Outcome { return Outcome{Action: ActionRetry, Delay: delay} }
 
 // DeadLetter returns the outcome that moves a message to the dead-letter queue
@@ -244,8 +254,13 @@ type Delivery struct {
 	Message
 	// Queue is the logical queue name the message was consumed from.
 	Queue string
-	// Redelivered is true when the broker may have delivered it before.
+	// Redelivered is true when the message may have been delivered before:
+	// the broker says so, or it comes back from a delayed Retry.
 	Redelivered bool
+	// Retries is how many times the message was sent back with a delayed
+	// Retry before this delivery; 0 on its first delivery. Redeliveries by
+	// the broker (Retry(0), a lost connection) do not count.
+	Retries int
 }
 
 // Handler processes deliveries. It must be safe for concurrent use: a
@@ -283,8 +298,9 @@ type SubscribeOpts struct {
 
 // Subscriber consumes queues.
 type Subscriber interface {
-	// Declare creates the queue described by spec, its bindings and its
-	// dead-letter queue. It is idempotent.
+	// Declare creates the queue described by spec, its bindings, its
+	// dead-letter queue and whatever the backend needs to delay retries. It
+	// is idempotent.
 	Declare(ctx context.Context, spec QueueSpec) error
 	// Subscribe declares spec and hands each delivery to h until ctx is
 	// cancelled, then waits for the handlers in flight and returns nil.

@@ -163,8 +163,8 @@ func NewBroker(t testing.TB, cfg rabbitmq.Config) *rabbitmq.Broker {
 	return b
 }
 
-// DeleteTopology deletes the exchanges of b's namespace and the queues (and
-// dead-letter queues) declared through b.
+// DeleteTopology deletes the exchanges of b's namespace and the queues (with
+// their dead-letter and retry queues) declared through b.
 func DeleteTopology(t testing.TB, b *rabbitmq.Broker) {
 	t.Helper()
 	conn, err := amqp.Dial(URL(t))
@@ -180,7 +180,11 @@ func DeleteTopology(t testing.TB, b *rabbitmq.Broker) {
 	}
 	defer func() { _ = ch.Close() }()
 	for _, q := range b.DeclaredQueues() {
-		for _, name := range []string{b.QueueName(q), b.DeadLetterQueueName(q)} {
+		names := []string{b.QueueName(q), b.DeadLetterQueueName(q)}
+		for _, d := range rabbitmq.RetryDelays() {
+			names = append(names, b.RetryQueueName(q, d))
+		}
+		for _, name := range names {
 			if _, err := ch.QueueDelete(name, false, false, false); err != nil {
 				t.Errorf("amqptest: delete queue %s: %v", name, err)
 				return

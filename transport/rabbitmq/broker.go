@@ -12,6 +12,12 @@
 // "shop.replies" (direct), "shop.events" (topic) and "shop.dead-letter"
 // (direct); the queue of QueueSpec{Name: "inventory"} is "shop.inventory" and
 // its dead-letter queue "shop.inventory.dead-letter".
+//
+// A delayed transport.Retry holds nothing while it waits: the adapter parks
+// a confirmed copy of the message in one of the queue's retry queues,
+// "shop.inventory.retry.1s", ".retry.5s", ".retry.30s" and ".retry.2m"
+// (the shortest not below the delay asked for), acknowledges the original,
+// and the copy expires back into "shop.inventory". See RetryDelays.
 package rabbitmq
 
 import (
@@ -56,10 +62,11 @@ var _ transport.Broker = (*Broker)(nil)
 type Broker struct {
 	cfg Config
 	log *slog.Logger
-	// malformed counts deliveries dead-lettered because they could not be
-	// decoded; the library's other dead letters are counted by the handler
-	// that decided them.
-	malformed metric.Int64Counter
+	// adapterDeadLetters counts deliveries the adapter dead-letters on its
+	// own: they could not be decoded, or reached DeliveryLimit; the
+	// library's other dead letters are counted by the handler that decided
+	// them.
+	adapterDeadLetters metric.Int64Counter
 
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -108,18 +115,18 @@ func newBroker(ctx context.Context, cfg Config, blockedHook chan amqp.Blocking) 
 	}
 	// The name, unit and attribute keys are those of internal/telemetry's
 	// dead-letter counter, so both land in one metric.
-	malformed, err := cfg.MeterProvider.Meter("github.com/sagabox/sagabox").Int64Counter("sagabox.dead_letters",
+	adapterDeadLetters, err := cfg.MeterProvider.Meter("github.com/sagabox/sagabox").Int64Counter("sagabox.dead_letters",
 		metric.WithUnit("{message}"), metric.WithDescription("Messages moved to a dead-letter queue, by reason class."))
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: create metrics: %w", err)
 	}
 	b := &Broker{
-		malformed: malformed,
-		cfg:       cfg,
-		log:       cfg.Logger.With("component", "rabbitmq"),
-		done:      make(chan struct{}),
-		ready:     make(chan struct{}),
-		specs:     make(map[string]transport.QueueSpec),
+		adapterDeadLetters: adapterDeadLetters,
+		cfg:                cfg,
+		log:                cfg.Logger.With("component", "rabbitmq"),
+		done:               make(chan struct{}),
+		ready:              make(chan struct{}),
+		specs:              make(map[string]transport.QueueSpec),
 
 		blockedHook: blockedHook,
 	}

@@ -34,6 +34,14 @@ const (
 	HeaderTraceState  = "tracestate"
 	HeaderUserPrefix  = "x-sagabox-header-"
 
+	// HeaderRetries and HeaderRoutingKey are set on the copy of a message
+	// that a delayed Retry parks in a retry queue: how many delayed retries
+	// the message has had (transport.Delivery.Retries), and the routing key
+	// it was first published with, which dead-lettering out of the retry
+	// queue replaces.
+	HeaderRetries    = "x-sagabox-retries"
+	HeaderRoutingKey = "x-sagabox-routing-key"
+
 	// HeaderDeadLetterReason, HeaderDeadLetterQueue and HeaderDeadLetterAt
 	// are added to a message copied to a dead-letter queue.
 	HeaderDeadLetterReason = "x-sagabox-dead-letter-reason"
@@ -98,11 +106,13 @@ func setString(h amqp.Table, k, v string) {
 }
 
 // DecodeDelivery maps an AMQP delivery back to a transport.Delivery (its
-// Queue left empty). It rejects, with an error a person can act on: an empty
+// Queue left empty). A message back from a retry queue gets its first
+// routing key (HeaderRoutingKey), its Retries count (HeaderRetries) and
+// Redelivered set. It rejects, with an error a person can act on: an empty
 // body, a body over maxBytes (when positive), a content type other than
 // application/json, a body that is not valid UTF-8 JSON, a missing or
-// malformed message id, a missing type, an envelope header of the wrong type,
-// an unknown envelope version and an envelope that fails
+// malformed message id, a missing type, an envelope or retry header of the
+// wrong type, an unknown envelope version and an envelope that fails
 // transport.Envelope.Validate.
 func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) {
 	if len(d.Body) == 0 {
@@ -165,6 +175,13 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 	env.Attempt, _ = h.int(HeaderAttempt)
 	env.TraceParent, _ = h.string(HeaderTraceParent)
 	env.TraceState, _ = h.string(HeaderTraceState)
+	if rk, ok := h.string(HeaderRoutingKey); ok {
+		env.RoutingKey = rk
+	}
+	retries, _ := h.int(HeaderRetries)
+	if retries < 0 {
+		return nil, fmt.Errorf("header %s %d is negative", HeaderRetries, retries)
+	}
 	if s, ok := h.string(HeaderCreatedAt); ok {
 		t, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {
@@ -196,7 +213,8 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 	}
 	return &transport.Delivery{
 		Message:     transport.Message{Envelope: env, Payload: d.Body},
-		Redelivered: d.Redelivered,
+		Redelivered: d.Redelivered || retries > 0,
+		Retries:     retries,
 	}, nil
 }
 

@@ -49,6 +49,31 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	require.Equal(t, m, d.Message)
 }
 
+// A message back from a retry queue arrives with the retry queue's
+// dead-letter routing key and the broker's redelivered flag unset; its
+// envelope is the one first published, and it reads as redelivered.
+func TestDecodeRetriedCopy(t *testing.T) {
+	t.Parallel()
+	m := transporttest.Command("inventory.reserve")
+	p, err := rabbitmq.EncodeMessage(m)
+	require.NoError(t, err)
+	p.Headers[rabbitmq.HeaderRetries] = int64(2)
+	p.Headers[rabbitmq.HeaderRoutingKey] = m.RoutingKey
+
+	d, err := rabbitmq.DecodeDelivery(asDelivery(p, "sagabox.inventory"), 0)
+	require.NoError(t, err)
+	require.Equal(t, m, d.Message)
+	require.True(t, d.Redelivered)
+	require.Equal(t, 2, d.Retries)
+
+	delete(p.Headers, rabbitmq.HeaderRetries)
+	delete(p.Headers, rabbitmq.HeaderRoutingKey)
+	first, err := rabbitmq.DecodeDelivery(asDelivery(p, m.RoutingKey), 0)
+	require.NoError(t, err)
+	require.False(t, first.Redelivered)
+	require.Zero(t, first.Retries)
+}
+
 func TestEncodeRejects(t *testing.T) {
 	t.Parallel()
 	for name, mut := range map[string]func(*transport.Message){
@@ -93,6 +118,9 @@ func TestDecodeDeliveryErrors(t *testing.T) {
 		{"unknown kind", func(d *amqp.Delivery) { d.Headers[rabbitmq.HeaderKind] = "shout" }, `kind "shout"`},
 		{"command without saga", func(d *amqp.Delivery) { delete(d.Headers, rabbitmq.HeaderSagaID) }, "saga_id is missing"},
 		{"user header not string", func(d *amqp.Delivery) { d.Headers["x-sagabox-header-n"] = int64(1) }, "want a string"},
+		{"retries not a number", func(d *amqp.Delivery) { d.Headers[rabbitmq.HeaderRetries] = "1" }, "x-sagabox-retries has type string, want an integer"},
+		{"negative retries", func(d *amqp.Delivery) { d.Headers[rabbitmq.HeaderRetries] = int64(-1) }, "x-sagabox-retries -1 is negative"},
+		{"routing key not a string", func(d *amqp.Delivery) { d.Headers[rabbitmq.HeaderRoutingKey] = int64(1) }, "x-sagabox-routing-key has type int64, want a string"},
 	} {
 		d := good()
 		tc.mut(&d)

@@ -51,21 +51,26 @@ type Config struct {
 	// several systems (or tests) share one vhost without seeing each other's
 	// messages: exchanges "<ns>.commands" (direct), "<ns>.replies" (direct),
 	// "<ns>.events" (topic) and "<ns>.dead-letter" (direct); a service queue
-	// "<ns>.<name>" and its dead-letter queue "<ns>.<name>.dead-letter". It may
+	// "<ns>.<name>", its dead-letter queue "<ns>.<name>.dead-letter" and its
+	// retry queues "<ns>.<name>.retry.<delay>" (see RetryDelays). It may
 	// contain letters, digits, '.', '_' and '-'. Defaults to DefaultNamespace
 	// ("sagabox").
 	Namespace string
 
-	// QueueType is the type of every queue declared. Changing it for an
+	// QueueType is the type of every queue declared, retry queues included
+	// (quorum retry queues need RabbitMQ 3.10 or later). Changing it for an
 	// existing queue fails the declaration: RabbitMQ cannot convert a queue.
 	// Defaults to DefaultQueueType (quorum).
 	QueueType QueueType
 
 	// DeliveryLimit, when positive, sets x-delivery-limit on quorum queues:
 	// the broker dead-letters a message (into the queue's dead-letter queue)
-	// after that many failed deliveries. It is a safety net under the
-	// handler's own retry policy. Ignored for classic queues. Defaults to 0,
-	// no limit.
+	// after that many failed deliveries. A delayed Retry puts a new copy of
+	// the message in the queue, which the broker counts afresh, so the
+	// adapter applies the limit to those itself: a message already retried
+	// DeliveryLimit times with a delay is dead-lettered instead. It is a
+	// safety net under the handler's own retry policy. Ignored for classic
+	// queues. Defaults to 0, no limit.
 	DeliveryLimit int
 
 	// ConfirmTimeout bounds how long Publish waits for the broker to confirm
@@ -110,9 +115,10 @@ type Config struct {
 	Logger *slog.Logger
 
 	// MeterProvider creates the counter of messages the broker dead-letters
-	// itself because they cannot be decoded (sagabox.dead_letters with
-	// sagabox.component=rabbitmq and sagabox.dead_letter.reason=malformed).
-	// Defaults to the global provider.
+	// itself (sagabox.dead_letters with sagabox.component=rabbitmq and
+	// sagabox.dead_letter.reason=malformed when they cannot be decoded,
+	// delivery_limit when they reached DeliveryLimit). Defaults to the
+	// global provider.
 	MeterProvider metric.MeterProvider
 }
 

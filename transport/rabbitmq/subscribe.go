@@ -29,8 +29,11 @@ const (
 // opts.Concurrency goroutines with a prefetch of opts.Prefetch, until ctx is
 // cancelled; then it waits for the handlers in flight and returns nil.
 //
-// The handler's Outcome decides: Ack acknowledges; Retry(d) waits d (or
-// until ctx is cancelled) and returns the message to the queue; DeadLetter
+// The handler's Outcome decides: Ack acknowledges; Retry(0) returns the
+// message to the queue at once; Retry(d) parks a copy of it in the retry
+// queue for d rounded up to one of RetryDelays (the copy is confirmed, then
+// the message acknowledged), from which it comes back to the queue with
+// Delivery.Redelivered set and Delivery.Retries incremented; DeadLetter
 // copies the message, with the reason, to the queue's dead-letter queue
 // (confirmed) and then acknowledges it. A delivery that cannot be decoded is
 // dead-lettered without calling h. A handler that panics is treated as
@@ -162,7 +165,7 @@ func (b *Broker) consume(ctx context.Context, sess *session, spec transport.Queu
 func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
 	del, err := DecodeDelivery(d, b.cfg.MaxMessageBytes)
 	if err != nil {
-		b.malformed.Add(ctx, 1, metric.WithAttributes(
+		b.adapterDeadLetters.Add(ctx, 1, metric.WithAttributes(
 			attribute.String("sagabox.component", "rabbitmq"),
 			attribute.String("sagabox.dead_letter.reason", "malformed"),
 			attribute.String("sagabox.queue", queue)))
@@ -180,8 +183,78 @@ func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Han
 		if out.Action != transport.ActionRetry {
 			b.log.Error("rabbitmq handler returned an unknown action; retrying", "queue", queue, "message_id", d.MessageId, "action", int(out.Action))
 		}
-		sleepCtx(ctx, out.Delay)
+		b.retry(ctx, name, queue, d, del, out.Delay)
+	}
+}
+
+// retry returns d to its queue: at once for a delay of 0 (nack with
+// requeue); otherwise it parks a copy of d in the retry queue for the delay
+// (confirmed) and then acknowledges d, holding neither d nor the calling
+// goroutine while the copy waits. The copy keeps d's body, properties and
+// headers, with HeaderRetries incremented and HeaderRoutingKey set. If the
+// copy cannot be confirmed, d waits out the delay here and goes back to its
+// queue as before: it is never lost. On a quorum queue with a DeliveryLimit,
+// a message already retried that many times is dead-lettered instead.
+func (b *Broker) retry(ctx context.Context, name, queue string, d amqp.Delivery, del *transport.Delivery, delay time.Duration) {
+	if delay <= 0 {
 		b.settle(d.Nack(false, true), queue, d, "nack")
+		return
+	}
+	if b.cfg.QueueType == QueueTypeQuorum && b.cfg.DeliveryLimit > 0 && del.Retries >= b.cfg.DeliveryLimit {
+		b.adapterDeadLetters.Add(ctx, 1, metric.WithAttributes(
+			attribute.String("sagabox.component", "rabbitmq"),
+			attribute.String("sagabox.dead_letter.reason", "delivery_limit"),
+			attribute.String("sagabox.queue", queue)))
+		b.deadLetter(ctx, queue, d, &del.Envelope, fmt.Sprintf("delivery limit reached: retried %d times (Config.DeliveryLimit %d)", del.Retries, b.cfg.DeliveryLimit), false)
+		return
+	}
+	rq := b.RetryQueueName(name, delay)
+	attrs := []any{"queue", queue, "message_id", d.MessageId, "saga_id", del.SagaID.String(), "type", d.Type, "retry_queue", rq}
+	headers := maps.Clone(d.Headers)
+	if headers == nil {
+		headers = amqp.Table{}
+	}
+	headers[HeaderRetries] = int64(del.Retries + 1)
+	headers[HeaderRoutingKey] = del.RoutingKey
+	err := headers.Validate()
+	if err == nil {
+		// The decision is taken: finish it even if ctx is being cancelled.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.ConfirmTimeout)
+		var failed map[int]error
+		// The default exchange routes to the retry queue by its name.
+		failed, err = b.publish(pctx, []pubItem{{exchange: "", key: rq, msg: copyOf(d, headers)}})
+		cancel()
+		if err == nil {
+			err = failed[0]
+		}
+	}
+	if err != nil {
+		b.log.Warn("rabbitmq delayed retry could not be scheduled; holding the message for its delay", append(attrs, "retry_in", delay, "err", err)...)
+		sleepCtx(ctx, delay)
+		b.settle(d.Nack(false, true), queue, d, "nack")
+		return
+	}
+	// If this ack is lost, d is redelivered and the copy comes back too:
+	// one more duplicate, which receivers deduplicate.
+	b.settle(d.Ack(false), queue, d, "ack")
+}
+
+// copyOf returns a persistent publishing with d's body, properties (but
+// user id and expiration) and the given headers.
+func copyOf(d amqp.Delivery, headers amqp.Table) amqp.Publishing {
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
 	}
 }
 
@@ -228,20 +301,7 @@ func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, 
 			HeaderDeadLetterAt:     now.Format(time.RFC3339Nano),
 		}
 	}
-	msg := amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
+	msg := copyOf(d, headers)
 	attrs := []any{"queue", queue, "message_id", d.MessageId, "type", d.Type, "reason", reason}
 	if env != nil {
 		attrs = append(attrs, "saga_id", env.SagaID.String())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -17,6 +18,46 @@ import (
 const ExchangeDeadLetter = "dead-letter"
 
 const deadLetterSuffix = ".dead-letter"
+
+// retryDelays are the delays of the retry queues of every service queue,
+// shortest first. A delayed Retry waits in the queue of the shortest delay
+// not below the one asked for (the longest for longer delays).
+var retryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute}
+
+const retryInfix = ".retry."
+
+// RetryDelays returns the delays of the retry queues declared for every
+// service queue: 1s, 5s, 30s and 2m. A delayed transport.Retry waits in the
+// retry queue of the shortest of them that is not below the delay asked for,
+// or of the longest.
+func RetryDelays() []time.Duration { return slices.Clone(retryDelays) }
+
+// retryDelay returns the retry queue delay used for a Retry of d > 0.
+func retryDelay(d time.Duration) time.Duration {
+	for _, r := range retryDelays {
+		if d <= r {
+			return r
+		}
+	}
+	return retryDelays[len(retryDelays)-1]
+}
+
+// delayLabel names a retry delay in queue names: "1s", "30s", "2m".
+func delayLabel(d time.Duration) string {
+	if d >= time.Minute && d%time.Minute == 0 {
+		return fmt.Sprintf("%dm", d/time.Minute)
+	}
+	return fmt.Sprintf("%ds", d/time.Second)
+}
+
+// RetryQueueName returns the name of the retry queue of a logical queue
+// that holds messages retried with the given delay (rounded up to one of
+// RetryDelays): "<namespace>.<name>.retry.<delay>", e.g.
+// "sagabox.inventory.retry.5s". Messages expire from it after its delay
+// and go back to "<namespace>.<name>".
+func (b *Broker) RetryQueueName(name string, delay time.Duration) string {
+	return b.cfg.Namespace + "." + name + retryInfix + delayLabel(retryDelay(delay))
+}
 
 // ExchangeName returns the exchange name of a logical exchange
 // (transport.ExchangeCommands, ExchangeReplies, ExchangeEvents or
@@ -100,6 +141,11 @@ func validateSpec(spec transport.QueueSpec) error {
 	if strings.HasSuffix(spec.Name, deadLetterSuffix) {
 		errs = append(errs, fmt.Errorf("name %q must not end in %s", spec.Name, deadLetterSuffix))
 	}
+	for _, d := range retryDelays {
+		if suffix := retryInfix + delayLabel(d); strings.HasSuffix(spec.Name, suffix) {
+			errs = append(errs, fmt.Errorf("name %q must not end in %s", spec.Name, suffix))
+		}
+	}
 	for _, c := range spec.Commands {
 		if strings.TrimSpace(c) == "" {
 			errs = append(errs, errors.New("commands: empty type"))
@@ -150,8 +196,8 @@ func (b *Broker) declareAll(ctx context.Context, conn *amqp.Connection) error {
 	return nil
 }
 
-// declareSpec declares the queue of spec, its dead-letter queue and its
-// bindings on ch.
+// declareSpec declares the queue of spec, its dead-letter queue, its retry
+// queues and its bindings on ch.
 func (b *Broker) declareSpec(ch *amqp.Channel, spec transport.QueueSpec) error {
 	q, dlq := b.QueueName(spec.Name), b.DeadLetterQueueName(spec.Name)
 	fail := func(what string, err error) error {
@@ -179,6 +225,12 @@ func (b *Broker) declareSpec(ch *amqp.Channel, spec transport.QueueSpec) error {
 	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
 		return fail("declare "+q, err)
 	}
+	for _, d := range retryDelays {
+		rq := b.RetryQueueName(spec.Name, d)
+		if _, err := ch.QueueDeclare(rq, true, false, false, false, b.retryQueueArgs(q, d)); err != nil {
+			return fail("declare "+rq, err)
+		}
+	}
 	for _, c := range spec.Commands {
 		if err := ch.QueueBind(q, c, b.ExchangeName(transport.ExchangeCommands), false, nil); err != nil {
 			return fail("bind command "+c, err)
@@ -195,4 +247,25 @@ func (b *Broker) declareSpec(ch *amqp.Channel, spec transport.QueueSpec) error {
 		}
 	}
 	return nil
+}
+
+// retryQueueArgs returns the arguments of the retry queue of the service
+// queue q with delay d. Nothing consumes it: its messages expire after d
+// (a per-queue TTL, so the head is always the first to expire) and are
+// dead-lettered through the default exchange straight to q. Quorum retry
+// queues dead-letter at least once (RabbitMQ 3.10+): a message leaves the
+// retry queue only once q has confirmed it, which needs x-overflow
+// reject-publish.
+func (b *Broker) retryQueueArgs(q string, d time.Duration) amqp.Table {
+	args := amqp.Table{
+		amqp.QueueTypeArg:           string(b.cfg.QueueType),
+		amqp.QueueMessageTTLArg:     d.Milliseconds(),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": q,
+	}
+	if b.cfg.QueueType == QueueTypeQuorum {
+		args["x-dead-letter-strategy"] = "at-least-once"
+		args[amqp.QueueOverflowArg] = amqp.QueueOverflowRejectPublish
+	}
+	return args
 }

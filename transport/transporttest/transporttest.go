@@ -81,6 +81,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 		{"BatchPipelinedAllDelivered", s.batch},
 		{"UnroutableFailsOnlyThatMessage", s.unroutable},
 		{"RetryRedelivers", s.retry},
+		{"DelayedRetryHoldsNoWorker", s.delayedRetry},
 		{"DeadLetterRecordsReason", s.deadLetter},
 		{"MalformedInputDeadLettered", s.malformed},
 		{"SubscribeReturnsOnCancelAfterDraining", s.cancel},
@@ -269,27 +270,84 @@ func (s suite) unroutable(t *testing.T) {
 }
 
 func (s suite) retry(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		delay       time.Duration
+		wantRetries int
+	}{
+		{"at once", 0, 0},
+		{"delayed", 10 * time.Millisecond, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, _ := s.broker(t)
+			ctx := ctxT(t)
+			require.NoError(t, b.Declare(ctx, spec))
+			msg := Command("svc.do")
+			require.NoError(t, b.Publish(ctx, msg))
+
+			var calls atomic.Int32
+			seen := make(chan *transport.Delivery, 2)
+			subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+				seen <- d
+				if calls.Add(1) == 1 {
+					return transport.Retry(tc.delay)
+				}
+				return transport.Ack()
+			}), nil)
+			first, second := next(t, seen), next(t, seen)
+			require.Equal(t, msg.MessageID, first.MessageID)
+			require.Equal(t, msg.MessageID, second.MessageID)
+			require.False(t, first.Redelivered)
+			require.Zero(t, first.Retries)
+			require.True(t, second.Redelivered)
+			require.Equal(t, tc.wantRetries, second.Retries)
+			require.Equal(t, first.Envelope, second.Envelope, "the envelope never changes on redelivery")
+			require.Equal(t, first.Payload, second.Payload)
+		})
+	}
+}
+
+// delayedRetry checks that a delayed Retry holds no handler goroutine while
+// it waits (DESIGN §4.8: the queue keeps flowing). With a single handler
+// goroutine, message A is retried with a delay once; B, published after A
+// was handled, and then C, published after B was handled, must both be
+// handled before A comes back. Only the order of events is asserted: an
+// adapter that held its only goroutine for the delay could not handle B
+// before A's delay ended, and A would be back before C.
+func (s suite) delayedRetry(t *testing.T) {
 	b, _ := s.broker(t)
 	ctx := ctxT(t)
 	require.NoError(t, b.Declare(ctx, spec))
-	msg := Command("svc.do")
-	require.NoError(t, b.Publish(ctx, msg))
+	a := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, a))
 
-	var calls atomic.Int32
-	seen := make(chan *transport.Delivery, 2)
+	var retried atomic.Bool
+	seen := make(chan *transport.Delivery, 16)
 	subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
-		if calls.Add(1) == 1 {
-			seen <- d
-			return transport.Retry(10 * time.Millisecond)
-		}
 		seen <- d
+		if d.MessageID == a.MessageID && retried.CompareAndSwap(false, true) {
+			return transport.Retry(5 * time.Second)
+		}
 		return transport.Ack()
-	}), nil)
-	first, second := next(t, seen), next(t, seen)
-	require.Equal(t, msg.MessageID, first.MessageID)
-	require.Equal(t, msg.MessageID, second.MessageID)
+	}), &transport.SubscribeOpts{Concurrency: 1})
+
+	first := next(t, seen)
+	require.Equal(t, a.MessageID, first.MessageID)
 	require.False(t, first.Redelivered)
-	require.True(t, second.Redelivered)
+	for _, label := range []string{"B", "C"} {
+		m := Command("svc.do")
+		require.NoError(t, b.Publish(ctx, m))
+		got := next(t, seen)
+		require.Equal(t, m.MessageID, got.MessageID,
+			"message %s, published while A waits for its delayed retry, must be handled before A comes back (got %s, A is %s)", label, got.MessageID, a.MessageID)
+	}
+	back := next(t, seen)
+	require.Equal(t, a.MessageID, back.MessageID, "A comes back after its delay")
+	require.True(t, back.Redelivered)
+	require.Equal(t, 1, back.Retries)
+	require.Equal(t, first.Envelope, back.Envelope, "the envelope never changes on redelivery")
+	require.Equal(t, first.Payload, back.Payload)
 }
 
 func next[T any](t *testing.T, ch <-chan T) T {
