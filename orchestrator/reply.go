@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/lifecycle"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -146,8 +147,12 @@ func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transpo
 // reach the database are not counted.
 func (c *Client) retryReply(ctx context.Context, d *transport.Delivery, log *slog.Logger, cause error) transport.Outcome {
 	if store.IsConnectionError(cause) {
+		// The database is down for every reply: hold this one (and the
+		// worker) for the delay, then put it back, rather than cycling the
+		// whole backlog through the broker's retry queues.
 		log.Warn("reply not applied: database unreachable; will retry", "err", cause, "retry_in", databaseRetryDelay)
-		return transport.Retry(databaseRetryDelay)
+		lifecycle.Pause(ctx, databaseRetryDelay)
+		return transport.Retry(0)
 	}
 	attempts, err := c.store.InboxAttemptRecord(ctx, &d.Envelope, cause.Error())
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/lifecycle"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -232,7 +233,11 @@ func (c *Client) infraRetry(ctx context.Context, d *transport.Delivery, err erro
 	if err != nil {
 		c.log.Warn("cannot process message; retrying", append(logAttrs(d), "retry_in", delay, "err", err)...)
 	}
-	return transport.Retry(delay)
+	// The database is down for every message: hold this one (and the
+	// worker) for the delay, then put it back, rather than cycling the
+	// whole backlog through the broker's retry queues.
+	lifecycle.Pause(ctx, delay)
+	return transport.Retry(0)
 }
 
 // process runs the processing transaction of d, again at once when it

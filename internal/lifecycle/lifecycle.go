@@ -42,3 +42,18 @@ func DrainContext(parent context.Context, stopTimeout time.Duration, onTimeout f
 		})
 	}
 }
+
+// Pause waits d, or until ctx is done, and reports whether the whole wait
+// elapsed. Consumers use it while a dependency is down: nothing can make
+// progress, so holding the delivery (and the worker) for the delay beats
+// cycling every queued message through a retry queue.
+func Pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

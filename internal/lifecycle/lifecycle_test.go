@@ -36,3 +36,11 @@ func TestDrainContextReleaseEndsItWithoutTimeout(t *testing.T) {
 	require.Error(t, ctx.Err())
 	require.False(t, timedOut.Load())
 }
+
+func TestPause(t *testing.T) {
+	t.Parallel()
+	require.True(t, Pause(context.Background(), time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.False(t, Pause(ctx, time.Hour), "a cancelled context ends the pause")
+}
