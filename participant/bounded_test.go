@@ -11,12 +11,15 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/amqptest"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
 // Handler bugs that fail the same way on every attempt are retried
@@ -163,4 +166,49 @@ func TestGuaranteePoisonInputRetryingMessageDoesNotStallQueue(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []int{1, 2, 3}, badAttempts, "each attempt knows its number: the retried copies read as redelivered")
+}
+
+// A message that reaches the give-up path although another delivery of it
+// was processed (a concurrent copy, a commit reported as failed that went
+// through) is acknowledged as a duplicate, not dead-lettered: it is done,
+// not poison. Here its attempts are at the limit and it comes back as a
+// delayed-retry copy, as it would after a failed attempt.
+func TestGiveUpOnAProcessedMessageAcknowledgesIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.setStock("done", 10)
+	e.newClient(func(cfg *participant.Config) { cfg.Workers = 1 }, nil)
+	dlq := amqptestConsume(t, e.broker.DeadLetterQueueName(service))
+	ctx := context.Background()
+
+	cmd := reserve(uuid.New(), "done", 2)
+	e.publish(cmd)
+	requireSuccess(t, e.replies.wait(t, cmd.MessageID))
+	for range 3 { // MaxAttempts in the tests' config
+		_, err := e.store.InboxAttemptRecord(ctx, &cmd.Envelope, "failed before it succeeded elsewhere")
+		require.NoError(t, err)
+	}
+
+	copyOf, err := rabbitmq.EncodeMessage(cmd)
+	require.NoError(t, err)
+	copyOf.Headers[rabbitmq.HeaderRetries] = int32(1)
+	copyOf.Headers[rabbitmq.HeaderRoutingKey] = cmd.RoutingKey
+	amqptest.PublishRaw(t, e.broker.ExchangeName(transport.ExchangeCommands), cmd.RoutingKey, copyOf)
+	// With one worker, a poison message published next is handled after
+	// the copy: the first dead letter must be that one.
+	poison := message(uuid.New(), "reserve", transport.KindCommand, "inventory.unknown", map[string]int{"n": 1})
+	amqptest.PublishRaw(t, e.broker.ExchangeName(transport.ExchangeCommands), cmd.RoutingKey, mustEncode(t, poison))
+
+	dead := nextDeadLetter(t, dlq)
+	require.Equal(t, poison.MessageID.String(), dead.id, "the processed message was not dead-lettered")
+	require.Equal(t, 1, e.duplicates(cmd.MessageID))
+	require.Equal(t, 8, e.stock("done"), "applied once")
+	require.Equal(t, 1, e.outboxReplies(cmd.MessageID))
+}
+
+func mustEncode(t *testing.T, m transport.Message) amqp.Publishing {
+	t.Helper()
+	p, err := rabbitmq.EncodeMessage(m)
+	require.NoError(t, err)
+	return p
 }

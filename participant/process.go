@@ -195,6 +195,13 @@ func (c *Client) deadLetter(ctx context.Context, d *transport.Delivery, class st
 	attrs := logAttrs(d)
 	res, err := c.process(ctx, d, nil, nil, 0, &f)
 	switch {
+	case err == nil && res.duplicate && !c.wasDeadLettered(ctx, d):
+		// Another delivery of this message was processed meanwhile (a
+		// concurrent copy, or a commit reported as failed that went
+		// through): it is done, not poison.
+		c.inboxOutcome(ctx, d, true)
+		c.log.Info("message given up on was processed by another delivery; acknowledged", logAttrs(d)...)
+		return transport.Ack()
 	case err == nil:
 		c.inboxOutcome(ctx, d, res.duplicate)
 		if !res.duplicate {
@@ -216,6 +223,17 @@ func (c *Client) deadLetter(ctx context.Context, d *transport.Delivery, class st
 	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeDeadLetter)
 	c.log.Error("message dead-lettered", append(attrs, "reason", f.Reason, "reason_class", class, "code", f.Code)...)
 	return transport.DeadLetter(f.Reason)
+}
+
+// wasDeadLettered reports whether an earlier delivery of d was given up on
+// (dead-lettered); a failure to read says yes, so that the message is
+// dead-lettered again rather than dropped.
+func (c *Client) wasDeadLettered(ctx context.Context, d *transport.Delivery) bool {
+	a, err := c.store.InboxAttemptGet(ctx, d.MessageID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false
+	}
+	return err != nil || a.DeadLetteredAt != nil
 }
 
 // infraRetry retries a delivery that failed for want of Postgres, pacing
