@@ -84,7 +84,8 @@ func Namespace(t testing.TB) string {
 }
 
 // ConnectionName returns the connection name tests use for namespace ns.
-// CloseConnections selects connections by it.
+// CloseConnections selects connections by it (a rabbitmq.Broker names its two
+// connections "<name>.publish" and "<name>.consume").
 func ConnectionName(ns string) string { return "sagabox-test-" + ns }
 
 // Logger returns a logger writing to t.Log at level Warn and above. It stops
@@ -284,17 +285,21 @@ func QueueLength(t testing.TB, queue string) int {
 }
 
 // CloseConnections force-closes, with rabbitmqctl close_connection, every
-// connection whose client-provided name is name, and returns how many it
-// closed. Selecting by name leaves other tests' connections alone.
+// connection whose client-provided name is name or starts with name and a
+// dot (both connections of a rabbitmq.Broker with ConnectionName name:
+// "<name>.publish" and "<name>.consume"), and returns how many it closed.
+// Selecting by name leaves other tests' connections alone, including those
+// of brokers named name+"-suffix".
 func CloseConnections(t testing.TB, name string) int {
 	t.Helper()
 	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()
 	require.NoError(t, err, "rabbitmqctl list_connections: %s", out)
-	needle := fmt.Sprintf(`{"connection_name","%s"}`, name)
+	exact := fmt.Sprintf(`{"connection_name","%s"}`, name)
+	prefix := fmt.Sprintf(`{"connection_name","%s.`, name)
 	n := 0
 	for line := range bytes.Lines(out) {
 		pid, props, ok := strings.Cut(strings.TrimSpace(string(line)), "\t")
-		if !ok || !strings.Contains(props, needle) {
+		if !ok || (!strings.Contains(props, exact) && !strings.Contains(props, prefix)) {
 			continue
 		}
 		out, err := exec.Command("rabbitmqctl", "-q", "close_connection", pid, "closed by amqptest").CombinedOutput()

@@ -1,12 +1,24 @@
 // Package rabbitmq is the RabbitMQ adapter of package transport, built on
 // github.com/rabbitmq/amqp091-go.
 //
-// A Broker owns one AMQP connection. It declares a namespaced topology
-// (durable exchanges, quorum or classic queues, a dead-letter queue per
-// service queue), publishes batches with pipelined publisher confirms and
-// mandatory routing, consumes with prefetch and manual acknowledgement, and
-// reconnects on its own with exponential backoff: publishing resumes and
-// every running Subscribe re-subscribes after the connection comes back.
+// A Broker owns two AMQP connections, as RabbitMQ advises: one that publishes
+// ("<ConnectionName>.publish") and one that consumes
+// ("<ConnectionName>.consume"). During a memory or disk alarm RabbitMQ blocks
+// the connections that publish, and a blocked connection stops reading
+// everything, acknowledgements included; with its own connection a consumer
+// keeps draining its queues, which is what clears the alarm. The consuming
+// connection never publishes: the dead-letter and delayed-retry copies that
+// Subscribe publishes go through the publishing connection, so while it is
+// blocked they fail fast and the delivery returns to its queue instead of
+// stalling the consumer (see Subscribe).
+//
+// The broker declares a namespaced topology (durable exchanges, quorum or
+// classic queues, a dead-letter queue per service queue), publishes batches
+// with pipelined publisher confirms and mandatory routing, consumes with
+// prefetch and manual acknowledgement, and reconnects each connection on its
+// own with exponential backoff: publishing resumes after the publishing
+// connection comes back, and every running Subscribe re-subscribes after the
+// consuming connection comes back.
 //
 // Names: with Namespace "shop", the exchanges are "shop.commands" (direct),
 // "shop.replies" (direct), "shop.events" (topic) and "shop.dead-letter"
@@ -42,11 +54,11 @@ import (
 var (
 	// ErrClosed is returned by calls on a closed Broker.
 	ErrClosed = errors.New("rabbitmq: broker closed")
-	// ErrNotConnected is returned by Publish while the connection is down
-	// and being re-established. Retry later.
+	// ErrNotConnected is returned by Publish while the publishing
+	// connection is down and being re-established. Retry later.
 	ErrNotConnected = errors.New("rabbitmq: not connected to the broker (reconnecting)")
 	// ErrBlocked is returned by Publish while the broker blocks the
-	// connection (a memory or disk alarm). Retry later.
+	// publishing connection (a memory or disk alarm). Retry later.
 	ErrBlocked = errors.New("rabbitmq: connection blocked by the broker")
 	// ErrUnroutable is the per-message error of a message that no queue is
 	// bound to receive.
@@ -57,8 +69,8 @@ var (
 
 var _ transport.Broker = (*Broker)(nil)
 
-// Broker is a transport.Broker over one RabbitMQ connection. It is safe for
-// concurrent use.
+// Broker is a transport.Broker over two RabbitMQ connections, one for
+// publishing and one for consuming. It is safe for concurrent use.
 type Broker struct {
 	cfg Config
 	log *slog.Logger
@@ -70,24 +82,49 @@ type Broker struct {
 
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
-	wg        sync.WaitGroup // the connection manager
+	wg        sync.WaitGroup // the two connection managers
+
+	// pub carries Publish and the copies Subscribe publishes; con carries
+	// Subscribe (consuming, acknowledging) and Declare. Only pub ever
+	// publishes, so only pub can be blocked by a broker alarm.
+	pub, con link
 
 	mu     sync.Mutex
-	sess   *session      // nil while disconnected
-	ready  chan struct{} // closed when sess becomes non-nil
 	specs  map[string]transport.QueueSpec
 	queues []string // logical queue names, in declaration order
 
-	// blockedHook, when set (tests), replaces the connection's
+	// blockedHook, when set (tests), replaces the publishing connection's
 	// NotifyBlocked channel.
 	blockedHook chan amqp.Blocking
+}
+
+// Connection roles, the suffixes of the connection names.
+const (
+	rolePublish = "publish"
+	roleConsume = "consume"
+)
+
+// link is one of the broker's connections: its role and its live session.
+type link struct {
+	role string
+
+	mu    sync.Mutex
+	sess  *session      // nil while disconnected
+	ready chan struct{} // closed when sess becomes non-nil
+}
+
+// current returns the live session, or nil while disconnected.
+func (l *link) current() *session {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sess
 }
 
 // session is one live connection and the goroutines serving it.
 type session struct {
 	conn   *amqp.Connection
-	lost   chan struct{} // closed once the connection is gone
-	pubReq chan *pubRequest
+	lost   chan struct{}    // closed once the connection is gone
+	pubReq chan *pubRequest // served on the publishing connection only
 	wg     sync.WaitGroup
 
 	mu            sync.Mutex
@@ -101,9 +138,10 @@ func (s *session) blockState() (string, <-chan struct{}) {
 	return s.blockedReason, s.blocked
 }
 
-// New connects to RabbitMQ and declares the exchanges of cfg.Namespace. A
-// failure to connect is returned at once (New does not retry); after New
-// succeeds the broker reconnects on its own.
+// New opens the publishing and the consuming connection to RabbitMQ and
+// declares the exchanges of cfg.Namespace. A failure to connect is returned
+// at once (New does not retry); after New succeeds the broker reconnects on
+// its own.
 func New(ctx context.Context, cfg Config) (*Broker, error) {
 	return newBroker(ctx, cfg, nil)
 }
@@ -125,21 +163,28 @@ func newBroker(ctx context.Context, cfg Config, blockedHook chan amqp.Blocking) 
 		cfg:                cfg,
 		log:                cfg.Logger.With("component", "rabbitmq"),
 		done:               make(chan struct{}),
-		ready:              make(chan struct{}),
+		pub:                link{role: rolePublish, ready: make(chan struct{})},
+		con:                link{role: roleConsume, ready: make(chan struct{})},
 		specs:              make(map[string]transport.QueueSpec),
 
 		blockedHook: blockedHook,
 	}
-	sess, err := b.connect(ctx)
+	pubSess, err := b.connect(ctx, &b.pub)
 	if err != nil {
 		return nil, err
 	}
-	b.wg.Add(1)
-	go b.run(sess)
+	conSess, err := b.connect(ctx, &b.con)
+	if err != nil {
+		_ = pubSess.conn.Close()
+		return nil, err
+	}
+	b.wg.Add(2)
+	go b.run(&b.pub, pubSess)
+	go b.run(&b.con, conSess)
 	return b, nil
 }
 
-// Close closes the connection and stops reconnecting. Publish and Declare
+// Close closes both connections and stops reconnecting. Publish and Declare
 // calls in flight fail; running Subscribe calls return ErrClosed after their
 // handlers finish. Close is idempotent.
 func (b *Broker) Close() error {
@@ -157,10 +202,12 @@ func (b *Broker) closed() bool {
 	}
 }
 
-// connect dials, declares the topology and starts the session's publishers.
-func (b *Broker) connect(ctx context.Context) (*session, error) {
+// connect dials the connection of l and declares the topology on it. Both
+// connections declare it, so that each finds its exchanges and queues after
+// a broker restart whichever comes back first.
+func (b *Broker) connect(ctx context.Context, l *link) (*session, error) {
 	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(b.cfg.ConnectionName)
+	props.SetClientConnectionName(b.cfg.ConnectionName + "." + l.role)
 	props["product"] = "sagabox"
 	for k, v := range b.cfg.ClientProperties {
 		props[k] = v
@@ -190,40 +237,43 @@ func (b *Broker) connect(ctx context.Context) (*session, error) {
 	return sess, nil
 }
 
-// run is the connection manager: it serves a session until its connection
-// is lost, then reconnects with backoff, until Close.
-func (b *Broker) run(sess *session) {
+// run is the manager of l's connection: it serves a session until its
+// connection is lost, then reconnects with backoff, until Close.
+func (b *Broker) run(l *link, sess *session) {
 	defer b.wg.Done()
 	for {
-		if b.serve(sess) {
+		if b.serve(l, sess) {
 			return
 		}
-		sess = b.reconnect()
+		sess = b.reconnect(l)
 		if sess == nil {
 			return
 		}
 	}
 }
 
-// serve publishes sess, starts its workers and waits until its connection
-// is lost (false) or the broker is closed (true).
-func (b *Broker) serve(sess *session) (closed bool) {
+// serve makes sess the live session of l, starts its workers (publishers
+// and the blocked-state watcher on the publishing connection) and waits until
+// its connection is lost (false) or the broker is closed (true).
+func (b *Broker) serve(l *link, sess *session) (closed bool) {
 	closeCh := sess.conn.NotifyClose(make(chan *amqp.Error, 1))
-	blockCh := b.blockedHook
-	if blockCh == nil {
-		blockCh = sess.conn.NotifyBlocked(make(chan amqp.Blocking, 1))
-	}
-	for range b.cfg.PublishChannels {
+	if l.role == rolePublish {
+		blockCh := b.blockedHook
+		if blockCh == nil {
+			blockCh = sess.conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+		}
+		for range b.cfg.PublishChannels {
+			sess.wg.Add(1)
+			go b.publisher(sess)
+		}
 		sess.wg.Add(1)
-		go b.publisher(sess)
+		go b.watchBlocked(sess, blockCh)
 	}
-	sess.wg.Add(1)
-	go b.watchBlocked(sess, blockCh)
 
-	b.mu.Lock()
-	b.sess = sess
-	close(b.ready)
-	b.mu.Unlock()
+	l.mu.Lock()
+	l.sess = sess
+	close(l.ready)
+	l.mu.Unlock()
 
 	var cause *amqp.Error
 	select {
@@ -232,15 +282,15 @@ func (b *Broker) serve(sess *session) (closed bool) {
 		closed = true
 	}
 
-	b.mu.Lock()
-	b.sess = nil
-	b.ready = make(chan struct{})
-	b.mu.Unlock()
+	l.mu.Lock()
+	l.sess = nil
+	l.ready = make(chan struct{})
+	l.mu.Unlock()
 	close(sess.lost)
 	if closed {
 		_ = sess.conn.Close()
 	} else {
-		b.log.Warn("rabbitmq connection lost; reconnecting", "err", redactErr(b.cfg.URL, causeErr(cause)))
+		b.log.Warn("rabbitmq connection lost; reconnecting", "connection", l.role, "err", redactErr(b.cfg.URL, causeErr(cause)))
 		_ = sess.conn.Close()
 	}
 	sess.wg.Wait()
@@ -254,8 +304,9 @@ func causeErr(e *amqp.Error) error {
 	return e
 }
 
-// watchBlocked tracks connection.blocked/unblocked notifications so that
-// Publish fails fast while the broker has an alarm.
+// watchBlocked tracks connection.blocked/unblocked notifications of the
+// publishing connection so that Publish fails fast while the broker has an
+// alarm.
 func (b *Broker) watchBlocked(sess *session, ch <-chan amqp.Blocking) {
 	defer sess.wg.Done()
 	for {
@@ -270,11 +321,11 @@ func (b *Broker) watchBlocked(sess *session, ch <-chan amqp.Blocking) {
 				sess.blockedReason = bl.Reason
 				sess.blocked = make(chan struct{})
 				close(sess.blocked)
-				b.log.Warn("rabbitmq connection blocked by the broker; publishing fails until it is unblocked", "reason", bl.Reason)
+				b.log.Warn("rabbitmq connection blocked by the broker; publishing fails until it is unblocked", "connection", rolePublish, "reason", bl.Reason)
 			case !bl.Active && sess.blocked != nil:
 				sess.blockedReason = ""
 				sess.blocked = nil
-				b.log.Info("rabbitmq connection unblocked")
+				b.log.Info("rabbitmq connection unblocked", "connection", rolePublish)
 			}
 			sess.mu.Unlock()
 		case <-sess.lost:
@@ -283,9 +334,9 @@ func (b *Broker) watchBlocked(sess *session, ch <-chan amqp.Blocking) {
 	}
 }
 
-// reconnect dials with exponential backoff and jitter until it succeeds
-// (returning the new session) or the broker is closed (nil).
-func (b *Broker) reconnect() *session {
+// reconnect dials l's connection with exponential backoff and jitter until
+// it succeeds (returning the new session) or the broker is closed (nil).
+func (b *Broker) reconnect(l *link) *session {
 	start := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -300,9 +351,9 @@ func (b *Broker) reconnect() *session {
 		if !sleepCtx(ctx, backoff(b.cfg.ReconnectMin, b.cfg.ReconnectMax, attempt)) {
 			return nil
 		}
-		sess, err := b.connect(ctx)
+		sess, err := b.connect(ctx, l)
 		if err == nil {
-			b.log.Info("rabbitmq connection restored", "attempts", attempt, "downtime", time.Since(start).Round(time.Millisecond))
+			b.log.Info("rabbitmq connection restored", "connection", l.role, "attempts", attempt, "downtime", time.Since(start).Round(time.Millisecond))
 			return sess
 		}
 		if ctx.Err() != nil {
@@ -312,7 +363,7 @@ func (b *Broker) reconnect() *session {
 		if attempt%10 == 1 {
 			lvl = slog.LevelWarn
 		}
-		b.log.Log(ctx, lvl, "rabbitmq reconnect failed", "attempt", attempt, "err", err)
+		b.log.Log(ctx, lvl, "rabbitmq reconnect failed", "connection", l.role, "attempt", attempt, "err", err)
 	}
 }
 
@@ -346,20 +397,13 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// current returns the live session, or nil while disconnected.
-func (b *Broker) current() *session {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.sess
-}
-
-// awaitSession waits until a session is live, ctx is done or the broker is
-// closed.
-func (b *Broker) awaitSession(ctx context.Context) (*session, error) {
+// awaitSession waits until a session of l is live, ctx is done or the
+// broker is closed.
+func (b *Broker) awaitSession(ctx context.Context, l *link) (*session, error) {
 	for {
-		b.mu.Lock()
-		sess, ready := b.sess, b.ready
-		b.mu.Unlock()
+		l.mu.Lock()
+		sess, ready := l.sess, l.ready
+		l.mu.Unlock()
 		if sess != nil {
 			return sess, nil
 		}

@@ -312,6 +312,75 @@ func TestPublishFailsFastWhenBlocked(t *testing.T) {
 	require.NoError(t, b.Publish(ctx, transporttest.Command("svc.do")))
 }
 
+// TestGuaranteeConsumptionContinuesWhilePublisherBlocked blocks the
+// broker's publishing connection (through the hook, as above) and checks that
+// its consumer still receives and acknowledges messages published through
+// another broker: with Prefetch 1 each delivery after the first proves the
+// previous ack went through. A dead letter decided meanwhile cannot be
+// published yet: the delivery goes back to its queue, is not lost, and
+// reaches the dead-letter queue once the connection is unblocked.
+func TestGuaranteeConsumptionContinuesWhilePublisherBlocked(t *testing.T) {
+	t.Parallel()
+	cfg := amqptest.Config(t)
+	hook := make(chan amqp.Blocking)
+	b, err := rabbitmq.NewWithBlockedHook(testCtx(t), cfg, hook)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(); amqptest.DeleteTopology(t, b) })
+	ctx := testCtx(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	other := amqptest.NewBroker(t, rabbitmq.Config{Namespace: cfg.Namespace, ConnectionName: cfg.ConnectionName + "-other"})
+	dls := amqptest.Consume(t, b.DeadLetterQueueName(spec.Name))
+
+	poison := transporttest.Command("svc.do")
+	poisonSeen := make(chan struct{}, 1)
+	got := newIDSet()
+	runSubscriber(t, b, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		if d.MessageID == poison.MessageID {
+			select {
+			case poisonSeen <- struct{}{}:
+			default:
+			}
+			return transport.DeadLetter("poison")
+		}
+		got.add(d.MessageID)
+		return transport.Ack()
+	}), &transport.SubscribeOpts{Concurrency: 1, Prefetch: 1})
+
+	hook <- amqp.Blocking{Active: true, Reason: "low on disk"}
+	hook <- amqp.Blocking{Active: true, Reason: "low on disk"} // see TestPublishFailsFastWhenBlocked
+	err = b.Publish(ctx, transporttest.Command("svc.do"))
+	require.ErrorIs(t, err, rabbitmq.ErrBlocked)
+
+	batch := make([]transport.Message, 20)
+	ids := make([]uuid.UUID, len(batch))
+	for i := range batch {
+		batch[i] = transporttest.Command("svc.do")
+		ids[i] = batch[i].MessageID
+	}
+	require.NoError(t, other.Publish(ctx, batch...))
+	got.waitFor(t, "every message consumed while the publisher is blocked", func() bool { return got.missing(ids) == 0 })
+
+	// The dead-letter copy goes through the blocked publishing connection:
+	// it fails, and the delivery is requeued and handled again.
+	require.NoError(t, other.Publish(ctx, poison))
+	for range 2 {
+		select {
+		case <-poisonSeen:
+		case <-time.After(wait):
+			t.Fatal("poison message not redelivered while the publisher is blocked")
+		}
+	}
+	require.ErrorIs(t, b.Publish(ctx, transporttest.Command("svc.do")), rabbitmq.ErrBlocked)
+
+	hook <- amqp.Blocking{Active: false}
+	hook <- amqp.Blocking{Active: false}
+	dl := amqptest.Next(t, dls, wait)
+	require.Equal(t, poison.MessageID.String(), dl.MessageId)
+	after := transporttest.Command("svc.do")
+	require.NoError(t, b.Publish(ctx, after))
+	got.waitFor(t, "a message published after unblocking", func() bool { return got.missing([]uuid.UUID{after.MessageID}) == 0 })
+}
+
 // TestPasswordNeverInErrors dials a closed port and a wrong password with a
 // password in the URL: neither the error nor the logs contain it.
 func TestPasswordNeverInErrors(t *testing.T) {

@@ -101,9 +101,10 @@ type Config struct {
 	// DefaultPublishChannels (2).
 	PublishChannels int
 
-	// ConnectionName is shown by RabbitMQ (connection_name client property)
-	// in its management UI and rabbitmqctl. Defaults to DefaultConnectionName
-	// ("sagabox").
+	// ConnectionName names the broker's connections as RabbitMQ shows them
+	// (connection_name client property) in its management UI and rabbitmqctl:
+	// "<ConnectionName>.publish" and "<ConnectionName>.consume". Defaults to
+	// DefaultConnectionName ("sagabox").
 	ConnectionName string
 
 	// ClientProperties are extra client properties advertised to the broker.

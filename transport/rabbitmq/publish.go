@@ -36,9 +36,10 @@ type pubResult struct {
 // Config.ConfirmTimeout. It returns nil when all were confirmed and a
 // *transport.PublishError naming the failed ones otherwise: unroutable
 // (ErrUnroutable), refused (ErrNacked), invalid or oversized messages, and
-// messages whose confirm did not arrive in time. While the connection is down
-// or blocked by a broker alarm it fails at once with ErrNotConnected or
-// ErrBlocked: nothing was published.
+// messages whose confirm did not arrive in time. While the publishing
+// connection is down or blocked by a broker alarm it fails at once with
+// ErrNotConnected or ErrBlocked: nothing was published. Consuming goes on
+// meanwhile, on the broker's other connection.
 func (b *Broker) Publish(ctx context.Context, msgs ...transport.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -76,13 +77,14 @@ func (b *Broker) Publish(ctx context.Context, msgs ...transport.Message) error {
 	return &transport.PublishError{Failed: failed}
 }
 
-// publish hands items to a publisher goroutine of the live session and
-// waits for its verdict. A non-nil error means none of items was published.
+// publish hands items to a publisher goroutine of the live session of the
+// publishing connection and waits for its verdict. A non-nil error means
+// none of items was published.
 func (b *Broker) publish(ctx context.Context, items []pubItem) (map[int]error, error) {
 	if b.closed() {
 		return nil, ErrClosed
 	}
-	sess := b.current()
+	sess := b.pub.current()
 	if sess == nil {
 		return nil, ErrNotConnected
 	}

@@ -39,8 +39,17 @@ const (
 // dead-lettered without calling h. A handler that panics is treated as
 // Retry(1s) and logged.
 //
-// When the connection is lost Subscribe waits for the broker to reconnect
-// and resumes; deliveries that were in flight are redelivered by RabbitMQ.
+// Subscribe consumes and acknowledges on the broker's consuming connection,
+// which never publishes; the dead-letter and retry copies are published on
+// the publishing connection. So a broker alarm, which blocks only publishing
+// connections, never stalls consuming or acknowledging: while the publishing
+// connection is blocked (or down) a copy fails at once and its delivery goes
+// back to the queue instead (a dead letter after a second; a delayed retry
+// after its delay), to be settled again once publishing is possible.
+//
+// When the consuming connection is lost Subscribe waits for the broker to
+// reconnect and resumes; deliveries that were in flight are redelivered by
+// RabbitMQ.
 // It returns ErrClosed when the broker is closed, and an error when spec
 // cannot be declared as asked (for instance a queue that exists with
 // another type).
@@ -63,7 +72,7 @@ func (b *Broker) Subscribe(ctx context.Context, spec transport.QueueSpec, h tran
 	}
 	log := b.log.With("queue", b.QueueName(spec.Name))
 	for attempt := 1; ; attempt++ {
-		sess, err := b.awaitSession(ctx)
+		sess, err := b.awaitSession(ctx, &b.con)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -189,7 +198,8 @@ func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Han
 
 // retry returns d to its queue: at once for a delay of 0 (nack with
 // requeue); otherwise it parks a copy of d in the retry queue for the delay
-// (confirmed) and then acknowledges d, holding neither d nor the calling
+// (published and confirmed on the publishing connection) and then
+// acknowledges d, holding neither d nor the calling
 // goroutine while the copy waits. The copy keeps d's body, properties and
 // headers, with HeaderRetries incremented and HeaderRoutingKey set. If the
 // copy cannot be confirmed, d waits out the delay here and goes back to its
@@ -279,8 +289,8 @@ func (b *Broker) settle(err error, queue string, d amqp.Delivery, what string) {
 }
 
 // deadLetter publishes a copy of d, with reason, to the dead-letter exchange
-// (routing key = queue) and acknowledges d once the broker confirmed the
-// copy. If the copy cannot be confirmed, d goes back to its queue. A dead
+// (routing key = queue), on the publishing connection, and acknowledges d
+// (on the consuming connection) once the broker confirmed the copy. If the copy cannot be confirmed, d goes back to its queue. A dead
 // letter the adapter decided on (a malformed message) is logged at Error; one
 // the handler decided on was logged by the handler, and is logged here at
 // Debug only, so that each dead letter is logged once.

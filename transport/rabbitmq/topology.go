@@ -82,13 +82,15 @@ func (b *Broker) DeclaredQueues() []string {
 }
 
 // Declare creates the queue described by spec with its bindings and its
-// dead-letter queue. It is idempotent, waits for the connection while it is
-// being re-established, and is repeated by the broker after every reconnect.
+// dead-letter queue. It is idempotent, runs on the consuming connection (which
+// a broker alarm never blocks), waits for it while it is being
+// re-established, and is repeated by the broker after every reconnect of
+// either connection.
 func (b *Broker) Declare(ctx context.Context, spec transport.QueueSpec) error {
 	if err := validateSpec(spec); err != nil {
 		return err
 	}
-	sess, err := b.awaitSession(ctx)
+	sess, err := b.awaitSession(ctx, &b.con)
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare queue %s: %w", spec.Name, err)
 	}
