@@ -127,6 +127,32 @@ func publishUntilConfirmed(ctx context.Context, t *testing.T, b transport.Publis
 	return failures
 }
 
+// publishThrough publishes batches of 5 commands, re-publishing unconfirmed
+// ones, until 30 batches have been confirmed after disrupted is closed. It
+// returns every confirmed message id and how many Publish calls failed.
+func publishThrough(ctx context.Context, t *testing.T, b transport.Publisher, disrupted <-chan struct{}) (confirmed []uuid.UUID, failures int) {
+	after := 0
+	for after < 30 { // keep going well past the disruption
+		batch := make([]transport.Message, 5)
+		for i := range batch {
+			batch[i] = transporttest.Command("svc.do")
+		}
+		failures += publishUntilConfirmed(ctx, t, b, batch)
+		for _, m := range batch {
+			confirmed = append(confirmed, m.MessageID)
+		}
+		select {
+		case <-disrupted:
+			after++
+		default:
+		}
+		if ctx.Err() != nil {
+			return confirmed, failures
+		}
+	}
+	return confirmed, failures
+}
+
 // TestGuaranteeNoLostMessageAcrossClosedConnection severs the broker's
 // connection (rabbitmqctl close_connection, this test's connection only)
 // while a publishing loop and a consumer run, and checks that both resume on
@@ -145,36 +171,12 @@ func TestGuaranteeNoLostMessageAcrossClosedConnection(t *testing.T) {
 	}), &transport.SubscribeOpts{Concurrency: 4})
 
 	severed := make(chan struct{})
-	var (
-		mu        sync.Mutex
-		confirmed []uuid.UUID
-		failures  int
-	)
+	var all []uuid.UUID
+	var failures int
 	pubDone := make(chan struct{})
 	go func() {
 		defer close(pubDone)
-		after := 0
-		for after < 30 { // keep going well past the outage
-			batch := make([]transport.Message, 5)
-			for i := range batch {
-				batch[i] = transporttest.Command("svc.do")
-			}
-			f := publishUntilConfirmed(ctx, t, b, batch)
-			mu.Lock()
-			failures += f
-			for _, m := range batch {
-				confirmed = append(confirmed, m.MessageID)
-			}
-			mu.Unlock()
-			select {
-			case <-severed:
-				after++
-			default:
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
+		all, failures = publishThrough(ctx, t, b, severed)
 	}()
 
 	got.waitFor(t, "traffic before the outage", func() bool { return got.len() >= 50 })
@@ -182,10 +184,7 @@ func TestGuaranteeNoLostMessageAcrossClosedConnection(t *testing.T) {
 	close(severed)
 	<-pubDone
 
-	mu.Lock()
-	all := confirmed
 	t.Logf("confirmed %d messages, %d failed Publish calls during the outage", len(all), failures)
-	mu.Unlock()
 	got.waitFor(t, "every confirmed message consumed", func() bool { return got.missing(all) == 0 })
 }
 

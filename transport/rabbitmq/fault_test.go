@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"os/exec"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,36 +36,12 @@ func TestGuaranteeNoLostMessageAcrossBrokerRestart(t *testing.T) {
 	}), &transport.SubscribeOpts{Concurrency: 4})
 
 	restarted := make(chan struct{})
-	var (
-		mu        sync.Mutex
-		confirmed []uuid.UUID
-		failures  int
-	)
+	var all []uuid.UUID
+	var failures int
 	pubDone := make(chan struct{})
 	go func() {
 		defer close(pubDone)
-		after := 0
-		for after < 30 {
-			batch := make([]transport.Message, 5)
-			for i := range batch {
-				batch[i] = transporttest.Command("svc.do")
-			}
-			f := publishUntilConfirmed(ctx, t, b, batch)
-			mu.Lock()
-			failures += f
-			for _, m := range batch {
-				confirmed = append(confirmed, m.MessageID)
-			}
-			mu.Unlock()
-			select {
-			case <-restarted:
-				after++
-			default:
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
+		all, failures = publishThrough(ctx, t, b, restarted)
 	}()
 
 	got.waitFor(t, "traffic before the restart", func() bool { return got.len() >= 50 })
@@ -74,10 +49,7 @@ func TestGuaranteeNoLostMessageAcrossBrokerRestart(t *testing.T) {
 	close(restarted)
 	<-pubDone
 
-	mu.Lock()
-	all := confirmed
 	t.Logf("confirmed %d messages, %d failed Publish calls during the restart", len(all), failures)
-	mu.Unlock()
 	require.Positive(t, failures, "the restart was noticed by the publisher")
 	got.waitFor(t, "every confirmed message consumed", func() bool { return got.missing(all) == 0 })
 }
