@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 	"github.com/sagabox/sagabox/transport"
@@ -320,40 +319,6 @@ func barrierMark(r *dbsqlc.SagaboxBarrier) BarrierMark {
 		Outcome: BarrierOutcome(r.Outcome), ReplyKind: transport.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload,
 		CreatedAt: r.CreatedAt,
 	}
-}
-
-// IsConnectionError reports whether err says the database could not be
-// reached or the connection was lost (a restart, a network fault), as
-// opposed to an error of the statement itself. Receivers retry such errors
-// without counting them against a message's attempts. Only pgx's own errors
-// count (a handler's network errors do not), classified by type and
-// SQLSTATE, never by message text.
-func IsConnectionError(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash
-		// shutdown, cannot connect now.
-		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
-	}
-	// A failed connect, or a statement on a connection pgx had closed (a dead
-	// pooled connection). Not pgconn.SafeToRetry: pgx also calls "safe to
-	// retry" a statement on a connection still busy with an unclosed result
-	// and one on a context that was already done, both failures of the
-	// caller that a retry repeats for ever.
-	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed)
-}
-
-// IsDataError reports whether err is Postgres refusing the data of a
-// statement: a data exception (class 22, e.g. a NUL byte or invalid UTF-8 in
-// text) or a program limit exceeded (class 54, e.g. a key too long for its
-// index). Running the statement again with the same data fails the same way.
-func IsDataError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
 }
 
 // storableText returns s as Postgres text can hold it: valid UTF-8 without
