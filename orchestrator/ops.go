@@ -189,16 +189,11 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}
 	var tr transition
-	for try := 0; ; try++ {
-		err = c.store.InTx(ctx, func(tx pgx.Tx) error {
-			var err error
-			tr, err = c.operateTx(ctx, tx, id, kind, actor, reason)
-			return err
-		})
-		if err == nil || !store.IsRetryable(err) || try >= txRetries {
-			break
-		}
-	}
+	err = c.store.InTxRetrying(ctx, store.DefaultConflictRetries, func(tx pgx.Tx) error {
+		var err error
+		tr, err = c.operateTx(ctx, tx, id, kind, actor, reason)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}

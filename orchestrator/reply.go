@@ -38,10 +38,6 @@ const (
 const componentName = "orchestrator"
 
 const (
-	// txRetries is how many times a transaction that hit a serialization
-	// failure or deadlock is retried at once before the reply goes back to
-	// the queue.
-	txRetries = 5
 	// databaseRetryDelay is how long a reply that could not be applied
 	// because the database is unreachable waits before it is delivered
 	// again. Such failures do not count against ReplyRetry.
@@ -84,17 +80,11 @@ func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transpo
 
 	var out replyOutcome
 	var tr transition
-	var err error
-	for try := 0; ; try++ {
-		err = c.store.InTx(ctx, func(tx pgx.Tx) error {
-			var txErr error
-			out, tr, txErr = c.processReply(ctx, tx, d)
-			return txErr
-		})
-		if err == nil || !store.IsRetryable(err) || try >= txRetries || ctx.Err() != nil {
-			break
-		}
-	}
+	err := c.store.InTxRetrying(ctx, store.DefaultConflictRetries, func(tx pgx.Tx) error {
+		var txErr error
+		out, tr, txErr = c.processReply(ctx, tx, d)
+		return txErr
+	})
 	var dl *deadLetterError
 	switch {
 	case errors.As(err, &dl):

@@ -263,22 +263,16 @@ func (c *Client) infraRetry(ctx context.Context, d *transport.Delivery, err erro
 // not run the handler: it records d as processed and answers it with the
 // failure giveUp (or with the reply the barrier already holds).
 func (c *Client) process(ctx context.Context, d *transport.Delivery, h *handler, data any, attempt int, giveUp *saga.Failure) (result, error) {
-	for try := 1; ; try++ {
-		var res result
-		err := c.store.InTx(ctx, func(tx pgx.Tx) error {
-			var err error
-			res, err = c.processTx(ctx, tx, d, h, data, attempt, giveUp)
-			return err
-		})
-		if err != nil && store.IsRetryable(err) && try <= serializationRetries {
-			c.log.Debug("transaction conflict; running it again", append(logAttrs(d), "err", err)...)
-			continue
-		}
-		if err == nil {
-			c.infraFailures.Store(0)
-		}
-		return res, err
+	var res result
+	err := c.store.InTxRetrying(ctx, serializationRetries, func(tx pgx.Tx) error {
+		var err error
+		res, err = c.processTx(ctx, tx, d, h, data, attempt, giveUp)
+		return err
+	})
+	if err == nil {
+		c.infraFailures.Store(0)
 	}
+	return res, err
 }
 
 func (c *Client) processTx(ctx context.Context, tx pgx.Tx, d *transport.Delivery, h *handler, data any, attempt int, giveUp *saga.Failure) (result, error) {

@@ -131,6 +131,22 @@ func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return nil
 }
 
+// DefaultConflictRetries is how many times InTxRetrying runs a transaction
+// again after a serialization failure or a deadlock.
+const DefaultConflictRetries = 5
+
+// InTxRetrying is InTx, run again at once, up to retries more times, while it
+// fails with a serialization failure or a deadlock (IsRetryable) and ctx is
+// not done. fn must be safe to run again: its transaction was rolled back.
+func (s *Store) InTxRetrying(ctx context.Context, retries int, fn func(tx pgx.Tx) error) error {
+	for try := 0; ; try++ {
+		err := s.InTx(ctx, fn)
+		if err == nil || !IsRetryable(err) || try >= retries || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
 // IsRetryable reports whether err is a Postgres error that a retry of the
 // whole transaction may cure: a serialization failure (40001) or a deadlock
 // (40P01). Classification is by SQLSTATE, never by message text.
