@@ -141,7 +141,12 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	pool := dbtest.Pool(t)
+	return newEnvOnPool(t, dbtest.Pool(t))
+}
+
+// newEnvOnPool is newEnv on pool.
+func newEnvOnPool(t *testing.T, pool *pgxpool.Pool) *env {
+	t.Helper()
 	bcfg := amqptest.Config(t)
 	e := &env{
 		t:      t,

@@ -72,6 +72,13 @@ func ensureDatabase(ctx context.Context, url string) error {
 // Pool returns a pool on the test database, closed when the test ends.
 func Pool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
+	return PoolWith(tb, nil)
+}
+
+// PoolWith is Pool with modify applied to the pool's configuration (a
+// tracer, a pool size) before the pool is created.
+func PoolWith(tb testing.TB, modify func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	url := URL()
@@ -83,6 +90,9 @@ func Pool(tb testing.TB) *pgxpool.Pool {
 		tb.Fatalf("dbtest: parse %s: %v", url, err)
 	}
 	cfg.MaxConns = 8
+	if modify != nil {
+		modify(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("dbtest: open pool: %v", err)

@@ -1,0 +1,104 @@
+package orchestrator_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// maxBusinessRoundTrips is the most round trips to PostgreSQL that sagabox
+// spends in the business transactions of one completed three-step saga:
+// the start (in the caller's transaction, BEGIN and COMMIT included), and
+// for each step the participant's delivery and the orchestrator's reply.
+// The handlers' own statements are not counted.
+const maxBusinessRoundTrips = 49
+
+// TestRoundTripsPerSaga counts, through a pgx tracer, the round trips of
+// the business transactions of one three-step saga that completes: a
+// structural property of the store's operations, not a timing.
+func TestRoundTripsPerSaga(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	e := newEnvOnPool(t, pool)
+	def := orderSaga(1, time.Minute, 1)
+	cfg := e.orchConfig(def)
+	cfg.SweepInterval = time.Hour
+	c := e.runOrchestrator(cfg)
+	run(t, e.inventory(true).Run)
+	run(t, e.payment(true).Run)
+
+	// The first saga warms the connections' statement caches.
+	warm := e.start(c, def, Order{ID: "warm", Qty: 1, Amount: 10, Address: "here"}, nil)
+	waitStatus(t, c, warm.ID, saga.StatusCompleted, 30*time.Second)
+
+	rts.Start()
+	st := e.start(c, def, Order{ID: "counted", Qty: 1, Amount: 10, Address: "here"}, nil)
+	waitStatus(t, c, st.ID, saga.StatusCompleted, 30*time.Second)
+	rts.Stop()
+
+	total, business := 0, 0
+	for _, tx := range rts.Transactions() {
+		if !isBusiness(tx) {
+			continue
+		}
+		business++
+		n := 0
+		for _, rt := range tx.RoundTrips {
+			if isEngine(rt) {
+				n++
+			}
+		}
+		total += n
+		t.Logf("transaction of %d engine round trips: %s", n, summary(tx))
+	}
+	t.Logf("%d business transactions, %d engine round trips", business, total)
+	require.Equal(t, 7, business, "start + 3 × (participant delivery + orchestrator reply)")
+	require.LessOrEqual(t, total, maxBusinessRoundTrips)
+}
+
+// isBusiness reports whether tx is one of a saga's business transactions:
+// it records a message in an inbox or inserts a saga. Background work (the
+// relay, the sweeper, gauges, retention) never does.
+func isBusiness(tx dbtest.Transaction) bool {
+	for _, s := range tx.Statements() {
+		if strings.Contains(s, "sagabox_inbox (") || strings.Contains(s, "sagabox_saga (") && strings.Contains(strings.ToUpper(s), "INSERT INTO") {
+			return true
+		}
+	}
+	return false
+}
+
+// isEngine reports whether rt is sagabox's: it carries a statement on a
+// sagabox table or a transaction control statement. Round trips that carry
+// only a handler's own statements are the handler's cost, not the engine's.
+func isEngine(rt dbtest.RoundTrip) bool {
+	for _, s := range rt.SQL {
+		u := strings.ToUpper(strings.TrimSpace(s))
+		if strings.Contains(s, "sagabox_") || strings.HasPrefix(u, "BEGIN") || strings.HasPrefix(u, "COMMIT") ||
+			strings.HasPrefix(u, "ROLLBACK") || strings.HasPrefix(u, "SAVEPOINT") || strings.HasPrefix(u, "RELEASE") {
+			return true
+		}
+	}
+	return false
+}
+
+// summary names the statements of each round trip of tx.
+func summary(tx dbtest.Transaction) string {
+	var parts []string
+	for _, rt := range tx.RoundTrips {
+		var names []string
+		for _, s := range rt.SQL {
+			name, _, _ := strings.Cut(strings.TrimPrefix(s, "-- name: "), " ")
+			names = append(names, name)
+		}
+		parts = append(parts, "["+strings.Join(names, " ")+"]")
+	}
+	return strings.Join(parts, " ")
+}
