@@ -12,15 +12,16 @@ import (
 	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
 
 // ErrNotFound is wrapped by the errors of Get, History, Retry and Abort for
-// a saga that does not exist. It is store.ErrNotFound, so errors.Is works
+// a saga that does not exist. It is message.ErrNotFound, so errors.Is works
 // with either name.
-var ErrNotFound = store.ErrNotFound
+var ErrNotFound = message.ErrNotFound
 
 // OverdueGrace is how long past its deadline a running or compensating saga
 // must be to count in the sagabox.sagas.overdue gauge. A healthy sweeper

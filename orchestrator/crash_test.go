@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/transport/rabbitmq"

@@ -8,8 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -162,7 +163,7 @@ func TestListPagesStalestFirst(t *testing.T) {
 	_, err = c.Get(ctx, [16]byte{1})
 	require.ErrorIs(t, err, orchestrator.ErrNotFound)
 	_, err = c.History(ctx, [16]byte{1})
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
 // TestRunRefusesUnmigratedSchema: Run names the command that migrates.

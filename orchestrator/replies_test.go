@@ -9,10 +9,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
@@ -30,10 +30,10 @@ func TestGuaranteeNoDoubleEffectDuplicateAndStaleReplies(t *testing.T) {
 
 	ctx := context.Background()
 	require.NoError(t, e.broker.Declare(ctx, orchestratorQueue))
-	reply := func(id uuid.UUID, payload string) transport.Message {
-		return transport.Message{
-			Envelope: transport.Envelope{
-				Version: transport.EnvelopeVersion, MessageID: id, Type: Reserve.Name(), Kind: transport.KindReplySuccess,
+	reply := func(id uuid.UUID, payload string) message.Message {
+		return message.Message{
+			Envelope: message.Envelope{
+				Version: message.Version, MessageID: id, Type: Reserve.Name(), Kind: message.KindReplySuccess,
 				RoutingKey: "orders", SagaID: started.ID, SagaType: "order", Step: "reserve", StepIndex: 0, Attempt: 1,
 				CreatedAt: time.Now(),
 			},

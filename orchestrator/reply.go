@@ -13,6 +13,7 @@ import (
 
 	"github.com/sagabox/sagabox/internal/lifecycle"
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
@@ -182,7 +183,7 @@ func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 		return replyDuplicate, transition{}, nil
 	}
 	rec, err := c.store.SagaGetForUpdate(ctx, tx, d.SagaID)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, message.ErrNotFound) {
 		return replyUnknownSaga, transition{}, nil
 	}
 	if err != nil {
@@ -199,7 +200,7 @@ func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidInstance, reason: err.Error()}
 	}
 	kind := saga.EventReplySuccess
-	if d.Kind == transport.KindReplyFailure {
+	if d.Kind == message.KindReplyFailure {
 		kind = saga.EventReplyFailure
 	}
 	now := c.now()
@@ -245,7 +246,7 @@ func (c *Client) recordUnapplied(ctx context.Context, d *transport.Delivery, rea
 		rec.LastError = reason
 		return c.store.SagaUpdate(ctx, tx, rec, now)
 	})
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err != nil && !errors.Is(err, message.ErrNotFound) {
 		c.log.Warn("could not record the dead-lettered reply on its saga", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "err", err)
 	}
 }

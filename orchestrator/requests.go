@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
@@ -100,7 +101,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found 
 // saga core cannot apply it. Only database errors are worth another try.
 func refused(err error) bool {
 	for _, target := range []error{
-		errNoActor, store.ErrNotFound, saga.ErrInvalidTransition, saga.ErrUnknownDefinition,
+		errNoActor, message.ErrNotFound, saga.ErrInvalidTransition, saga.ErrUnknownDefinition,
 		saga.ErrInvalidInstance, saga.ErrInvalidEvent, saga.ErrInvalidPayload,
 	} {
 		if errors.Is(err, target) {

@@ -12,9 +12,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // Saga is the stored state of one saga instance, as Get and List return it.
@@ -127,23 +127,23 @@ func historyRecords(entries []saga.HistoryEntry) []store.HistoryRecord {
 // messages maps the core's outgoing commands to outbox messages, which
 // carry ctx's trace context. Each compensation sent is also an event on
 // ctx's span.
-func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.Outgoing) []transport.Message {
+func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.Outgoing) []message.Message {
 	if len(emit) == 0 {
 		return nil
 	}
 	tp, ts := telemetry.Inject(ctx)
 	span := trace.SpanFromContext(ctx)
-	out := make([]transport.Message, len(emit))
+	out := make([]message.Message, len(emit))
 	for i, o := range emit {
-		kind := transport.KindCommand
+		kind := message.KindCommand
 		if o.Phase == saga.PhaseCompensation {
-			kind = transport.KindCompensation
+			kind = message.KindCompensation
 			span.AddEvent("compensation sent", trace.WithAttributes(
 				telemetry.AttrSagaType.String(inst.Type), telemetry.AttrSagaID.String(inst.ID.String()),
 				telemetry.AttrStep.String(o.Step), telemetry.AttrMessageType.String(o.Type), telemetry.AttrAttempt.Int(o.Attempt)))
 		}
-		out[i] = transport.Message{
-			Envelope: transport.Envelope{
+		out[i] = message.Message{
+			Envelope: message.Envelope{
 				Type: o.Type, Kind: kind, RoutingKey: o.Type, SagaID: inst.ID, SagaType: inst.Type,
 				Step: o.Step, StepIndex: o.StepIndex, Attempt: o.Attempt, ReplyTo: c.cfg.Service,
 				TraceParent: tp, TraceState: ts,

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
@@ -155,7 +156,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		switch {
 		case err == nil:
 			return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
-		case !errors.Is(err, store.ErrNotFound):
+		case !errors.Is(err, message.ErrNotFound):
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
@@ -33,8 +33,9 @@ func nextDeadLetter(t *testing.T, ds <-chan amqp.Delivery) deadLetter {
 // Ten kinds of bad input published raw to the participant's queue each land
 // in its dead-letter queue with a readable reason, and the queue keeps
 // flowing: a good command sent right after each is answered. Envelope-level
-// faults are caught by the adapter, payload-level ones by the participant
-// (which also answers the saga with a failure reply).
+// faults are caught by the adapter; payload-level ones (the body is decoded
+// once, strictly, into the handler's type) by the participant, which also
+// answers the saga with a failure reply.
 func TestGuaranteePoisonInput(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -57,7 +58,7 @@ func TestGuaranteePoisonInput(t *testing.T) {
 		// adapter dead-letters the message before the participant sees it.
 		reply string
 	}{
-		{"garbage bytes", func(p *amqp.Publishing) { p.Body = []byte("lorem ipsum <<garbage>>") }, "body is not valid JSON", ""},
+		{"garbage bytes", func(p *amqp.Publishing) { p.Body = []byte("lorem ipsum <<garbage>>") }, "payload does not decode", participant.CodeInvalidPayload},
 		{"empty body", func(p *amqp.Publishing) { p.Body = nil }, "body is empty", ""},
 		{"wrong shape", func(p *amqp.Publishing) { p.Body = []byte(`{"product":"good","amount":1}`) }, `unknown field "product"`, participant.CodeInvalidPayload},
 		{"unknown type", func(p *amqp.Publishing) { p.Type = "inventory.teleport" }, `no command handler is registered for type "inventory.teleport"`, participant.CodeUnknownType},
@@ -66,8 +67,8 @@ func TestGuaranteePoisonInput(t *testing.T) {
 			p.Body = []byte(fmt.Sprintf(`{"sku":%q,"qty":1}`, strings.Repeat("x", 8000)))
 		}, "over MaxPayloadBytes 4096", participant.CodePayloadTooLarge},
 		{"wrong content type", func(p *amqp.Publishing) { p.ContentType = "text/plain" }, `content_type "text/plain" is not application/json`, ""},
-		{"truncated JSON", func(p *amqp.Publishing) { p.Body = []byte(`{"sku":"good","qty"`) }, "body is not valid JSON", ""},
-		{"invalid UTF-8", func(p *amqp.Publishing) { p.Body = []byte("{\"sku\":\"\xff\xfe\",\"qty\":1}") }, "body is not valid UTF-8", ""},
+		{"truncated JSON", func(p *amqp.Publishing) { p.Body = []byte(`{"sku":"good","qty"`) }, "payload does not decode", participant.CodeInvalidPayload},
+		{"invalid UTF-8", func(p *amqp.Publishing) { p.Body = []byte("{\"sku\":\"\xff\xfe\",\"qty\":1}") }, "not valid UTF-8", participant.CodeInvalidPayload},
 		{"header of the wrong type", func(p *amqp.Publishing) { p.Headers[rabbitmq.HeaderStepIndex] = "one" }, "header x-sagabox-step-index has type string, want an integer", ""},
 	}
 	for _, tc := range cases {

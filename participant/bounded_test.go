@@ -14,10 +14,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
@@ -91,9 +91,9 @@ func TestGuaranteePoisonInputUnstorableEnvelope(t *testing.T) {
 		"nul in step":   "reserve\x00",
 		"step too long": hex.EncodeToString(long),
 	} {
-		for _, kind := range []transport.Kind{transport.KindCommand, transport.KindCompensation} {
+		for _, kind := range []message.Kind{message.KindCommand, message.KindCompensation} {
 			bad := reserve(uuid.New(), "good", 1)
-			if kind == transport.KindCompensation {
+			if kind == message.KindCompensation {
 				bad = release(uuid.New(), "good", 1)
 			}
 			bad.Step = step
@@ -141,7 +141,7 @@ func TestGuaranteePoisonInputRetryingMessageDoesNotStallQueue(t *testing.T) {
 	dlq := amqptestConsume(t, e.broker.DeadLetterQueueName(service))
 	attempts := func(id uuid.UUID) int {
 		a, err := e.store.InboxAttemptGet(context.Background(), id)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, message.ErrNotFound) {
 			return 0
 		}
 		require.NoError(t, err)
@@ -196,7 +196,7 @@ func TestGiveUpOnAProcessedMessageAcknowledgesIt(t *testing.T) {
 	amqptest.PublishRaw(t, e.broker.ExchangeName(transport.ExchangeCommands), cmd.RoutingKey, copyOf)
 	// With one worker, a poison message published next is handled after
 	// the copy: the first dead letter must be that one.
-	poison := message(uuid.New(), "reserve", transport.KindCommand, "inventory.unknown", map[string]int{"n": 1})
+	poison := newMessage(uuid.New(), "reserve", message.KindCommand, "inventory.unknown", map[string]int{"n": 1})
 	amqptest.PublishRaw(t, e.broker.ExchangeName(transport.ExchangeCommands), cmd.RoutingKey, mustEncode(t, poison))
 
 	dead := nextDeadLetter(t, dlq)
@@ -206,7 +206,7 @@ func TestGiveUpOnAProcessedMessageAcknowledgesIt(t *testing.T) {
 	require.Equal(t, 1, e.outboxReplies(cmd.MessageID))
 }
 
-func mustEncode(t *testing.T, m transport.Message) amqp.Publishing {
+func mustEncode(t *testing.T, m message.Message) amqp.Publishing {
 	t.Helper()
 	p, err := rabbitmq.EncodeMessage(m)
 	require.NoError(t, err)

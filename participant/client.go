@@ -15,6 +15,7 @@ import (
 	"github.com/sagabox/sagabox/internal/maintenance"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -100,7 +101,7 @@ func (c *Client) register(h *handler) {
 	c.handlers[key] = h
 }
 
-func (c *Client) lookup(kind transport.Kind, typ string) *handler {
+func (c *Client) lookup(kind message.Kind, typ string) *handler {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.handlers[handlerKey{kind, typ}]
@@ -115,7 +116,7 @@ func (c *Client) QueueSpec() transport.QueueSpec {
 	spec := transport.QueueSpec{Name: c.cfg.Service}
 	for k := range c.handlers {
 		switch k.kind {
-		case transport.KindEvent:
+		case message.KindEvent:
 			if !slices.Contains(spec.Events, k.typ) {
 				spec.Events = append(spec.Events, k.typ)
 			}
@@ -131,11 +132,17 @@ func (c *Client) QueueSpec() transport.QueueSpec {
 }
 
 // Publish writes msgs to the Client's outbox in tx, so that they are
-// published if and only if tx commits (see store.OutboxWrite for the fields
-// it fills in). Inside a handler pass the handler's tx: the relay is woken
+// published if and only if tx commits (see message.Message.Prepare for the
+// fields it fills in); a message without a trace context gets ctx's. Inside a handler pass the handler's tx: the relay is woken
 // when it commits. Outside a handler, call Wake after committing tx, or the
 // relay finds the messages at its next poll.
-func (c *Client) Publish(ctx context.Context, tx pgx.Tx, msgs ...transport.Message) error {
+func (c *Client) Publish(ctx context.Context, tx pgx.Tx, msgs ...message.Message) error {
+	tp, ts := telemetry.Inject(ctx)
+	for i := range msgs {
+		if msgs[i].TraceParent == "" {
+			msgs[i].TraceParent, msgs[i].TraceState = tp, ts
+		}
+	}
 	if err := c.store.OutboxWrite(ctx, tx, msgs); err != nil {
 		return fmt.Errorf("participant: publish: %w", err)
 	}

@@ -12,11 +12,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // restartPostgres restarts the PostgreSQL cluster of the test database.
@@ -38,7 +38,7 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 	}, nil)
 
 	const n = 60
-	msgs := make([]transport.Message, n)
+	msgs := make([]message.Message, n)
 	for i := range msgs {
 		msgs[i] = reserve(uuid.New(), "stream", 1)
 	}

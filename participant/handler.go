@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // Request is a decoded message handed to a handler: its typed payload and
@@ -22,7 +23,7 @@ type Request[T any] struct {
 	// Envelope is the message's metadata. Envelope.Attempt is the saga's
 	// send attempt of the command (1 for the first send; a re-send after a
 	// timeout has a new MessageID and a higher Attempt).
-	transport.Envelope
+	message.Envelope
 	// Data is the payload, decoded strictly into T.
 	Data T
 	// DeliveryAttempt is 1 the first time this participant processes the
@@ -87,16 +88,16 @@ func failureOf(err error) saga.Failure {
 
 // handler is a registered handler with its types erased.
 type handler struct {
-	kind transport.Kind
+	kind message.Kind
 	typ  string
 	// decode decodes a payload strictly.
 	decode func(payload []byte) (any, error)
 	// call runs the user's function; reply is the success reply payload.
-	call func(ctx context.Context, tx pgx.Tx, env *transport.Envelope, data any, attempt int) (reply []byte, err error)
+	call func(ctx context.Context, tx pgx.Tx, env *message.Envelope, data any, attempt int) (reply []byte, err error)
 }
 
 type handlerKey struct {
-	kind transport.Kind
+	kind message.Kind
 	typ  string
 }
 
@@ -110,12 +111,12 @@ func HandleCommand[Req, Reply any](c *Client, cmd saga.Command[Req, Reply], fn C
 		panic("participant: HandleCommand: fn is nil")
 	}
 	c.register(&handler{
-		kind: transport.KindCommand,
+		kind: message.KindCommand,
 		typ:  cmd.Name(),
 		decode: func(payload []byte) (any, error) {
 			return cmd.DecodeRequest(payload)
 		},
-		call: func(ctx context.Context, tx pgx.Tx, env *transport.Envelope, data any, attempt int) ([]byte, error) {
+		call: func(ctx context.Context, tx pgx.Tx, env *message.Envelope, data any, attempt int) ([]byte, error) {
 			reply, err := fn(ctx, tx, &Request[Req]{Envelope: *env, Data: as[Req](data), DeliveryAttempt: attempt})
 			if err != nil {
 				return nil, err
@@ -140,12 +141,12 @@ func HandleCompensation[Req, R any](c *Client, cmd saga.Command[Req, R], fn Comp
 		panic("participant: HandleCompensation: fn is nil")
 	}
 	c.register(&handler{
-		kind: transport.KindCompensation,
+		kind: message.KindCompensation,
 		typ:  cmd.Name(),
 		decode: func(payload []byte) (any, error) {
 			return cmd.DecodeRequest(payload)
 		},
-		call: func(ctx context.Context, tx pgx.Tx, env *transport.Envelope, data any, attempt int) ([]byte, error) {
+		call: func(ctx context.Context, tx pgx.Tx, env *message.Envelope, data any, attempt int) ([]byte, error) {
 			return []byte("{}"), fn(ctx, tx, &Request[Req]{Envelope: *env, Data: as[Req](data), DeliveryAttempt: attempt})
 		},
 	})
@@ -159,7 +160,7 @@ func HandleEvent[E any](c *Client, eventType string, fn EventFunc[E]) {
 		panic("participant: HandleEvent: fn is nil")
 	}
 	c.register(&handler{
-		kind: transport.KindEvent,
+		kind: message.KindEvent,
 		typ:  eventType,
 		decode: func(payload []byte) (any, error) {
 			var e E
@@ -168,7 +169,7 @@ func HandleEvent[E any](c *Client, eventType string, fn EventFunc[E]) {
 			}
 			return e, nil
 		},
-		call: func(ctx context.Context, tx pgx.Tx, env *transport.Envelope, data any, attempt int) ([]byte, error) {
+		call: func(ctx context.Context, tx pgx.Tx, env *message.Envelope, data any, attempt int) ([]byte, error) {
 			return nil, fn(ctx, tx, &Request[E]{Envelope: *env, Data: as[E](data), DeliveryAttempt: attempt})
 		},
 	})
@@ -176,16 +177,16 @@ func HandleEvent[E any](c *Client, eventType string, fn EventFunc[E]) {
 
 // NewEvent returns a plain domain event of eventType with data encoded as
 // JSON, ready for Client.Publish. Its routing key is eventType.
-func NewEvent(eventType string, data any) (transport.Message, error) {
+func NewEvent(eventType string, data any) (message.Message, error) {
 	if strings.TrimSpace(eventType) == "" {
-		return transport.Message{}, errors.New("participant: new event: eventType is empty")
+		return message.Message{}, errors.New("participant: new event: eventType is empty")
 	}
 	b, err := json.Marshal(data)
 	if err != nil {
-		return transport.Message{}, fmt.Errorf("participant: encode %s event: %w", eventType, err)
+		return message.Message{}, fmt.Errorf("participant: encode %s event: %w", eventType, err)
 	}
-	return transport.Message{
-		Envelope: transport.Envelope{Type: eventType, Kind: transport.KindEvent, RoutingKey: eventType},
+	return message.Message{
+		Envelope: message.Envelope{Type: eventType, Kind: message.KindEvent, RoutingKey: eventType},
 		Payload:  b,
 	}, nil
 }
@@ -193,6 +194,10 @@ func NewEvent(eventType string, data any) (transport.Message, error) {
 // decodeStrict decodes exactly one JSON value into v, refusing unknown
 // fields and trailing data.
 func decodeStrict(payload []byte, v any) error {
+	if !utf8.Valid(payload) {
+		// encoding/json would replace invalid UTF-8 in strings silently.
+		return errors.New("payload is not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

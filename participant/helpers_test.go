@@ -13,8 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -107,7 +108,7 @@ func (e *env) outboxReplies(correlation uuid.UUID) int {
 func (e *env) duplicates(id uuid.UUID) int {
 	e.t.Helper()
 	row, err := e.store.InboxGet(context.Background(), id)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, message.ErrNotFound) {
 		return -1
 	}
 	require.NoError(e.t, err)
@@ -190,14 +191,14 @@ func (e *env) newClient(mod func(*participant.Config), register func(*participan
 }
 
 // message returns a saga message for the participant with a fresh id.
-func message(sagaID uuid.UUID, step string, kind transport.Kind, typ string, data any) transport.Message {
+func newMessage(sagaID uuid.UUID, step string, kind message.Kind, typ string, data any) message.Message {
 	payload, err := json.Marshal(data)
 	if err != nil {
 		panic(err)
 	}
-	return transport.Message{
-		Envelope: transport.Envelope{
-			Version: transport.EnvelopeVersion, MessageID: uuid.Must(uuid.NewV7()), Type: typ, Kind: kind, RoutingKey: typ,
+	return message.Message{
+		Envelope: message.Envelope{
+			Version: message.Version, MessageID: uuid.Must(uuid.NewV7()), Type: typ, Kind: kind, RoutingKey: typ,
 			SagaID: sagaID, SagaType: "checkout", Step: step, StepIndex: 1, Attempt: 1, ReplyTo: orch,
 			CreatedAt: time.Now().UTC(),
 		},
@@ -205,23 +206,23 @@ func message(sagaID uuid.UUID, step string, kind transport.Kind, typ string, dat
 	}
 }
 
-func reserve(sagaID uuid.UUID, sku string, qty int) transport.Message {
-	return message(sagaID, "reserve", transport.KindCommand, Reserve.Name(), ReserveReq{SKU: sku, Qty: qty})
+func reserve(sagaID uuid.UUID, sku string, qty int) message.Message {
+	return newMessage(sagaID, "reserve", message.KindCommand, Reserve.Name(), ReserveReq{SKU: sku, Qty: qty})
 }
 
-func release(sagaID uuid.UUID, sku string, qty int) transport.Message {
-	return message(sagaID, "reserve", transport.KindCompensation, Release.Name(), ReleaseReq{SKU: sku, Qty: qty})
+func release(sagaID uuid.UUID, sku string, qty int) message.Message {
+	return newMessage(sagaID, "reserve", message.KindCompensation, Release.Name(), ReleaseReq{SKU: sku, Qty: qty})
 }
 
 // resend returns m with a new message id, as an orchestrator re-sends a
 // step after a timeout.
-func resend(m transport.Message) transport.Message {
+func resend(m message.Message) message.Message {
 	m.MessageID = uuid.Must(uuid.NewV7())
 	m.Attempt++
 	return m
 }
 
-func (e *env) publish(msgs ...transport.Message) {
+func (e *env) publish(msgs ...message.Message) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
@@ -231,13 +232,13 @@ func (e *env) publish(msgs ...transport.Message) {
 // sink records every delivery of one queue by correlation id and message id.
 type sink struct {
 	mu     sync.Mutex
-	byCorr map[string][]transport.Message
+	byCorr map[string][]message.Message
 	byID   map[uuid.UUID]int
 }
 
 func newSink(t *testing.T, b transport.Broker, spec transport.QueueSpec) *sink {
 	t.Helper()
-	s := &sink{byCorr: map[string][]transport.Message{}, byID: map[uuid.UUID]int{}}
+	s := &sink{byCorr: map[string][]message.Message{}, byID: map[uuid.UUID]int{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, b.Declare(ctx, spec))
 	done := make(chan error, 1)
@@ -260,9 +261,9 @@ func newSink(t *testing.T, b transport.Broker, spec transport.QueueSpec) *sink {
 }
 
 // wait returns the reply to the message id, waiting for it to arrive.
-func (s *sink) wait(t *testing.T, id uuid.UUID) transport.Message {
+func (s *sink) wait(t *testing.T, id uuid.UUID) message.Message {
 	t.Helper()
-	var got transport.Message
+	var got message.Message
 	require.Eventually(t, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -282,24 +283,24 @@ func (s *sink) count(id uuid.UUID) int {
 }
 
 // all returns every distinct message received.
-func (s *sink) all() []transport.Message {
+func (s *sink) all() []message.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []transport.Message
+	var out []message.Message
 	for _, ms := range s.byCorr {
 		out = append(out, ms...)
 	}
 	return out
 }
 
-func requireSuccess(t *testing.T, m transport.Message) {
+func requireSuccess(t *testing.T, m message.Message) {
 	t.Helper()
-	require.Equal(t, transport.KindReplySuccess, m.Kind, "reply payload: %s", m.Payload)
+	require.Equal(t, message.KindReplySuccess, m.Kind, "reply payload: %s", m.Payload)
 }
 
-func requireFailure(t *testing.T, m transport.Message, code string) saga.Failure {
+func requireFailure(t *testing.T, m message.Message, code string) saga.Failure {
 	t.Helper()
-	require.Equal(t, transport.KindReplyFailure, m.Kind, "reply payload: %s", m.Payload)
+	require.Equal(t, message.KindReplyFailure, m.Kind, "reply payload: %s", m.Payload)
 	f, err := saga.DecodeFailure(m.Payload)
 	require.NoError(t, err)
 	require.Equal(t, code, f.Code, "failure: %+v", f)

@@ -13,7 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -31,7 +32,7 @@ func TestGuaranteeNoDoubleEffectDuplicateCommands(t *testing.T) {
 
 	twice := reserve(uuid.New(), "twice", 1)
 	five := reserve(uuid.New(), "five", 10)
-	var batch []transport.Message
+	var batch []message.Message
 	for range 2 {
 		batch = append(batch, twice)
 	}
@@ -311,7 +312,7 @@ func TestGuaranteePoisonInputAlwaysFailingDeadLettered(t *testing.T) {
 	require.Equal(t, comp.MessageID.String(), nextDeadLetter(t, dlq).id)
 	require.Equal(t, int32(3), compCalls.Load())
 	_, err = e.store.BarrierGet(context.Background(), nil, sagaID, "reserve", store.BarrierCompensation)
-	require.ErrorIs(t, err, store.ErrNotFound, "a failed compensation leaves no mark, so that it can be retried")
+	require.ErrorIs(t, err, message.ErrNotFound, "a failed compensation leaves no mark, so that it can be retried")
 }
 
 type OrderCancelled struct {
@@ -345,10 +346,10 @@ func TestGuaranteeNoDoubleEffectEvents(t *testing.T) {
 	})
 	payload, err := json.Marshal(OrderCancelled{OrderID: "o-1"})
 	require.NoError(t, err)
-	ev := transport.Message{
-		Envelope: transport.Envelope{
-			Version: transport.EnvelopeVersion, MessageID: uuid.Must(uuid.NewV7()), Type: "order.cancelled",
-			Kind: transport.KindEvent, RoutingKey: "order.cancelled",
+	ev := message.Message{
+		Envelope: message.Envelope{
+			Version: message.Version, MessageID: uuid.Must(uuid.NewV7()), Type: "order.cancelled",
+			Kind: message.KindEvent, RoutingKey: "order.cancelled",
 		},
 		Payload: payload,
 	}
@@ -356,7 +357,7 @@ func TestGuaranteeNoDoubleEffectEvents(t *testing.T) {
 
 	eventually(t, func() bool { return e.duplicates(ev.MessageID) == 2 }, "duplicates counted")
 	out := audit.wait(t, ev.MessageID)
-	require.Equal(t, transport.KindEvent, out.Kind)
+	require.Equal(t, message.KindEvent, out.Kind)
 	require.JSONEq(t, `{"order_id":"o-1"}`, string(out.Payload))
 	require.Equal(t, int32(1), calls.Load())
 	require.Equal(t, 1, e.outboxReplies(ev.MessageID), "one outgoing event")

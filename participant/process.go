@@ -13,6 +13,7 @@ import (
 
 	"github.com/sagabox/sagabox/internal/lifecycle"
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
@@ -66,7 +67,7 @@ func (c *Client) handle(ctx context.Context, d *transport.Delivery) transport.Ou
 func (c *Client) dispatch(ctx context.Context, d *transport.Delivery) transport.Outcome {
 	var h *handler
 	switch d.Kind {
-	case transport.KindCommand, transport.KindCompensation, transport.KindEvent:
+	case message.KindCommand, message.KindCompensation, message.KindEvent:
 		h = c.lookup(d.Kind, d.Type)
 	default:
 		return c.poison(ctx, d, telemetry.ReasonUnexpectedKind, "", fmt.Sprintf("a %s message cannot be handled by participant %q", d.Kind, c.cfg.Service))
@@ -93,7 +94,7 @@ func (c *Client) dispatch(ctx context.Context, d *transport.Delivery) transport.
 			if failures >= c.cfg.Retry.MaxAttempts {
 				return c.giveUp(ctx, d, fmt.Sprintf("gave up after %d attempts: %s", failures, a.LastError))
 			}
-		case !errors.Is(err, store.ErrNotFound):
+		case !errors.Is(err, message.ErrNotFound):
 			return c.infraRetry(ctx, d, err)
 		}
 	}
@@ -153,7 +154,7 @@ func (c *Client) failed(ctx context.Context, d *transport.Delivery, cause error)
 		// so it does not count against Retry.MaxAttempts.
 		return c.infraRetry(ctx, d, cause)
 	}
-	if errors.Is(cause, saga.ErrRejected) && d.Kind != transport.KindCommand {
+	if errors.Is(cause, saga.ErrRejected) && d.Kind != message.KindCommand {
 		cause = fmt.Errorf("a %s cannot reject, retrying it: %w", d.Kind, cause)
 	}
 	telemetry.Fail(trace.SpanFromContext(ctx), cause)
@@ -230,7 +231,7 @@ func (c *Client) deadLetter(ctx context.Context, d *transport.Delivery, class st
 // dead-lettered again rather than dropped.
 func (c *Client) wasDeadLettered(ctx context.Context, d *transport.Delivery) bool {
 	a, err := c.store.InboxAttemptGet(ctx, d.MessageID)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, message.ErrNotFound) {
 		return false
 	}
 	return err != nil || a.DeadLetteredAt != nil
@@ -286,9 +287,9 @@ func (c *Client) processTx(ctx context.Context, tx pgx.Tx, d *transport.Delivery
 		}
 	}
 	switch d.Kind {
-	case transport.KindCommand:
+	case message.KindCommand:
 		return c.action(ctx, tx, d, h, data, attempt, giveUp)
-	case transport.KindCompensation:
+	case message.KindCompensation:
 		return c.compensation(ctx, tx, d, h, data, attempt, giveUp)
 	}
 	if giveUp != nil {
@@ -326,7 +327,7 @@ func (c *Client) action(ctx context.Context, tx pgx.Tx, d *transport.Delivery, h
 
 	switch {
 	case giveUp != nil:
-		mark.Outcome, mark.ReplyKind, mark.ReplyPayload = store.BarrierRejected, transport.KindReplyFailure, encodeFailure(*giveUp)
+		mark.Outcome, mark.ReplyKind, mark.ReplyPayload = store.BarrierRejected, message.KindReplyFailure, encodeFailure(*giveUp)
 	default:
 		// The handler runs under a savepoint so that a rejection keeps the
 		// inbox record and barrier mark but none of the handler's writes.
@@ -340,12 +341,12 @@ func (c *Client) action(ctx context.Context, tx pgx.Tx, d *transport.Delivery, h
 			if err := sp.Commit(ctx); err != nil {
 				return result{}, fmt.Errorf("release savepoint: %w", err)
 			}
-			mark.ReplyKind, mark.ReplyPayload = transport.KindReplySuccess, reply
+			mark.ReplyKind, mark.ReplyPayload = message.KindReplySuccess, reply
 		case errors.Is(herr, saga.ErrRejected):
 			if err := sp.Rollback(ctx); err != nil {
 				return result{}, fmt.Errorf("roll back to savepoint after a rejection: %w", err)
 			}
-			mark.Outcome, mark.ReplyKind, mark.ReplyPayload = store.BarrierRejected, transport.KindReplyFailure, encodeFailure(failureOf(herr))
+			mark.Outcome, mark.ReplyKind, mark.ReplyPayload = store.BarrierRejected, message.KindReplyFailure, encodeFailure(failureOf(herr))
 		default:
 			return result{}, herr
 		}
@@ -370,16 +371,16 @@ func (c *Client) compensation(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 		switch {
 		case err == nil:
 			return result{note: "compensation already done; answered with its reply"}, c.reply(ctx, tx, d, prev.ReplyKind, prev.ReplyPayload)
-		case !errors.Is(err, store.ErrNotFound):
+		case !errors.Is(err, message.ErrNotFound):
 			return result{}, err
 		}
-		return result{note: "compensation failed"}, c.reply(ctx, tx, d, transport.KindReplyFailure, encodeFailure(*giveUp))
+		return result{note: "compensation failed"}, c.reply(ctx, tx, d, message.KindReplyFailure, encodeFailure(*giveUp))
 	}
 
 	success := []byte("{}")
 	mark := store.BarrierMark{
 		SagaID: d.SagaID, Step: d.Step, Phase: store.BarrierCompensation, MessageID: d.MessageID,
-		Outcome: store.BarrierApplied, ReplyKind: transport.KindReplySuccess, ReplyPayload: success,
+		Outcome: store.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: success,
 	}
 	inserted, err := c.store.BarrierInsert(ctx, tx, mark)
 	if err != nil {
@@ -395,7 +396,7 @@ func (c *Client) compensation(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 
 	blocked, err := c.store.BarrierInsert(ctx, tx, store.BarrierMark{
 		SagaID: d.SagaID, Step: d.Step, Phase: store.BarrierAction, MessageID: d.MessageID, Outcome: store.BarrierBlocked,
-		ReplyKind: transport.KindReplyFailure,
+		ReplyKind: message.KindReplyFailure,
 		ReplyPayload: encodeFailure(saga.Failure{
 			Reason: fmt.Sprintf("compensated before it ran: step %q of saga %s was compensated before this action arrived", d.Step, d.SagaID),
 			Code:   CodeCompensatedBeforeRun,
@@ -425,7 +426,7 @@ func (c *Client) compensation(ctx context.Context, tx pgx.Tx, d *transport.Deliv
 			return result{}, err
 		}
 	}
-	return result{note: note}, c.reply(ctx, tx, d, transport.KindReplySuccess, success)
+	return result{note: note}, c.reply(ctx, tx, d, message.KindReplySuccess, success)
 }
 
 // call runs the handler, turning a panic into an error.
@@ -461,17 +462,17 @@ func (c *Client) callIsolated(ctx context.Context, tx pgx.Tx, h *handler, d *tra
 // of the message it answers, goes to its ReplyTo, is correlated by its
 // message id and copies its saga, step and attempt. Its trace context is
 // ctx's (the consumer span of d), or d's own when ctx carries no span.
-func (c *Client) reply(ctx context.Context, tx pgx.Tx, d *transport.Delivery, kind transport.Kind, payload []byte) error {
+func (c *Client) reply(ctx context.Context, tx pgx.Tx, d *transport.Delivery, kind message.Kind, payload []byte) error {
 	if d.ReplyTo == "" {
 		c.log.Warn("message has no reply_to; no reply sent", logAttrs(d)...)
 		return nil
 	}
 	traceParent, traceState := d.TraceParent, d.TraceState
 	if trace.SpanContextFromContext(ctx).IsValid() {
-		traceParent, traceState = "", "" // OutboxWrite takes ctx's
+		traceParent, traceState = telemetry.Inject(ctx)
 	}
-	return c.store.OutboxWrite(ctx, tx, []transport.Message{{
-		Envelope: transport.Envelope{
+	return c.store.OutboxWrite(ctx, tx, []message.Message{{
+		Envelope: message.Envelope{
 			Type:          d.Type,
 			Kind:          kind,
 			RoutingKey:    d.ReplyTo,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 )
 
 // None is the payload of a command that has no request or reply data. It
@@ -103,6 +104,10 @@ func encode(name, what string, v any) ([]byte, error) {
 // decodeStrict decodes exactly one JSON value into v, refusing unknown
 // fields and anything after the value but white space.
 func decodeStrict(payload []byte, v any) error {
+	if !utf8.Valid(payload) {
+		// encoding/json would replace invalid UTF-8 in strings silently.
+		return errors.New("payload is not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

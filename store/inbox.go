@@ -10,14 +10,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // InboxRow is a message a receiver has processed.
 type InboxRow struct {
 	MessageID uuid.UUID
-	Kind      transport.Kind
+	Kind      message.Kind
 	Type      string
 	// SagaID is uuid.Nil for a plain event.
 	SagaID     uuid.UUID
@@ -35,7 +35,7 @@ type InboxRow struct {
 // before; it then counts the duplicate (in tx) and the caller must apply
 // nothing else. A concurrent delivery of the same message waits for the
 // first one's transaction to end.
-func (s *Store) InboxRecord(ctx context.Context, tx pgx.Tx, env *transport.Envelope) (duplicate bool, err error) {
+func (s *Store) InboxRecord(ctx context.Context, tx pgx.Tx, env *message.Envelope) (duplicate bool, err error) {
 	if tx == nil {
 		return false, errors.New("record inbox: transaction is nil")
 	}
@@ -55,11 +55,11 @@ func (s *Store) InboxRecord(ctx context.Context, tx pgx.Tx, env *transport.Envel
 }
 
 // InboxGet returns the inbox row of message id, or an error wrapping
-// ErrNotFound.
+// message.ErrNotFound.
 func (s *Store) InboxGet(ctx context.Context, id uuid.UUID) (InboxRow, error) {
 	r, err := s.queries.InboxGet(ctx, s.db(nil), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return InboxRow{}, fmt.Errorf("inbox message %s: %w", id, ErrNotFound)
+		return InboxRow{}, fmt.Errorf("inbox message %s: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
 		return InboxRow{}, fmt.Errorf("get inbox message %s in schema %q: %w", id, s.schema, err)
@@ -69,7 +69,7 @@ func (s *Store) InboxGet(ctx context.Context, id uuid.UUID) (InboxRow, error) {
 
 func inboxRow(r *dbsqlc.SagaboxInbox) InboxRow {
 	return InboxRow{
-		MessageID: r.MessageID, Kind: transport.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),
+		MessageID: r.MessageID, Kind: message.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),
 		Step: r.Step, ReceivedAt: r.ReceivedAt, Duplicates: int(r.Duplicates), LastDuplicateAt: r.LastDuplicateAt,
 	}
 }
@@ -123,7 +123,7 @@ func (s *Store) InboxDuplicated(ctx context.Context, max int) ([]InboxRow, error
 // InboxAttempt is the record of a message's failed processing attempts.
 type InboxAttempt struct {
 	MessageID uuid.UUID
-	Kind      transport.Kind
+	Kind      message.Kind
 	Type      string
 	SagaID    uuid.UUID
 	// Attempts counts the failed processing attempts.
@@ -140,7 +140,7 @@ type InboxAttempt struct {
 // cause, in a statement of its own (the processing transaction was rolled
 // back), and returns the number of failed attempts so far. A cause that is
 // not valid UTF-8 or holds NUL bytes is stored with those replaced.
-func (s *Store) InboxAttemptRecord(ctx context.Context, env *transport.Envelope, cause string) (int, error) {
+func (s *Store) InboxAttemptRecord(ctx context.Context, env *message.Envelope, cause string) (int, error) {
 	n, err := s.queries.InboxAttemptRecord(ctx, s.db(nil), &dbsqlc.InboxAttemptRecordParams{
 		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, LastError: storableText(cause),
 	})
@@ -152,7 +152,7 @@ func (s *Store) InboxAttemptRecord(ctx context.Context, env *transport.Envelope,
 
 // InboxAttemptMarkDeadLettered records, in tx (nil: a statement of its
 // own), that env was dead-lettered for reason.
-func (s *Store) InboxAttemptMarkDeadLettered(ctx context.Context, tx pgx.Tx, env *transport.Envelope, reason string) error {
+func (s *Store) InboxAttemptMarkDeadLettered(ctx context.Context, tx pgx.Tx, env *message.Envelope, reason string) error {
 	if err := s.queries.InboxAttemptMarkDeadLettered(ctx, s.db(tx), &dbsqlc.InboxAttemptMarkDeadLetteredParams{
 		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Reason: storableText(reason),
 	}); err != nil {
@@ -162,11 +162,11 @@ func (s *Store) InboxAttemptMarkDeadLettered(ctx context.Context, tx pgx.Tx, env
 }
 
 // InboxAttemptGet returns the attempt record of message id, or an error
-// wrapping ErrNotFound when it never failed.
+// wrapping message.ErrNotFound when it never failed.
 func (s *Store) InboxAttemptGet(ctx context.Context, id uuid.UUID) (InboxAttempt, error) {
 	r, err := s.queries.InboxAttemptGet(ctx, s.db(nil), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return InboxAttempt{}, fmt.Errorf("attempts of message %s: %w", id, ErrNotFound)
+		return InboxAttempt{}, fmt.Errorf("attempts of message %s: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
 		return InboxAttempt{}, fmt.Errorf("get attempts of message %s in schema %q: %w", id, s.schema, err)
@@ -207,7 +207,7 @@ func (s *Store) InboxAttemptList(ctx context.Context, opts *InboxAttemptListOpts
 
 func inboxAttempt(r *dbsqlc.SagaboxInboxAttempt) InboxAttempt {
 	return InboxAttempt{
-		MessageID: r.MessageID, Kind: transport.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),
+		MessageID: r.MessageID, Kind: message.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),
 		Attempts: int(r.Attempts), LastError: r.LastError, DeadLetteredAt: r.DeadLetteredAt, UpdatedAt: r.UpdatedAt,
 	}
 }
@@ -249,7 +249,7 @@ type BarrierMark struct {
 	MessageID uuid.UUID
 	Outcome   BarrierOutcome
 	// ReplyKind and ReplyPayload are the reply sent for the phase.
-	ReplyKind    transport.Kind
+	ReplyKind    message.Kind
 	ReplyPayload []byte
 	CreatedAt    time.Time
 }
@@ -273,11 +273,11 @@ func (s *Store) BarrierInsert(ctx context.Context, tx pgx.Tx, mark BarrierMark) 
 }
 
 // BarrierGet returns the mark of (sagaID, step, phase), read in tx (nil: on
-// the pool), or an error wrapping ErrNotFound.
+// the pool), or an error wrapping message.ErrNotFound.
 func (s *Store) BarrierGet(ctx context.Context, tx pgx.Tx, sagaID uuid.UUID, step string, phase BarrierPhase) (BarrierMark, error) {
 	r, err := s.queries.BarrierGet(ctx, s.db(tx), &dbsqlc.BarrierGetParams{SagaID: sagaID, Step: step, Phase: string(phase)})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return BarrierMark{}, fmt.Errorf("%s barrier of saga %s step %q: %w", phase, sagaID, step, ErrNotFound)
+		return BarrierMark{}, fmt.Errorf("%s barrier of saga %s step %q: %w", phase, sagaID, step, message.ErrNotFound)
 	}
 	if err != nil {
 		return BarrierMark{}, fmt.Errorf("get %s barrier of saga %s step %q in schema %q: %w", phase, sagaID, step, s.schema, err)
@@ -295,7 +295,7 @@ func (s *Store) BarrierUpdate(ctx context.Context, tx pgx.Tx, mark BarrierMark) 
 		return fmt.Errorf("update %s barrier of saga %s step %q in schema %q: %w", mark.Phase, mark.SagaID, mark.Step, s.schema, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("update %s barrier of saga %s step %q: %w", mark.Phase, mark.SagaID, mark.Step, ErrNotFound)
+		return fmt.Errorf("update %s barrier of saga %s step %q: %w", mark.Phase, mark.SagaID, mark.Step, message.ErrNotFound)
 	}
 	return nil
 }
@@ -316,7 +316,7 @@ func (s *Store) BarrierList(ctx context.Context, sagaID uuid.UUID) ([]BarrierMar
 func barrierMark(r *dbsqlc.SagaboxBarrier) BarrierMark {
 	return BarrierMark{
 		SagaID: r.SagaID, Step: r.Step, Phase: BarrierPhase(r.Phase), MessageID: r.MessageID,
-		Outcome: BarrierOutcome(r.Outcome), ReplyKind: transport.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload,
+		Outcome: BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload,
 		CreatedAt: r.CreatedAt,
 	}
 }

@@ -10,14 +10,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport"
 )
 
-func command(sagaID uuid.UUID) *transport.Envelope {
-	return &transport.Envelope{
-		MessageID: uuid.New(), Type: "inventory.reserve", Kind: transport.KindCommand, SagaID: sagaID, Step: "reserve",
+func command(sagaID uuid.UUID) *message.Envelope {
+	return &message.Envelope{
+		MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindCommand, SagaID: sagaID, Step: "reserve",
 	}
 }
 
@@ -43,7 +43,7 @@ func TestInboxRecordCountsDuplicates(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, row.Duplicates)
 	require.Equal(t, env.SagaID, row.SagaID)
-	require.Equal(t, transport.KindCommand, row.Kind)
+	require.Equal(t, message.KindCommand, row.Kind)
 	require.NotNil(t, row.LastDuplicateAt)
 
 	stats, err := s.InboxStats(ctx, time.Hour)
@@ -55,14 +55,14 @@ func TestInboxRecordCountsDuplicates(t *testing.T) {
 	require.Len(t, dups, 1)
 
 	_, err = s.InboxGet(ctx, uuid.New())
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
 func TestInboxRecordRolledBackIsNotRecorded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := dbtest.Store(t, store.LineMessaging)
-	env := &transport.Envelope{MessageID: uuid.New(), Type: "order.placed", Kind: transport.KindEvent}
+	env := &message.Envelope{MessageID: uuid.New(), Type: "order.placed", Kind: message.KindEvent}
 	tx, err := s.Pool().Begin(ctx)
 	require.NoError(t, err)
 	dup, err := s.InboxRecord(ctx, tx, env)
@@ -70,7 +70,7 @@ func TestInboxRecordRolledBackIsNotRecorded(t *testing.T) {
 	require.False(t, dup)
 	require.NoError(t, tx.Rollback(ctx))
 	_, err = s.InboxGet(ctx, env.MessageID)
-	require.ErrorIs(t, err, store.ErrNotFound, "an inbox row exists only if its transaction committed")
+	require.ErrorIs(t, err, message.ErrNotFound, "an inbox row exists only if its transaction committed")
 }
 
 func TestInboxAttempts(t *testing.T) {
@@ -103,7 +103,7 @@ func TestInboxAttempts(t *testing.T) {
 	require.Equal(t, env.MessageID, dl[0].MessageID)
 
 	_, err = s.InboxAttemptGet(ctx, uuid.New())
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
 func TestBarrierInsertOnce(t *testing.T) {
@@ -129,12 +129,12 @@ func TestBarrierInsertOnce(t *testing.T) {
 	again.MessageID = uuid.New()
 	require.False(t, insert(again), "one mark per saga, step and phase")
 
-	mark.ReplyKind, mark.ReplyPayload = transport.KindReplySuccess, []byte(`{"ok":true}`)
+	mark.ReplyKind, mark.ReplyPayload = message.KindReplySuccess, []byte(`{"ok":true}`)
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.BarrierUpdate(ctx, tx, mark) }))
 	got, err := s.BarrierGet(ctx, nil, sagaID, "reserve", store.BarrierAction)
 	require.NoError(t, err)
 	require.Equal(t, mark.MessageID, got.MessageID)
-	require.Equal(t, transport.KindReplySuccess, got.ReplyKind)
+	require.Equal(t, message.KindReplySuccess, got.ReplyKind)
 	require.JSONEq(t, `{"ok":true}`, string(got.ReplyPayload))
 
 	comp := mark
@@ -145,7 +145,7 @@ func TestBarrierInsertOnce(t *testing.T) {
 	require.Len(t, list, 2)
 
 	_, err = s.BarrierGet(ctx, nil, sagaID, "other", store.BarrierAction)
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
 func TestIsConnectionError(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
@@ -78,11 +79,11 @@ func (s *Store) SagaOperationMarkApplied(ctx context.Context, tx pgx.Tx, id int6
 	return nil
 }
 
-// SagaOperationGet returns request id, or an error wrapping ErrNotFound.
+// SagaOperationGet returns request id, or an error wrapping message.ErrNotFound.
 func (s *Store) SagaOperationGet(ctx context.Context, id int64) (SagaOperation, error) {
 	r, err := s.queries.SagaOperationGet(ctx, s.db(nil), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaOperation{}, fmt.Errorf("operator request %d: %w", id, ErrNotFound)
+		return SagaOperation{}, fmt.Errorf("operator request %d: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
 		return SagaOperation{}, fmt.Errorf("get operator request %d: %w", id, err)

@@ -9,10 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // OutboxRow is a claimed outbox row: the message and its publishing state.
@@ -20,19 +19,16 @@ type OutboxRow struct {
 	// ID is the row's position in write order.
 	ID int64
 	// Message is the message to publish, exactly as written.
-	Message transport.Message
+	Message message.Message
 	// PublishAttempts counts claims of the row, this one included.
 	PublishAttempts int
 }
 
 // OutboxWrite inserts msgs into the outbox in tx, the caller's transaction, so
-// they are published if and only if tx commits. It fills in what the caller
-// left empty: MessageID (a UUIDv7, set once here and never changed),
-// Version, CreatedAt, RoutingKey (Type) and OrderingKey (SagaID, or
-// MessageID without a saga) and the W3C trace context of ctx's span, so the
-// trace continues wherever the message goes. It modifies msgs in place so the
+// they are published if and only if tx commits. It completes and validates
+// each message (message.Message.Prepare) and modifies msgs in place, so the
 // caller learns the ids.
-func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []transport.Message) error {
+func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Message) error {
 	if tx == nil {
 		return fmt.Errorf("write outbox: transaction is nil")
 	}
@@ -49,15 +45,9 @@ func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []transport.Mes
 		Payload: make([][]byte, n), CreatedAt: make([]time.Time, n),
 	}
 	now := time.Now().UTC()
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	traceparent, tracestate := carrier.Get("traceparent"), carrier.Get("tracestate")
 	for i := range msgs {
 		m := &msgs[i]
-		if m.TraceParent == "" {
-			m.TraceParent, m.TraceState = traceparent, tracestate
-		}
-		if err := prepareOutgoing(m, now); err != nil {
+		if err := m.Prepare(now); err != nil {
 			return fmt.Errorf("write outbox: message %d (type %q): %w", i, m.Type, err)
 		}
 		headers, err := json.Marshal(m.Headers)
@@ -87,46 +77,6 @@ func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []transport.Mes
 	}
 	if _, err := s.queries.OutboxInsertBatch(ctx, s.db(tx), p); err != nil {
 		return fmt.Errorf("write outbox: insert %d messages into schema %q: %w", n, s.schema, err)
-	}
-	return nil
-}
-
-// prepareOutgoing fills the defaults of an outgoing message and validates it.
-func prepareOutgoing(m *transport.Message, now time.Time) error {
-	if m.MessageID == uuid.Nil {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return fmt.Errorf("generate message id: %w", err)
-		}
-		m.MessageID = id
-	}
-	if m.Version == 0 {
-		m.Version = transport.EnvelopeVersion
-	}
-	if m.CreatedAt.IsZero() {
-		m.CreatedAt = now
-	}
-	if m.RoutingKey == "" && !m.Kind.IsReply() {
-		m.RoutingKey = m.Type
-	}
-	if m.OrderingKey == "" {
-		if m.SagaID != uuid.Nil {
-			m.OrderingKey = m.SagaID.String()
-		} else {
-			m.OrderingKey = m.MessageID.String()
-		}
-	}
-	if m.Payload == nil {
-		m.Payload = []byte("{}")
-	}
-	if !json.Valid(m.Payload) {
-		return fmt.Errorf("payload is not valid JSON")
-	}
-	if err := m.Validate(); err != nil {
-		return err
-	}
-	if m.RoutingKey == "" {
-		return fmt.Errorf("routing key is empty (a reply needs the ReplyTo of its command)")
 	}
 	return nil
 }
@@ -166,7 +116,7 @@ func (s *Store) OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]Outbox
 	return out, nil
 }
 
-func outboxMessage(r *dbsqlc.SagaboxOutbox) transport.Message {
+func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 	var headers map[string]string
 	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
 		_ = json.Unmarshal(r.Headers, &headers) // written by OutboxWrite from a map[string]string
@@ -175,12 +125,12 @@ func outboxMessage(r *dbsqlc.SagaboxOutbox) transport.Message {
 	if r.SagaID.Valid {
 		sagaID = r.SagaID.UUID
 	}
-	return transport.Message{
-		Envelope: transport.Envelope{
-			Version:       transport.EnvelopeVersion,
+	return message.Message{
+		Envelope: message.Envelope{
+			Version:       message.Version,
 			MessageID:     r.MessageID,
 			Type:          r.Type,
-			Kind:          transport.Kind(r.Kind),
+			Kind:          message.Kind(r.Kind),
 			RoutingKey:    r.RoutingKey,
 			SagaID:        sagaID,
 			SagaType:      r.SagaType,

@@ -11,19 +11,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport"
 )
 
-func event(key string, n int) transport.Message {
-	return transport.Message{
-		Envelope: transport.Envelope{Type: "test.event", Kind: transport.KindEvent, OrderingKey: key},
+func event(key string, n int) message.Message {
+	return message.Message{
+		Envelope: message.Envelope{Type: "test.event", Kind: message.KindEvent, OrderingKey: key},
 		Payload:  []byte(fmt.Sprintf(`{"n":%d}`, n)),
 	}
 }
 
-func write(t *testing.T, s *store.Store, msgs ...transport.Message) []transport.Message {
+func write(t *testing.T, s *store.Store, msgs ...message.Message) []message.Message {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }))
@@ -41,9 +41,9 @@ func TestOutboxWriteFillsEnvelope(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
 	sagaID := uuid.New()
-	msgs := write(t, s, transport.Message{
-		Envelope: transport.Envelope{
-			Type: "inventory.reserve", Kind: transport.KindCommand, SagaID: sagaID, SagaType: "checkout",
+	msgs := write(t, s, message.Message{
+		Envelope: message.Envelope{
+			Type: "inventory.reserve", Kind: message.KindCommand, SagaID: sagaID, SagaType: "checkout",
 			Step: "reserve", StepIndex: 1, Attempt: 1, ReplyTo: "orders", Headers: map[string]string{"k": "v"},
 		},
 		Payload: []byte(`{"sku":"A"}`),
@@ -70,11 +70,11 @@ func TestOutboxWriteRejectsInvalidMessage(t *testing.T) {
 	s := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
 	err := s.InTx(ctx, func(tx pgx.Tx) error {
-		return s.OutboxWrite(ctx, tx, []transport.Message{{Envelope: transport.Envelope{Kind: transport.KindEvent}}})
+		return s.OutboxWrite(ctx, tx, []message.Message{{Envelope: message.Envelope{Kind: message.KindEvent}}})
 	})
 	require.ErrorContains(t, err, "type is missing")
 	err = s.InTx(ctx, func(tx pgx.Tx) error {
-		return s.OutboxWrite(ctx, tx, []transport.Message{{Envelope: transport.Envelope{Type: "x", Kind: transport.KindEvent}, Payload: []byte("{")}})
+		return s.OutboxWrite(ctx, tx, []message.Message{{Envelope: message.Envelope{Type: "x", Kind: message.KindEvent}, Payload: []byte("{")}})
 	})
 	require.ErrorContains(t, err, "not valid JSON")
 }
@@ -85,7 +85,7 @@ func TestGuaranteeAtomicOutboxRolledBackRowsNeverClaimed(t *testing.T) {
 	ctx := context.Background()
 	errRollback := fmt.Errorf("business failure")
 	err := s.InTx(ctx, func(tx pgx.Tx) error {
-		if err := s.OutboxWrite(ctx, tx, []transport.Message{event("k", 1)}); err != nil {
+		if err := s.OutboxWrite(ctx, tx, []message.Message{event("k", 1)}); err != nil {
 			return err
 		}
 		return errRollback
@@ -103,7 +103,7 @@ func TestGuaranteeOrderingClaimRespectsKeys(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
-	var msgs []transport.Message
+	var msgs []message.Message
 	for i := range 6 {
 		msgs = append(msgs, event("key-a", i))
 	}
@@ -152,7 +152,7 @@ func TestRetentionDeletesInSmallBatches(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
-	var msgs []transport.Message
+	var msgs []message.Message
 	for i := range 25 {
 		msgs = append(msgs, event(fmt.Sprint(i), i))
 	}

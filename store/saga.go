@@ -9,11 +9,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
-
-// ErrNotFound is returned when a requested row does not exist.
-var ErrNotFound = errors.New("not found")
 
 // ErrConflict is returned by SagaUpdate when the saga changed since it was
 // read (its revision moved on).
@@ -107,11 +105,11 @@ func (s *Store) SagaInsert(ctx context.Context, tx pgx.Tx, rec SagaRecord, now t
 }
 
 // SagaGet returns the saga id, reading through tx when it is not nil. It
-// returns an error wrapping ErrNotFound when there is none.
+// returns an error wrapping message.ErrNotFound when there is none.
 func (s *Store) SagaGet(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecord, error) {
 	row, err := s.queries.SagaGet(ctx, s.db(tx), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, ErrNotFound)
+		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
 		return SagaRecord{}, fmt.Errorf("get saga %s: %w", id, err)
@@ -121,11 +119,11 @@ func (s *Store) SagaGet(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecor
 
 // SagaGetByStartKey returns the saga of type sagaType started with
 // startKey, reading through tx when it is not nil, or an error wrapping
-// ErrNotFound.
+// message.ErrNotFound.
 func (s *Store) SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error) {
 	row, err := s.queries.SagaGetByStartKey(ctx, s.db(tx), &dbsqlc.SagaGetByStartKeyParams{SagaType: sagaType, StartKey: startKey})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s with start key %q: %w", sagaType, startKey, ErrNotFound)
+		return SagaRecord{}, fmt.Errorf("saga %s with start key %q: %w", sagaType, startKey, message.ErrNotFound)
 	}
 	if err != nil {
 		return SagaRecord{}, fmt.Errorf("get saga %s with start key %q: %w", sagaType, startKey, err)
@@ -138,7 +136,7 @@ func (s *Store) SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, star
 func (s *Store) SagaGetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecord, error) {
 	row, err := s.queries.SagaGetForUpdate(ctx, s.db(tx), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, ErrNotFound)
+		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
 		return SagaRecord{}, fmt.Errorf("lock saga %s: %w", id, err)

@@ -9,7 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 )
 
@@ -59,7 +60,7 @@ func TestSagaUpdateDetectsConflict(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrConflict, "the second write carries a stale revision")
 
 	_, err = s.SagaGet(ctx, nil, uuid.New())
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
 func TestSagaClaimDueSkipsLockedSagas(t *testing.T) {
@@ -160,5 +161,5 @@ func TestSagaOperationRequests(t *testing.T) {
 	_, err = s.SagaOperationRequest(ctx, id, "delete", "x", "y")
 	require.Error(t, err, "only retry and abort are actions")
 	_, err = s.SagaOperationGet(ctx, 999999)
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, message.ErrNotFound)
 }

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // The inspection views are a supported query API: they must exist and
@@ -31,7 +31,7 @@ func TestInspectionViews(t *testing.T) {
 		if err := s.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{At: now, Event: "started"}}); err != nil {
 			return err
 		}
-		return s.OutboxWrite(ctx, tx, []transport.Message{event("k", 1)})
+		return s.OutboxWrite(ctx, tx, []message.Message{event("k", 1)})
 	}))
 	q := func(sql string, dest ...any) {
 		t.Helper()

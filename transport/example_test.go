@@ -6,12 +6,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"
 )
 
 // Validate names every field a receiver would miss.
 func ExampleEnvelope_Validate() {
-	env := transport.Envelope{Version: 1, MessageID: uuid.New(), Type: "inventory.reserve", Kind: transport.KindCommand}
+	env := message.Envelope{Version: 1, MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindCommand}
 	fmt.Println(env.Validate())
 	// Output:
 	// saga_id is missing on a command

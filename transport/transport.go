@@ -1,116 +1,30 @@
-// Package transport defines how sagabox moves messages between services: the
-// message envelope that every command, compensation, reply and event carries,
-// and the small Publisher and Subscriber interfaces that a broker adapter
-// implements. The RabbitMQ adapter lives in transport/rabbitmq; every adapter
+// Package transport defines how sagabox moves messages (package message)
+// between services: the small Publisher and Subscriber interfaces that a
+// broker adapter implements, and what a handler tells the adapter to do with
+// a delivery. The RabbitMQ adapter lives in transport/rabbitmq; every adapter
 // must pass the conformance suite in transport/transporttest.
 //
 // Delivery is at-least-once. Receivers make the effect happen once by
-// recording Envelope.MessageID in their inbox (see package participant).
+// recording the message id in their inbox (see package participant).
 package transport
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/sagabox/sagabox/message"
 )
 
-// EnvelopeVersion is the version of the envelope layout written by this
-// package. Receivers reject envelopes with a higher version than they know.
-const EnvelopeVersion = 1
-
-// Kind says what role a message plays. It decides which exchange carries it
-// and how a receiver treats it.
-type Kind string
-
-// The kinds of message sagabox sends.
-const (
-	// KindCommand asks a participant to perform a saga step's action.
-	KindCommand Kind = "command"
-	// KindCompensation asks a participant to undo a step's action.
-	KindCompensation Kind = "compensation"
-	// KindReplySuccess reports that a command or compensation succeeded.
-	KindReplySuccess Kind = "reply-success"
-	// KindReplyFailure reports that a command was rejected or a compensation
-	// could not be performed.
-	KindReplyFailure Kind = "reply-failure"
-	// KindEvent is a plain domain event, outside of any saga.
-	KindEvent Kind = "event"
-)
-
-// Valid reports whether k is one of the known kinds.
-func (k Kind) Valid() bool {
-	switch k {
-	case KindCommand, KindCompensation, KindReplySuccess, KindReplyFailure, KindEvent:
-		return true
-	}
-	return false
-}
-
-// IsReply reports whether k is a success or failure reply.
-func (k Kind) IsReply() bool { return k == KindReplySuccess || k == KindReplyFailure }
-
-// Envelope is the metadata of a message. It is set once when the message is
-// written to an outbox and never changes on redelivery.
-type Envelope struct {
-	// Version is the envelope layout version; EnvelopeVersion when written.
-	Version int
-	// MessageID identifies the message; receivers deduplicate on it.
-	MessageID uuid.UUID
-	// Type is the stable message name, e.g. "inventory.reserve".
-	Type string
-	// Kind is the role of the message.
-	Kind Kind
-	// RoutingKey selects the receiving queue. For commands, compensations and
-	// events it is normally Type; for replies it is the ReplyTo of the command.
-	RoutingKey string
-	// SagaID is the saga the message belongs to; uuid.Nil for plain events.
-	SagaID uuid.UUID
-	// SagaType is the saga definition name.
-	SagaType string
-	// Step is the saga step name.
-	Step string
-	// StepIndex is the position of the step in its definition.
-	StepIndex int
-	// Attempt is the attempt number of the command (1 for the first send).
-	Attempt int
-	// ReplyTo is the routing key replies to this message must be sent with.
-	ReplyTo string
-	// CorrelationID ties a reply to the message it answers (the command's
-	// MessageID as a string).
-	CorrelationID string
-	// CreatedAt is when the message was written to the outbox.
-	CreatedAt time.Time
-	// TraceParent and TraceState carry the W3C trace context of the writer.
-	TraceParent string
-	TraceState  string
-	// OrderingKey groups messages that must be published in the order they
-	// were written. Empty means SagaID, or MessageID when there is no saga
-	// (no ordering constraint).
-	OrderingKey string
-	// Headers holds additional string headers. Keys starting with "x-sagabox-"
-	// are reserved.
-	Headers map[string]string
-}
-
-// Message is an envelope and its JSON payload.
-type Message struct {
-	Envelope
-	// Payload is the message body, a JSON document.
-	Payload []byte
-}
-
-// Exchange returns the logical exchange a message of this kind is published
+// Exchange returns the logical exchange a message of kind k is published
 // to: "commands" for commands and compensations, "replies" for replies and
 // "events" for events.
-func (k Kind) Exchange() string {
+func Exchange(k message.Kind) string {
 	switch k {
-	case KindCommand, KindCompensation:
+	case message.KindCommand, message.KindCompensation:
 		return ExchangeCommands
-	case KindReplySuccess, KindReplyFailure:
+	case message.KindReplySuccess, message.KindReplyFailure:
 		return ExchangeReplies
 	default:
 		return ExchangeEvents
@@ -124,36 +38,6 @@ const (
 	ExchangeEvents   = "events"
 )
 
-// Validate checks that the envelope has everything a receiver needs. Its
-// errors name the field at fault.
-func (e *Envelope) Validate() error {
-	var errs []error
-	if e.Version < 1 || e.Version > EnvelopeVersion {
-		errs = append(errs, fmt.Errorf("envelope version %d not supported (want 1..%d)", e.Version, EnvelopeVersion))
-	}
-	if e.MessageID == uuid.Nil {
-		errs = append(errs, errors.New("message_id is missing"))
-	}
-	if strings.TrimSpace(e.Type) == "" {
-		errs = append(errs, errors.New("type is missing"))
-	}
-	if !e.Kind.Valid() {
-		errs = append(errs, fmt.Errorf("kind %q is not one of command, compensation, reply-success, reply-failure, event", e.Kind))
-	}
-	if e.Kind == KindCommand || e.Kind == KindCompensation || e.Kind.IsReply() {
-		if e.SagaID == uuid.Nil {
-			errs = append(errs, fmt.Errorf("saga_id is missing on a %s", e.Kind))
-		}
-		if e.Step == "" {
-			errs = append(errs, fmt.Errorf("step is missing on a %s", e.Kind))
-		}
-	}
-	if e.StepIndex < 0 {
-		errs = append(errs, fmt.Errorf("step_index %d is negative", e.StepIndex))
-	}
-	return errors.Join(errs...)
-}
-
 // Publisher sends messages to the broker.
 type Publisher interface {
 	// Publish sends msgs, pipelined, and returns once the broker has confirmed
@@ -161,7 +45,7 @@ type Publisher interface {
 	// every message was confirmed. When only some failed it returns a
 	// *PublishError naming them; any other error means none can be assumed
 	// published. A message that cannot be routed to any queue is an error.
-	Publish(ctx context.Context, msgs ...Message) error
+	Publish(ctx context.Context, msgs ...message.Message) error
 }
 
 // PublishError reports the messages of a batch that were not confirmed.
@@ -251,7 +135,7 @@ func DeadLetter(reason string) Outcome { return Outcome{Action: ActionDeadLetter
 
 // Delivery is a message received from a queue.
 type Delivery struct {
-	Message
+	message.Message
 	// Queue is the logical queue name the message was consumed from.
 	Queue string
 	// Redelivered is true when the message may have been delivered before:

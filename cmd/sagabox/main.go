@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/sagabox/sagabox/internal/cli"
+	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
 )
 
 func main() {

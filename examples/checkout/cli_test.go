@@ -4,25 +4,67 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/examples/checkout/orders"
-	"github.com/sagabox/sagabox/internal/cli"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
 
-// sagabox runs the CLI in-process and returns its exit code and output.
+// The sagabox command's exit codes (docs/operations.md).
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitRefused  = 4
+	exitPending  = 5
+)
+
+var (
+	buildCLI sync.Once
+	cliPath  string
+	cliErr   error
+)
+
+// sagabox runs the sagabox command, built once per test binary, and returns
+// its exit code and output.
 func sagabox(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	buildCLI.Do(func() {
+		dir, err := os.MkdirTemp("", "sagabox-cli-")
+		if err != nil {
+			cliErr = err
+			return
+		}
+		cliPath = filepath.Join(dir, "sagabox")
+		out, err := exec.Command("go", "build", "-o", cliPath, "github.com/sagabox/sagabox/cmd/sagabox").CombinedOutput()
+		if err != nil {
+			cliErr = fmt.Errorf("go build sagabox: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, cliErr)
 	var out, errOut bytes.Buffer
-	code := cli.Run(context.Background(), args, &out, &errOut)
-	return code, out.String(), errOut.String()
+	cmd := exec.Command(cliPath, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), out.String(), errOut.String()
+	}
+	require.NoError(t, err)
+	return 0, out.String(), errOut.String()
 }
 
 type listed struct {
@@ -48,7 +90,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 
 	// list, as JSON and as a table.
 	code, stdout, stderr := sagabox(t, append([]string{"saga", "list", "--json"}, db...)...)
-	require.Equal(t, cli.ExitOK, code, stderr)
+	require.Equal(t, exitOK, code, stderr)
 	var all listed
 	require.NoError(t, json.Unmarshal([]byte(stdout), &all))
 	require.Len(t, all.Sagas, 6)
@@ -61,7 +103,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	require.Positive(t, counts[saga.StatusCompensated])
 
 	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--status", "compensated", "--limit", "1", "--json"}, db...)...)
-	require.Equal(t, cli.ExitOK, code)
+	require.Equal(t, exitOK, code)
 	var page listed
 	require.NoError(t, json.Unmarshal([]byte(stdout), &page))
 	require.Len(t, page.Sagas, 1)
@@ -72,18 +114,18 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	compensated := page.Sagas[0].ID
 
 	code, stdout, _ = sagabox(t, append([]string{"saga", "list"}, db...)...)
-	require.Equal(t, cli.ExitOK, code)
+	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "STATUS")
 	require.Contains(t, stdout, compensated)
 
 	// show: data, steps and timeline.
 	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated}, db...)...)
-	require.Equal(t, cli.ExitOK, code)
+	require.Equal(t, exitOK, code)
 	for _, want := range []string{"checkout v1", "compensated", "reserve-stock", "step-rejected", "TIME", `"order_id"`} {
 		require.Contains(t, stdout, want)
 	}
 	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated, "--json"}, db...)...)
-	require.Equal(t, cli.ExitOK, code)
+	require.Equal(t, exitOK, code)
 	var shown struct {
 		Status  saga.Status         `json:"Status"`
 		History []saga.HistoryEntry `json:"history"`
@@ -94,7 +136,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 
 	// stats of the services' outboxes and inboxes.
 	code, stdout, _ = sagabox(t, "outbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
-	require.Equal(t, cli.ExitOK, code)
+	require.Equal(t, exitOK, code)
 	var ostats []struct {
 		Schema  string `json:"schema"`
 		Backlog int64  `json:"backlog"`
@@ -105,7 +147,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 		Backlog int64  `json:"backlog"`
 	}{{prefix + "inventory", 0}}, ostats, "every reply was published")
 	code, stdout, _ = sagabox(t, "inbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
-	require.Equal(t, cli.ExitOK, code)
+	require.Equal(t, exitOK, code)
 	var istats []struct {
 		Processed  int64 `json:"processed"`
 		Duplicates int64 `json:"duplicates"`
@@ -116,22 +158,22 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 
 	// Exit codes scripts rely on.
 	code, _, stderr = sagabox(t, append([]string{"saga", "show", "01890000-0000-7000-8000-000000000000"}, db...)...)
-	require.Equal(t, cli.ExitNotFound, code)
+	require.Equal(t, exitNotFound, code)
 	require.Contains(t, stderr, "does not exist")
 	code, _, _ = sagabox(t, append([]string{"saga", "show", "not-a-uuid"}, db...)...)
-	require.Equal(t, cli.ExitUsage, code)
+	require.Equal(t, exitUsage, code)
 	code, _, _ = sagabox(t, append([]string{"saga", "list", "--status", "sleeping"}, db...)...)
-	require.Equal(t, cli.ExitUsage, code)
+	require.Equal(t, exitUsage, code)
 	code, _, _ = sagabox(t, "saga", "frobnicate")
-	require.Equal(t, cli.ExitUsage, code)
+	require.Equal(t, exitUsage, code)
 	code, _, stderr = sagabox(t, "outbox", "stats", "--database-url", "postgres://u:s3cret@127.0.0.1:1/x")
-	require.Equal(t, cli.ExitError, code)
+	require.Equal(t, exitError, code)
 	require.Contains(t, stderr, "cannot reach PostgreSQL at 127.0.0.1:1")
 	require.NotContains(t, stderr, "s3cret")
 
 	// No orchestrator runs now: an operator request waits, and says so.
 	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test", "--wait", "300ms"}, db...)...)
-	require.Equal(t, cli.ExitPending, code, stderr)
+	require.Equal(t, exitPending, code, stderr)
 	require.Contains(t, stderr, "no orchestrator applied it")
 
 	// An orchestrator of the example's orders service, with inventory down:
@@ -162,18 +204,18 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	// The compensated saga cannot be aborted: refused, exit 4 (the request
 	// left pending above is refused the same way).
 	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test"}, db...)...)
-	require.Equal(t, cli.ExitRefused, code, stderr)
+	require.Equal(t, exitRefused, code, stderr)
 
 	code, stdout, stderr = sagabox(t, append([]string{"saga", "retry", toRetry.ID.String(), "--reason", "inventory was down", "--actor", "carol"}, db...)...)
-	require.Equal(t, cli.ExitOK, code, stderr)
+	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "retry of saga")
 	code, stdout, stderr = sagabox(t, append([]string{"saga", "abort", toAbort.ID.String(), "--reason", "customer cancelled", "--actor", "dave"}, db...)...)
-	require.Equal(t, cli.ExitOK, code, stderr)
+	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "status is now compensating")
 
 	hasEntry := func(id string, event saga.HistoryEvent, actor, detail string) bool {
 		code, stdout, _ := sagabox(t, append([]string{"saga", "show", id, "--json"}, db...)...)
-		require.Equal(t, cli.ExitOK, code)
+		require.Equal(t, exitOK, code)
 		var s struct {
 			History []saga.HistoryEntry `json:"history"`
 		}

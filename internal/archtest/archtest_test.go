@@ -1,9 +1,12 @@
 // Package archtest holds the import rules of sagabox's layout (STYLE.md) as
-// a test, so that they cannot erode unnoticed.
+// a test, so that they cannot erode unnoticed. The linter's depguard rules
+// (.golangci.yml) say the same for each file; this test checks the built
+// packages, tests included where a rule covers them.
 package archtest
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"os/exec"
 	"strings"
@@ -29,7 +32,7 @@ func listPackages(t *testing.T) []pkg {
 	var pkgs []pkg
 	for {
 		var p pkg
-		if err := dec.Decode(&p); err == io.EOF {
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
 			break
 		} else {
 			require.NoError(t, err)
@@ -40,7 +43,8 @@ func listPackages(t *testing.T) []pkg {
 	return pkgs
 }
 
-func hasPrefix(path string, prefixes ...string) bool {
+// under reports whether path is one of prefixes or inside one.
+func under(path string, prefixes ...string) bool {
 	for _, p := range prefixes {
 		if path == p || strings.HasPrefix(path, p+"/") {
 			return true
@@ -49,28 +53,97 @@ func hasPrefix(path string, prefixes ...string) bool {
 	return false
 }
 
-// TestImportRules checks the import direction that STYLE.md sets: saga is
-// pure; only store sees pgx's lower layers and the sqlc output; only the
-// RabbitMQ adapter imports amqp091-go.
+func ours(path string) bool { return under(path, module) }
+
+// rule is one import rule: no package matching from may import a package
+// matching to.
+type rule struct {
+	why      string
+	from, to func(string) bool
+}
+
+func in(prefixes ...string) func(string) bool {
+	full := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		full[i] = module + "/" + p
+	}
+	return func(path string) bool { return under(path, full...) }
+}
+
+func external(prefixes ...string) func(string) bool {
+	return func(path string) bool { return under(path, prefixes...) }
+}
+
+func not(f func(string) bool) func(string) bool { return func(p string) bool { return !f(p) } }
+
+func and(fs ...func(string) bool) func(string) bool {
+	return func(p string) bool {
+		for _, f := range fs {
+			if !f(p) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+var rules = []rule{
+	{"saga imports nothing of ours", in("saga"), and(ours, not(in("saga")))},
+	{"saga does no I/O", in("saga"), external("github.com/jackc", "github.com/rabbitmq")},
+	{"message imports nothing of ours", in("message"), and(ours, not(in("message")))},
+	{"store speaks message's types, not transport's", in("store"), in("transport")},
+	{"store makes no tracing decisions", in("store"), external("go.opentelemetry.io")},
+	{"store is below the engine and the clients", in("store"), in("internal", "orchestrator", "participant", "cmd")},
+	{"transport knows nothing of persistence", in("transport"), in("store")},
+	{"transport is below the engine and the clients", in("transport"), in("internal", "orchestrator", "participant", "cmd")},
+	{"the orchestrator never imports the participant", in("orchestrator"), in("participant")},
+	{"the participant never imports the orchestrator", in("participant"), in("orchestrator")},
+	{"internal/ is below the clients", in("internal"), in("orchestrator", "participant", "cmd")},
+	{"only store sees pgconn and pgtype", not(in("store", "internal/testkit/dbtest")), external("github.com/jackc/pgx/v5/pgconn", "github.com/jackc/pgx/v5/pgtype")},
+	{"sqlc output is private to store", not(in("store")), in("store/internal/dbsqlc")},
+	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest")), external("github.com/rabbitmq/amqp091-go")},
+	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
+}
+
+// TestImportRules checks the import direction that STYLE.md sets: every
+// arrow points down (cmd → clients → internal engine → store, transport →
+// message; saga is a leaf), the two clients never import each other, and
+// only store, transport/rabbitmq and the test kit see pgx's lower layers and
+// AMQP.
 func TestImportRules(t *testing.T) {
 	t.Parallel()
 	for _, p := range listPackages(t) {
 		for _, imp := range p.Imports {
-			switch {
-			case hasPrefix(p.ImportPath, module+"/saga") && strings.HasPrefix(imp, module) && !hasPrefix(imp, module+"/saga"):
-				t.Errorf("%s imports %s: saga must import nothing of ours", p.ImportPath, imp)
-			case hasPrefix(p.ImportPath, module+"/saga") && (strings.HasPrefix(imp, "github.com/jackc/") || strings.HasPrefix(imp, "github.com/rabbitmq/")):
-				t.Errorf("%s imports %s: saga must do no I/O", p.ImportPath, imp)
-			case hasPrefix(imp, "github.com/jackc/pgx/v5/pgconn", "github.com/jackc/pgx/v5/pgtype") && !hasPrefix(p.ImportPath, module+"/store", module+"/internal/dbtest"):
-				t.Errorf("%s imports %s: only store sees pgconn/pgtype", p.ImportPath, imp)
-			case hasPrefix(imp, module+"/store/internal/dbsqlc") && !hasPrefix(p.ImportPath, module+"/store"):
-				t.Errorf("%s imports %s: sqlc output is private to store", p.ImportPath, imp)
-			case hasPrefix(imp, "github.com/rabbitmq/amqp091-go") && !hasPrefix(p.ImportPath, module+"/transport/rabbitmq", module+"/internal/amqptest"):
-				t.Errorf("%s imports %s: only transport/rabbitmq talks AMQP", p.ImportPath, imp)
-			case hasPrefix(p.ImportPath, module+"/transport") && !hasPrefix(p.ImportPath, module+"/transport/rabbitmq", module+"/transport/transporttest") &&
-				strings.HasPrefix(imp, module) && !hasPrefix(imp, module+"/transport"):
-				t.Errorf("%s imports %s: transport depends on nothing else of ours", p.ImportPath, imp)
+			for _, r := range rules {
+				if r.from(p.ImportPath) && r.to(imp) {
+					t.Errorf("%s imports %s: %s", p.ImportPath, imp, r.why)
+				}
 			}
 		}
 	}
+}
+
+// TestRulesCatchViolations makes sure the rules are not vacuous: each names
+// an import that it refuses.
+func TestRulesCatchViolations(t *testing.T) {
+	t.Parallel()
+	violations := map[string][2]string{
+		"saga imports nothing of ours":                   {module + "/saga", module + "/message"},
+		"message imports nothing of ours":                {module + "/message", module + "/transport"},
+		"store speaks message's types, not transport's":  {module + "/store", module + "/transport"},
+		"store makes no tracing decisions":               {module + "/store", "go.opentelemetry.io/otel/propagation"},
+		"transport knows nothing of persistence":         {module + "/transport/rabbitmq", module + "/store"},
+		"the orchestrator never imports the participant": {module + "/orchestrator", module + "/participant"},
+		"the participant never imports the orchestrator": {module + "/participant", module + "/orchestrator"},
+		"internal/ is below the clients":                 {module + "/internal/relay", module + "/orchestrator"},
+	}
+	for _, r := range rules {
+		v, ok := violations[r.why]
+		if !ok {
+			continue
+		}
+		require.True(t, r.from(v[0]) && r.to(v[1]), "rule %q must refuse %s → %s", r.why, v[0], v[1])
+		delete(violations, r.why)
+	}
+	require.Empty(t, violations, "every listed violation has its rule")
 }

@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -88,7 +89,7 @@ type Observer interface {
 	// Published is called after a batch was sent: confirmed[i] says whether
 	// msgs[i] was confirmed by the broker, err is the publish error (nil when
 	// all were), elapsed the time the publish took.
-	Published(ctx context.Context, msgs []transport.Message, confirmed []bool, err error, elapsed time.Duration)
+	Published(ctx context.Context, msgs []message.Message, confirmed []bool, err error, elapsed time.Duration)
 }
 
 // WithDefaults returns a copy of c with defaults filled in.
@@ -263,7 +264,7 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
-	msgs := make([]transport.Message, len(rows))
+	msgs := make([]message.Message, len(rows))
 	for i, row := range rows {
 		msgs[i] = row.Message
 	}

@@ -13,8 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
@@ -102,19 +103,19 @@ func (s *sink) snapshot() (map[uuid.UUID]int, map[string][]int) {
 	return seen, order
 }
 
-func events(key string, from, n int) []transport.Message {
-	msgs := make([]transport.Message, n)
+func events(key string, from, n int) []message.Message {
+	msgs := make([]message.Message, n)
 	for i := range n {
 		body, _ := json.Marshal(payload{Key: key, N: from + i})
-		msgs[i] = transport.Message{
-			Envelope: transport.Envelope{Type: "test.event", Kind: transport.KindEvent, OrderingKey: key},
+		msgs[i] = message.Message{
+			Envelope: message.Envelope{Type: "test.event", Kind: message.KindEvent, OrderingKey: key},
 			Payload:  body,
 		}
 	}
 	return msgs
 }
 
-func writeCommitted(t *testing.T, s *store.Store, msgs []transport.Message) []uuid.UUID {
+func writeCommitted(t *testing.T, s *store.Store, msgs []message.Message) []uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }))
@@ -125,7 +126,7 @@ func writeCommitted(t *testing.T, s *store.Store, msgs []transport.Message) []uu
 	return ids
 }
 
-func tryWrite(s *store.Store, msgs []transport.Message) ([]uuid.UUID, error) {
+func tryWrite(s *store.Store, msgs []message.Message) ([]uuid.UUID, error) {
 	ctx := context.Background()
 	if err := s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }); err != nil {
 		return nil, err
@@ -286,7 +287,7 @@ func TestGuaranteeNoLostMessageConnectionClosedMidStream(t *testing.T) {
 // countingObserver counts confirmed publishes per relay.
 type countingObserver struct{ n atomic.Int64 }
 
-func (o *countingObserver) Published(_ context.Context, _ []transport.Message, confirmed []bool, _ error, _ time.Duration) {
+func (o *countingObserver) Published(_ context.Context, _ []message.Message, confirmed []bool, _ error, _ time.Duration) {
 	for _, ok := range confirmed {
 		if ok {
 			o.n.Add(1)
@@ -307,7 +308,7 @@ func TestGuaranteeOrderingTwoRelaysKeepPerKeyOrder(t *testing.T) {
 	// Interleave keys across several commits so each key's rows are spread
 	// over many claim batches.
 	for round := range 6 {
-		var batch []transport.Message
+		var batch []message.Message
 		for k := range keys {
 			batch = append(batch, events(fmt.Sprintf("key-%d", k), round*perKey/6, perKey/6)...)
 		}

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -313,7 +314,7 @@ func ExtractParent(ctx context.Context, traceparent, tracestate string) context.
 }
 
 // Extract returns ctx with the remote span context carried by env.
-func Extract(ctx context.Context, env *transport.Envelope) context.Context {
+func Extract(ctx context.Context, env *message.Envelope) context.Context {
 	if env.TraceParent == "" {
 		return ctx
 	}
@@ -323,13 +324,13 @@ func Extract(ctx context.Context, env *transport.Envelope) context.Context {
 // SpanName is the name of a messaging span: operation, kind and type, e.g.
 // "send command inventory.reserve" or "process reply-success
 // inventory.reserve". Every part is low-cardinality.
-func SpanName(operation string, env *transport.Envelope) string {
+func SpanName(operation string, env *message.Envelope) string {
 	return operation + " " + string(env.Kind) + " " + env.Type
 }
 
 // MessageAttributes are the messaging semantic-convention attributes of env
 // for operation ("send" or "process"), plus sagabox's own.
-func MessageAttributes(env *transport.Envelope, operation string) []attribute.KeyValue {
+func MessageAttributes(env *message.Envelope, operation string) []attribute.KeyValue {
 	opName := operation
 	if operation == "send" {
 		opName = "publish"
@@ -338,7 +339,7 @@ func MessageAttributes(env *transport.Envelope, operation string) []attribute.Ke
 		attribute.String("messaging.system", "rabbitmq"),
 		attribute.String("messaging.operation.type", operation),
 		attribute.String("messaging.operation.name", opName),
-		attribute.String("messaging.destination.name", env.Kind.Exchange()),
+		attribute.String("messaging.destination.name", transport.Exchange(env.Kind)),
 		attribute.String("messaging.rabbitmq.destination.routing_key", env.RoutingKey),
 		attribute.String("messaging.message.id", env.MessageID.String()),
 		AttrMessageType.String(env.Type),
@@ -359,7 +360,7 @@ func MessageAttributes(env *transport.Envelope, operation string) []attribute.Ke
 // trace context to the new span so that the consumer's span becomes its
 // child. m's trace context is left alone when the span is not valid (no
 // tracing configured), so the writer's context still travels.
-func (t *Telemetry) StartPublish(ctx context.Context, m *transport.Message) trace.Span {
+func (t *Telemetry) StartPublish(ctx context.Context, m *message.Message) trace.Span {
 	ctx = Extract(ctx, &m.Envelope)
 	ctx, span := t.tracer.Start(ctx, SpanName("send", &m.Envelope), trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(MessageAttributes(&m.Envelope, "send")...))
@@ -381,7 +382,7 @@ func EndPublish(span trace.Span, err error) {
 // StartProcess starts a consumer span for a delivery, as a child of the
 // producer span that sent it. component is "participant" or
 // "orchestrator".
-func (t *Telemetry) StartProcess(ctx context.Context, env *transport.Envelope, component string) (context.Context, trace.Span) {
+func (t *Telemetry) StartProcess(ctx context.Context, env *message.Envelope, component string) (context.Context, trace.Span) {
 	ctx = Extract(ctx, env)
 	return t.tracer.Start(ctx, SpanName("process", env), trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(append(MessageAttributes(env, "process"), AttrComponent.String(component))...))
@@ -406,7 +407,7 @@ type RelayObserver struct {
 }
 
 // Published implements relay.Observer.
-func (o *RelayObserver) Published(ctx context.Context, msgs []transport.Message, confirmed []bool, _ error, elapsed time.Duration) {
+func (o *RelayObserver) Published(ctx context.Context, msgs []message.Message, confirmed []bool, _ error, elapsed time.Duration) {
 	ok := 0
 	for _, c := range confirmed {
 		if c {

@@ -14,15 +14,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
-	"github.com/sagabox/sagabox/internal/telemetry/telemetrytest"
-	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
+	"github.com/sagabox/sagabox/message"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func command() transport.Message {
-	return transport.Message{Envelope: transport.Envelope{
-		MessageID: uuid.New(), Type: "inventory.reserve", Kind: transport.KindCommand, RoutingKey: "inventory.reserve",
+func command() message.Message {
+	return message.Message{Envelope: message.Envelope{
+		MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindCommand, RoutingKey: "inventory.reserve",
 		SagaID: uuid.New(), SagaType: "order", Step: "reserve", Attempt: 1, ReplyTo: "orders",
 	}}
 }
@@ -93,7 +93,7 @@ func TestRelayObserverCounts(t *testing.T) {
 	tel, err := telemetry.New(nil, meter.Provider)
 	require.NoError(t, err)
 	obs := tel.RelayObserver("svc")
-	msgs := []transport.Message{command(), command(), command()}
+	msgs := []message.Message{command(), command(), command()}
 	obs.Published(context.Background(), msgs, []bool{true, false, true}, errors.New("nacked"), time.Millisecond)
 	obs.Published(context.Background(), msgs[:1], []bool{true}, nil, time.Millisecond)
 

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
-	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 	"github.com/sagabox/sagabox/transport/transporttest"
 )
@@ -37,7 +37,7 @@ func benchPublish(b *testing.B, qt rabbitmq.QueueType, perCall int) {
 	require.NoError(b, br.Declare(ctx, spec))
 	ch, err := amqptest.Dial(b).Channel()
 	require.NoError(b, err)
-	msgs := make([]transport.Message, benchBatch)
+	msgs := make([]message.Message, benchBatch)
 	for i := range msgs {
 		msgs[i] = transporttest.Command("svc.do")
 		msgs[i].Payload = fmt.Appendf(nil, `{"order_id":"ord-%06d","sku":"A-1","qty":2,"note":"benchmark payload of a typical command"}`, i)
@@ -71,7 +71,7 @@ func BenchmarkPublishConcurrentCallers(b *testing.B) {
 			b.SetParallelism(2) // 2 × GOMAXPROCS callers
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
-				msgs := make([]transport.Message, batch)
+				msgs := make([]message.Message, batch)
 				for pb.Next() {
 					for i := range msgs {
 						msgs[i] = transporttest.Command("svc.do")

@@ -1,18 +1,17 @@
 package rabbitmq
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"mime"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -49,18 +48,20 @@ const (
 	HeaderDeadLetterAt     = "x-sagabox-dead-letter-at"
 )
 
-const reservedPrefix = "x-sagabox-"
-
 // EncodeMessage maps a message to an AMQP publishing: the ids go to AMQP
 // properties, the other envelope fields to headers, the payload to the body.
-// The publishing is persistent. It fails when the envelope is invalid, the
-// payload is not JSON or a user header key is reserved.
-func EncodeMessage(m transport.Message) (amqp.Publishing, error) {
-	if err := m.Validate(); err != nil {
-		return amqp.Publishing{}, fmt.Errorf("message %s: invalid envelope: %w", m.MessageID, err)
-	}
-	if len(m.Payload) == 0 || !json.Valid(m.Payload) || !utf8.Valid(m.Payload) {
-		return amqp.Publishing{}, fmt.Errorf("message %s: payload is not a valid JSON document", m.MessageID)
+// The publishing is persistent. A message is validated once, when it is
+// written to an outbox (message.Message.Prepare); EncodeMessage checks only
+// what the mapping itself needs, and fails when the message id, type or
+// payload is missing or a user header key is reserved.
+func EncodeMessage(m message.Message) (amqp.Publishing, error) {
+	switch {
+	case m.MessageID == uuid.Nil:
+		return amqp.Publishing{}, errors.New("message id is missing")
+	case m.Type == "":
+		return amqp.Publishing{}, fmt.Errorf("message %s: type is missing", m.MessageID)
+	case len(m.Payload) == 0:
+		return amqp.Publishing{}, fmt.Errorf("message %s: payload is empty", m.MessageID)
 	}
 	h := amqp.Table{
 		HeaderVersion:   int64(m.Version),
@@ -81,8 +82,8 @@ func EncodeMessage(m transport.Message) (amqp.Publishing, error) {
 		ts = m.CreatedAt.UTC().Truncate(time.Second)
 	}
 	for k, v := range m.Headers {
-		if k == "" || strings.HasPrefix(k, reservedPrefix) {
-			return amqp.Publishing{}, fmt.Errorf("message %s: header key %q is empty or reserved (x-sagabox-)", m.MessageID, k)
+		if k == "" || strings.HasPrefix(k, message.ReservedHeaderPrefix) {
+			return amqp.Publishing{}, fmt.Errorf("message %s: header key %q is empty or reserved (%s)", m.MessageID, k, message.ReservedHeaderPrefix)
 		}
 		h[HeaderUserPrefix+k] = v
 	}
@@ -127,12 +128,6 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 	if mt, _, err := mime.ParseMediaType(d.ContentType); err != nil || mt != ContentType {
 		return nil, fmt.Errorf("content_type %s is not %s", quote(d.ContentType), ContentType)
 	}
-	if !utf8.Valid(d.Body) {
-		return nil, errors.New("body is not valid UTF-8")
-	}
-	if !json.Valid(d.Body) {
-		return nil, errors.New("body is not valid JSON")
-	}
 	if d.MessageId == "" {
 		return nil, errors.New("message_id is missing")
 	}
@@ -149,10 +144,10 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 	if !ok && h.err == nil {
 		return nil, fmt.Errorf("header %s is missing: not a sagabox envelope", HeaderVersion)
 	}
-	if h.err == nil && (version < 1 || version > transport.EnvelopeVersion) {
-		return nil, fmt.Errorf("envelope version %d is not supported (this receiver reads 1..%d)", version, transport.EnvelopeVersion)
+	if h.err == nil && (version < 1 || version > message.Version) {
+		return nil, fmt.Errorf("envelope version %d is not supported (this receiver reads 1..%d)", version, message.Version)
 	}
-	env := transport.Envelope{
+	env := message.Envelope{
 		Version:       version,
 		MessageID:     id,
 		Type:          d.Type,
@@ -161,7 +156,7 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 		CorrelationID: d.CorrelationId,
 	}
 	kind, _ := h.string(HeaderKind)
-	env.Kind = transport.Kind(kind)
+	env.Kind = message.Kind(kind)
 	if s, ok := h.string(HeaderSagaID); ok {
 		sid, err := uuid.Parse(s)
 		if err != nil {
@@ -196,7 +191,7 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 		if !found {
 			continue
 		}
-		if user == "" || strings.HasPrefix(user, reservedPrefix) {
+		if user == "" || strings.HasPrefix(user, message.ReservedHeaderPrefix) {
 			return nil, fmt.Errorf("header %s: user header key is empty or reserved", quote(k))
 		}
 		v, _ := h.string(k)
@@ -212,7 +207,7 @@ func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) 
 		return nil, fmt.Errorf("invalid envelope: %w", err)
 	}
 	return &transport.Delivery{
-		Message:     transport.Message{Envelope: env, Payload: d.Body},
+		Message:     message.Message{Envelope: env, Payload: d.Body},
 		Redelivered: d.Redelivered || retries > 0,
 		Retries:     retries,
 	}, nil

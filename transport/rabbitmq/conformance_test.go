@@ -7,7 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 	"github.com/sagabox/sagabox/transport/transporttest"
@@ -66,7 +66,7 @@ func (in *inspectable) PublishRaw(_ context.Context, raw transporttest.RawMessag
 	if raw.OmitMessageID {
 		p.MessageId = ""
 	}
-	return amqptest.TryPublishRaw(in.conn, in.ExchangeName(raw.Valid.Kind.Exchange()), raw.Valid.RoutingKey, p)
+	return amqptest.TryPublishRaw(in.conn, in.ExchangeName(transport.Exchange(raw.Valid.Kind)), raw.Valid.RoutingKey, p)
 }
 
 func (in *inspectable) NextDeadLetter(ctx context.Context, queue string) (transporttest.DeadLetter, error) {

@@ -12,7 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 	"github.com/sagabox/sagabox/transport/transporttest"
@@ -66,7 +67,7 @@ func TestGuaranteeConsumptionContinuesUnderMemoryAlarm(t *testing.T) {
 	b := amqptest.NewBroker(t, cfg)
 	ctx := testCtx(t)
 	require.NoError(t, b.Declare(ctx, spec))
-	var backlog []transport.Message
+	var backlog []message.Message
 	for range 50 {
 		backlog = append(backlog, transporttest.Command("svc.do"))
 	}
@@ -104,7 +105,7 @@ func TestGuaranteeConsumptionContinuesUnderMemoryAlarm(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond, "publishing resumes after the alarm")
 }
 
-func msgIDs(msgs []transport.Message) []uuid.UUID {
+func msgIDs(msgs []message.Message) []uuid.UUID {
 	ids := make([]uuid.UUID, len(msgs))
 	for i, m := range msgs {
 		ids[i] = m.MessageID

@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -40,7 +41,7 @@ type pubResult struct {
 // connection is down or blocked by a broker alarm it fails at once with
 // ErrNotConnected or ErrBlocked: nothing was published. Consuming goes on
 // meanwhile, on the broker's other connection.
-func (b *Broker) Publish(ctx context.Context, msgs ...transport.Message) error {
+func (b *Broker) Publish(ctx context.Context, msgs ...message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -55,7 +56,7 @@ func (b *Broker) Publish(ctx context.Context, msgs ...transport.Message) error {
 			failed[i] = fmt.Errorf("rabbitmq: %w", err)
 			continue
 		}
-		items = append(items, pubItem{idx: i, exchange: b.ExchangeName(m.Kind.Exchange()), key: m.RoutingKey, msg: p})
+		items = append(items, pubItem{idx: i, exchange: b.ExchangeName(transport.Exchange(m.Kind)), key: m.RoutingKey, msg: p})
 	}
 	if len(items) > 0 {
 		res, err := b.publish(ctx, items)

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -294,7 +295,7 @@ func (b *Broker) settle(err error, queue string, d amqp.Delivery, what string) {
 // letter the adapter decided on (a malformed message) is logged at Error; one
 // the handler decided on was logged by the handler, and is logged here at
 // Debug only, so that each dead letter is logged once.
-func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, env *transport.Envelope, reason string, byHandler bool) {
+func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, env *message.Envelope, reason string, byHandler bool) {
 	headers := maps.Clone(d.Headers)
 	if headers == nil {
 		headers = amqp.Table{}

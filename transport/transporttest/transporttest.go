@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -46,7 +47,7 @@ type Inspector interface {
 // RawMessage describes malformed input: a valid message and what to break.
 type RawMessage struct {
 	// Valid is the message the raw one derives from; it decides routing.
-	Valid transport.Message
+	Valid message.Message
 	// Body, when non-nil, replaces the encoded body (an empty, non-nil
 	// slice sends an empty body).
 	Body []byte
@@ -84,6 +85,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 		{"DelayedRetryHoldsNoWorker", s.delayedRetry},
 		{"DeadLetterRecordsReason", s.deadLetter},
 		{"MalformedInputDeadLettered", s.malformed},
+		{"BodyIsTheReceiversToDecode", s.bodyPassedThrough},
 		{"SubscribeReturnsOnCancelAfterDraining", s.cancel},
 		{"ConcurrencyRespected", s.concurrency},
 		{"DeclareIdempotent", s.declareIdempotent},
@@ -121,14 +123,14 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // Command returns a valid command for spec with every field set.
-func Command(typ string) transport.Message {
+func Command(typ string) message.Message {
 	id := uuid.Must(uuid.NewV7())
-	return transport.Message{
-		Envelope: transport.Envelope{
-			Version:       transport.EnvelopeVersion,
+	return message.Message{
+		Envelope: message.Envelope{
+			Version:       message.Version,
 			MessageID:     id,
 			Type:          typ,
-			Kind:          transport.KindCommand,
+			Kind:          message.KindCommand,
 			RoutingKey:    typ,
 			SagaID:        uuid.Must(uuid.NewV7()),
 			SagaType:      "checkout",
@@ -197,14 +199,14 @@ func (s suite) roundTrip(t *testing.T) {
 
 	cmd := Command("svc.do")
 	comp := Command("svc.undo")
-	comp.Kind = transport.KindCompensation
+	comp.Kind = message.KindCompensation
 	reply := Command("orchestrator.reply")
-	reply.Kind, reply.RoutingKey = transport.KindReplySuccess, spec.Name
+	reply.Kind, reply.RoutingKey = message.KindReplySuccess, spec.Name
 	reply.Headers = nil
 	event := Command("thing.happened")
-	event.Kind, event.SagaID, event.SagaType, event.Step, event.StepIndex = transport.KindEvent, uuid.Nil, "", "", 0
+	event.Kind, event.SagaID, event.SagaType, event.Step, event.StepIndex = message.KindEvent, uuid.Nil, "", "", 0
 	event.TraceParent, event.TraceState, event.ReplyTo, event.CorrelationID = "", "", "", ""
-	sent := []transport.Message{cmd, comp, reply, event}
+	sent := []message.Message{cmd, comp, reply, event}
 	require.NoError(t, b.Publish(ctx, sent...))
 
 	c := newCollector()
@@ -232,7 +234,7 @@ func (s suite) batch(t *testing.T) {
 	ctx := ctxT(t)
 	require.NoError(t, b.Declare(ctx, spec))
 	const n = 300
-	msgs := make([]transport.Message, n)
+	msgs := make([]message.Message, n)
 	for i := range msgs {
 		msgs[i] = Command("svc.do")
 		msgs[i].Payload = fmt.Appendf(nil, `{"i":%d}`, i)
@@ -254,7 +256,7 @@ func (s suite) unroutable(t *testing.T) {
 	b, _ := s.broker(t)
 	ctx := ctxT(t)
 	require.NoError(t, b.Declare(ctx, spec))
-	msgs := []transport.Message{Command("svc.do"), Command("nobody.listens"), Command("svc.do")}
+	msgs := []message.Message{Command("svc.do"), Command("nobody.listens"), Command("svc.do")}
 	err := b.Publish(ctx, msgs...)
 	var pe *transport.PublishError
 	require.ErrorAs(t, err, &pe)
@@ -392,26 +394,19 @@ func (s suite) malformed(t *testing.T) {
 	require.NoError(t, b.Declare(ctx, spec))
 	cases := []struct {
 		name string
-		raw  func(m transport.Message) RawMessage
+		raw  func(m message.Message) RawMessage
 		want string // in the reason, case-insensitive
 	}{
-		{"garbage", func(m transport.Message) RawMessage {
-			return RawMessage{Valid: m, Body: []byte{0x00, 0x9f, 0x92, 0x96, 'x', 0xff}}
-		}, ""},
-		{"empty body", func(m transport.Message) RawMessage { return RawMessage{Valid: m, Body: []byte{}} }, "empty"},
-		{"truncated JSON", func(m transport.Message) RawMessage { return RawMessage{Valid: m, Body: []byte(`{"sku":"A-1","qty":`)} }, "json"},
-		{"invalid UTF-8", func(m transport.Message) RawMessage {
-			return RawMessage{Valid: m, Body: []byte("{\"sku\":\"\xff\xfe\"}")}
-		}, "utf-8"},
-		{"wrong content type", func(m transport.Message) RawMessage { return RawMessage{Valid: m, ContentType: "text/plain"} }, "content"},
-		{"missing message id", func(m transport.Message) RawMessage { return RawMessage{Valid: m, OmitMessageID: true} }, "message"},
+		{"empty body", func(m message.Message) RawMessage { return RawMessage{Valid: m, Body: []byte{}} }, "empty"},
+		{"wrong content type", func(m message.Message) RawMessage { return RawMessage{Valid: m, ContentType: "text/plain"} }, "content"},
+		{"missing message id", func(m message.Message) RawMessage { return RawMessage{Valid: m, OmitMessageID: true} }, "message"},
 	}
 	if max := in.MaxMessageBytes(); max > 0 {
 		cases = append(cases, struct {
 			name string
-			raw  func(m transport.Message) RawMessage
+			raw  func(m message.Message) RawMessage
 			want string
-		}{"oversized", func(m transport.Message) RawMessage {
+		}{"oversized", func(m message.Message) RawMessage {
 			return RawMessage{Valid: m, Body: []byte(`{"pad":"` + strings.Repeat("x", max) + `"}`)}
 		}, "limit"})
 	}
@@ -433,6 +428,34 @@ func (s suite) malformed(t *testing.T) {
 			require.Equal(t, bad.MessageID.String(), dl.MessageID, tc.name)
 		}
 		require.Equal(t, good.MessageID, next(t, handled), "%s: the good message after it is handled", tc.name)
+	}
+}
+
+// bodyPassedThrough checks that the adapter does not parse the body: the
+// receiver decodes it once, into the type it expects, and a body that is
+// not JSON is its poison to handle.
+func (s suite) bodyPassedThrough(t *testing.T) {
+	b, in := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	bodies := map[uuid.UUID][]byte{}
+	got := make(chan *transport.Delivery, 4)
+	subscribe(t, b, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		got <- d
+		return transport.Ack()
+	}), nil)
+	for _, body := range [][]byte{{0x00, 0x9f, 0x92, 'x', 0xff}, []byte(`{"sku":"A-1","qty":`), []byte("{\"sku\":\"\xff\xfe\"}")} {
+		m := Command("svc.do")
+		bodies[m.MessageID] = body
+		require.NoError(t, in.PublishRaw(ctx, RawMessage{Valid: m, Body: body}))
+	}
+	for range bodies {
+		select {
+		case d := <-got:
+			require.Equal(t, bodies[d.MessageID], d.Payload, "the body reaches the handler as it was published")
+		case <-ctx.Done():
+			t.Fatal("a delivery with a body that is not JSON did not reach the handler")
+		}
 	}
 }
 
@@ -466,7 +489,7 @@ func (s suite) concurrency(t *testing.T) {
 	ctx := ctxT(t)
 	require.NoError(t, b.Declare(ctx, spec))
 	const conc, n = 3, 9
-	msgs := make([]transport.Message, n)
+	msgs := make([]message.Message, n)
 	for i := range msgs {
 		msgs[i] = Command("svc.do")
 	}

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/amqptest"
-	"github.com/sagabox/sagabox/internal/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 )
 
 // BenchmarkRelay runs the relay measurements once and prints them as ratios

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
@@ -157,10 +158,10 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 
 	// 1. Raw pipelined-confirm publish rate.
 	logf("raw publish: %d messages, batches of 500, pipelined confirms", cfg.PublishCount)
-	msgs := make([]transport.Message, 500)
+	msgs := make([]message.Message, 500)
 	for i := range msgs {
-		msgs[i] = transport.Message{Envelope: transport.Envelope{
-			Version: 1, Type: "bench.event", Kind: transport.KindEvent, RoutingKey: "bench.event", CreatedAt: time.Now(),
+		msgs[i] = message.Message{Envelope: message.Envelope{
+			Version: 1, Type: "bench.event", Kind: message.KindEvent, RoutingKey: "bench.event", CreatedAt: time.Now(),
 		}, Payload: []byte(`{"n":0}`)}
 	}
 	base := consumed.Load()
@@ -256,9 +257,9 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	return rep, nil
 }
 
-func benchMessage(n int) transport.Message {
+func benchMessage(n int) message.Message {
 	body, _ := json.Marshal(benchPayload{N: n})
-	return transport.Message{Envelope: transport.Envelope{Type: "bench.event", Kind: transport.KindEvent}, Payload: body}
+	return message.Message{Envelope: message.Envelope{Type: "bench.event", Kind: message.KindEvent}, Payload: body}
 }
 
 // measureRawHop publishes single messages straight to the broker (confirmed
@@ -267,7 +268,7 @@ func benchMessage(n int) transport.Message {
 func measureRawHop(ctx context.Context, broker transport.Publisher, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
 	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
 		m := benchMessage(i)
-		m.Version, m.MessageID, m.RoutingKey, m.CreatedAt = transport.EnvelopeVersion, uuid.Must(uuid.NewV7()), m.Type, time.Now()
+		m.Version, m.MessageID, m.RoutingKey, m.CreatedAt = message.Version, uuid.Must(uuid.NewV7()), m.Type, time.Now()
 		start := time.Now()
 		return m.MessageID, start, broker.Publish(ctx, m)
 	})
@@ -278,7 +279,7 @@ func measureRawHop(ctx context.Context, broker transport.Publisher, arrivals <-c
 // commit→consume latency distribution.
 func measureLatency(ctx context.Context, st *store.Store, rl *relay.Relay, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
 	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
-		msg := []transport.Message{benchMessage(i)}
+		msg := []message.Message{benchMessage(i)}
 		msg[0].MessageID = uuid.Must(uuid.NewV7())
 		if err := st.InTx(ctx, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) }); err != nil {
 			return uuid.Nil, time.Time{}, err

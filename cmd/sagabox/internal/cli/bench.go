@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sagabox/sagabox/internal/bench"
+	"github.com/sagabox/sagabox/cmd/sagabox/internal/bench"
 )
 
 func (a *app) benchCommand() *cobra.Command {

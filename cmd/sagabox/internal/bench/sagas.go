@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
@@ -262,7 +262,7 @@ func rawCommits(ctx context.Context, st *store.Store, writers int, d time.Durati
 		wg.Go(func() {
 			for cctx.Err() == nil {
 				if err := st.InTx(cctx, func(tx pgx.Tx) error {
-					return st.OutboxWrite(cctx, tx, []transport.Message{benchMessage(0)})
+					return st.OutboxWrite(cctx, tx, []message.Message{benchMessage(0)})
 				}); err == nil {
 					mu.Lock()
 					commits++
