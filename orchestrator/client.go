@@ -8,9 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/lifecycle"
-	"github.com/sagabox/sagabox/internal/maintenance"
-	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
@@ -40,7 +38,7 @@ var startWakeDelays = []time.Duration{5 * time.Millisecond, 25 * time.Millisecon
 type Client struct {
 	cfg      Config
 	store    *store.Store
-	relay    *relay.Relay
+	engine   *engine.Engine // nil without a Broker
 	tel      *telemetry.Telemetry
 	log      *slog.Logger
 	registry *saga.Registry
@@ -75,39 +73,32 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
-	var r *relay.Relay
-	if cfg.Broker != nil {
-		r, err = relay.New(relay.Config{
-			Store:          st,
-			Publisher:      cfg.Broker,
-			BatchSize:      cfg.Relay.BatchSize,
-			Workers:        cfg.Relay.Workers,
-			PollInterval:   cfg.Relay.PollInterval,
-			Listen:         cfg.Relay.Listen,
-			Lease:          cfg.Relay.Lease,
-			PublishTimeout: cfg.Relay.PublishTimeout,
-			Logger:         cfg.Logger.With("service", cfg.Service),
-			Observer:       tel.RelayObserver(cfg.Schema),
-			Telemetry:      tel,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("orchestrator: %w", err)
-		}
-	}
 	reg := saga.NewRegistry()
 	if err := reg.Register(cfg.Definitions...); err != nil {
 		return nil, fmt.Errorf("orchestrator: invalid config: Definitions: %w", err)
 	}
-	return &Client{
+	c := &Client{
 		cfg:       cfg,
 		store:     st,
-		relay:     r,
 		tel:       tel,
-		log:       cfg.Logger.With("component", "orchestrator", "service", cfg.Service),
+		log:       cfg.Logger.With("component", componentName, "service", cfg.Service),
 		registry:  reg,
 		startWake: make(chan struct{}, 1),
 		sweepWake: make(chan struct{}, 1),
-	}, nil
+	}
+	if cfg.Broker != nil {
+		c.engine, err = engine.New(engine.Config{
+			Store: st, Broker: cfg.Broker, Component: componentName,
+			Workers: cfg.Workers, Prefetch: cfg.Prefetch, StopTimeout: cfg.StopTimeout,
+			MaxPayloadBytes: engine.DefaultMaxPayloadBytes, Retry: cfg.ReplyRetry, Relay: cfg.Relay,
+			Retention: cfg.Retention, KeepsSagas: true, Clock: cfg.Clock,
+			Logger: cfg.Logger.With("service", cfg.Service), Telemetry: tel,
+		}, processor{c})
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: %w", err)
+		}
+	}
+	return c, nil
 }
 
 // Register adds saga definitions to the ones the Client runs. Several
@@ -132,8 +123,8 @@ func (c *Client) Register(runners ...saga.Runner) error {
 // follow-up wake-ups or, at the latest, after Relay.PollInterval. It never
 // blocks.
 func (c *Client) Wake() {
-	if c.relay != nil {
-		c.relay.Wake()
+	if c.engine != nil {
+		c.engine.Wake()
 	}
 }
 
@@ -182,56 +173,17 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("orchestrator: declare reply queue %s: %w", spec.Name, err)
 	}
-	gauges, err := c.tel.RegisterOutboxGauges(c.store)
-	if err != nil {
-		return fmt.Errorf("orchestrator: %w", err)
-	}
-	defer func() { _ = gauges.Unregister() }()
 	overdue, err := c.tel.RegisterOverdueGauge(c.store, OverdueGrace, c.now)
 	if err != nil {
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	defer func() { _ = overdue.Unregister() }()
-	retention, err := maintenance.NewRetention(maintenance.RetentionConfig{
-		Store: c.store, Interval: c.cfg.Retention.Interval, BatchSize: c.cfg.Retention.BatchSize,
-		OutboxRetention: c.cfg.Retention.Outbox, InboxRetention: c.cfg.Retention.Inbox, Logger: c.cfg.Logger,
-	})
-	if err != nil {
-		return fmt.Errorf("orchestrator: %w", err)
-	}
-
-	// Replies and sweeps run on workCtx, which outlives ctx by at most
-	// StopTimeout so that a shutdown lets transactions in flight finish.
-	workCtx, releaseWork := lifecycle.DrainContext(ctx, c.cfg.StopTimeout, func() {
-		c.log.Warn("stop timeout reached; cancelling replies and sweeps in flight (replies will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
-	})
-	defer releaseWork()
-	var wg sync.WaitGroup
-
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRelay()
-	wg.Go(func() { _ = c.relay.Run(relayCtx) })
-	wg.Go(func() { c.wakeAfterStarts(relayCtx) })
-
-	// The sweeper and retention stop with ctx, or when the consumer fails.
-	loopCtx, stopLoops := context.WithCancel(ctx)
-	defer stopLoops()
-	var loops sync.WaitGroup
-	loops.Go(func() { c.sweepLoop(loopCtx, workCtx) })
-	loops.Go(func() { c.retentionLoop(loopCtx, retention) })
 
 	c.log.Info("orchestrator started", "queue", spec.Name, "schema", c.cfg.Schema, "definitions", c.definitionNames(), "workers", c.cfg.Workers)
-	err = c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
-		return c.handleReply(workCtx, d)
-	}), &transport.SubscribeOpts{Concurrency: c.cfg.Workers, Prefetch: c.cfg.Prefetch})
-	stopLoops()
-	loops.Wait()
-	releaseWork()
-	stopRelay()
-	wg.Wait()
+	err = c.engine.Run(ctx, spec, c.sweepLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) })
 	if err != nil {
 		c.log.Error("orchestrator stopped: subscription failed", "err", err)
-		return fmt.Errorf("orchestrator: subscribe %s: %w", spec.Name, err)
+		return fmt.Errorf("orchestrator: %w", err)
 	}
 	c.log.Info("orchestrator stopped")
 	return nil
@@ -266,46 +218,6 @@ func (c *Client) wakeAfterStarts(ctx context.Context) {
 			if next < len(startWakeDelays) {
 				t.Reset(startWakeDelays[next] - startWakeDelays[next-1])
 			}
-		}
-	}
-}
-
-// retentionLoop prunes processed messaging rows and finished sagas every
-// Retention.Interval until ctx is cancelled.
-func (c *Client) retentionLoop(ctx context.Context, r *maintenance.Retention) {
-	t := time.NewTimer(c.cfg.Retention.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := c.prune(ctx, r); err != nil && ctx.Err() == nil {
-			c.log.Warn("retention pass failed; will try again", "err", err)
-		}
-		t.Reset(c.cfg.Retention.Interval)
-	}
-}
-
-// prune runs one retention pass: published outbox rows and old inbox rows
-// (by wall-clock time), then completed and compensated sagas that finished
-// more than Retention.Sagas ago (by Clock). It returns how many sagas it
-// deleted.
-func (c *Client) prune(ctx context.Context, r *maintenance.Retention) (int64, error) {
-	if _, err := r.Prune(ctx, time.Now()); err != nil {
-		return 0, err
-	}
-	before := c.now().Add(-c.cfg.Retention.Sagas)
-	var total int64
-	for {
-		n, err := c.store.SagaDeleteFinishedBefore(ctx, before, c.cfg.Retention.BatchSize)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n < int64(c.cfg.Retention.BatchSize) || ctx.Err() != nil {
-			return total, nil
 		}
 	}
 }

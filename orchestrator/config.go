@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/maintenance"
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -37,27 +37,6 @@ const (
 	DefaultReplyMaxAttempts     = 10
 	DefaultReplyInitialInterval = time.Second
 	DefaultReplyMaximumInterval = 30 * time.Second
-	// DefaultSagaRetention is how long completed and compensated sagas (and
-	// their history) are kept.
-	DefaultSagaRetention = 30 * 24 * time.Hour
-
-	// DefaultRelayBatchSize, DefaultRelayWorkers and DefaultRelayPollInterval
-	// are the defaults of RelayConfig.
-	DefaultRelayBatchSize    = relay.DefaultBatchSize
-	DefaultRelayWorkers      = relay.DefaultWorkers
-	DefaultRelayPollInterval = relay.DefaultPollInterval
-	// DefaultRelayLease and DefaultRelayPublishTimeout are the defaults of
-	// RelayConfig.Lease and RelayConfig.PublishTimeout.
-	DefaultRelayLease          = relay.DefaultLease
-	DefaultRelayPublishTimeout = relay.DefaultPublishTimeout
-
-	// DefaultRetentionInterval, DefaultRetentionBatch,
-	// DefaultOutboxRetention and DefaultInboxRetention are the defaults of
-	// RetentionConfig.
-	DefaultRetentionInterval = maintenance.DefaultRetentionInterval
-	DefaultRetentionBatch    = maintenance.DefaultRetentionBatch
-	DefaultOutboxRetention   = maintenance.DefaultOutboxRetention
-	DefaultInboxRetention    = maintenance.DefaultInboxRetention
 )
 
 // Config configures a Client. Required fields are Pool and Service, and
@@ -155,55 +134,14 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 }
 
-// RelayConfig tunes the relay a Client runs to publish its outbox.
-type RelayConfig struct {
-	// BatchSize is the most outbox rows published at once. Defaults to
-	// DefaultRelayBatchSize (200).
-	BatchSize int
-	// Workers is how many batches are in flight at once. Defaults to
-	// DefaultRelayWorkers (2).
-	Workers int
-	// PollInterval is the longest the relay waits before looking for rows
-	// nobody announced. Rows written while applying replies, timers and
-	// operator actions are published at once; sagas started in a caller's
-	// transaction are published after a few follow-up wake-ups, or at once
-	// if the caller calls Client.Wake after committing. Defaults to
-	// DefaultRelayPollInterval (1s).
-	PollInterval time.Duration
-	// Listen also wakes the relay on NOTIFY from other processes that write
-	// to the same outbox. Defaults to false.
-	Listen bool
-	// Lease is how long rows claimed by a relay belong to it: after a crash
-	// of its process, another relay publishes them once the lease ends. It
-	// must exceed PublishTimeout. Defaults to DefaultRelayLease (10s).
-	Lease time.Duration
-	// PublishTimeout bounds the wait for the broker's confirms of one batch.
-	// Defaults to DefaultRelayPublishTimeout (5s).
-	PublishTimeout time.Duration
-}
+// RelayConfig tunes the relay a Client runs to publish its outbox; a
+// participant's is the same type.
+type RelayConfig = relay.Options
 
-// RetentionConfig says how long finished data is kept. Deletion runs in
-// small batches.
-type RetentionConfig struct {
-	// Interval is the pause between two pruning passes. Defaults to
-	// DefaultRetentionInterval (1m).
-	Interval time.Duration
-	// BatchSize is the most rows one statement deletes. Defaults to
-	// DefaultRetentionBatch (1000).
-	BatchSize int
-	// Sagas is how long completed and compensated sagas, with their
-	// history, are kept after they finished (by Clock). Failed sagas wait
-	// for an operator and are never deleted. Defaults to
-	// DefaultSagaRetention (30 days).
-	Sagas time.Duration
-	// Outbox is how long published outbox rows are kept. Defaults to
-	// DefaultOutboxRetention (24h).
-	Outbox time.Duration
-	// Inbox is how long inbox rows of processed replies are kept; a
-	// duplicate arriving later would be seen as new (and ignored by the
-	// saga as stale). Defaults to DefaultInboxRetention (7 days).
-	Inbox time.Duration
-}
+// RetentionConfig says how long a Client keeps finished sagas (Sagas) and
+// processed messaging rows; a participant's is the same type. Its Barrier
+// field is the participant's only.
+type RetentionConfig = engine.RetentionConfig
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -237,36 +175,8 @@ func (c Config) WithDefaults() Config {
 	if c.ReplyRetry.MaximumInterval == 0 {
 		c.ReplyRetry.MaximumInterval = max(DefaultReplyMaximumInterval, c.ReplyRetry.InitialInterval)
 	}
-	if c.Relay.BatchSize == 0 {
-		c.Relay.BatchSize = DefaultRelayBatchSize
-	}
-	if c.Relay.Workers == 0 {
-		c.Relay.Workers = DefaultRelayWorkers
-	}
-	if c.Relay.PollInterval == 0 {
-		c.Relay.PollInterval = DefaultRelayPollInterval
-	}
-	if c.Relay.Lease == 0 {
-		c.Relay.Lease = DefaultRelayLease
-	}
-	if c.Relay.PublishTimeout == 0 {
-		c.Relay.PublishTimeout = DefaultRelayPublishTimeout
-	}
-	if c.Retention.Interval == 0 {
-		c.Retention.Interval = DefaultRetentionInterval
-	}
-	if c.Retention.BatchSize == 0 {
-		c.Retention.BatchSize = DefaultRetentionBatch
-	}
-	if c.Retention.Sagas == 0 {
-		c.Retention.Sagas = DefaultSagaRetention
-	}
-	if c.Retention.Outbox == 0 {
-		c.Retention.Outbox = DefaultOutboxRetention
-	}
-	if c.Retention.Inbox == 0 {
-		c.Retention.Inbox = DefaultInboxRetention
-	}
+	c.Relay = c.Relay.WithDefaults()
+	c.Retention = c.Retention.WithDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -309,34 +219,11 @@ func (c Config) validate() error {
 	if err := c.ReplyRetry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ReplyRetry: %w", err))
 	}
-	if c.Relay.BatchSize < 1 {
-		errs = append(errs, fmt.Errorf("Relay.BatchSize %d is less than 1", c.Relay.BatchSize))
+	if err := c.Relay.Validate("Relay"); err != nil {
+		errs = append(errs, err)
 	}
-	if c.Relay.Workers < 1 {
-		errs = append(errs, fmt.Errorf("Relay.Workers %d is less than 1", c.Relay.Workers))
-	}
-	if c.Relay.PollInterval < 0 {
-		errs = append(errs, fmt.Errorf("Relay.PollInterval %s is negative", c.Relay.PollInterval))
-	}
-	if c.Relay.PublishTimeout < 0 {
-		errs = append(errs, fmt.Errorf("Relay.PublishTimeout %s is negative", c.Relay.PublishTimeout))
-	}
-	if c.Relay.Lease <= c.Relay.PublishTimeout {
-		errs = append(errs, fmt.Errorf("Relay.Lease %s must exceed Relay.PublishTimeout %s", c.Relay.Lease, c.Relay.PublishTimeout))
-	}
-	if c.Retention.Interval < 0 {
-		errs = append(errs, fmt.Errorf("Retention.Interval %s is negative", c.Retention.Interval))
-	}
-	if c.Retention.BatchSize < 1 {
-		errs = append(errs, fmt.Errorf("Retention.BatchSize %d is less than 1", c.Retention.BatchSize))
-	}
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"Retention.Sagas", c.Retention.Sagas}, {"Retention.Outbox", c.Retention.Outbox}, {"Retention.Inbox", c.Retention.Inbox}} {
-		if f.d < 0 {
-			errs = append(errs, fmt.Errorf("%s %s is negative", f.name, f.d))
-		}
+	if err := c.Retention.Validate("Retention"); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("orchestrator: invalid config: %w", errors.Join(errs...))

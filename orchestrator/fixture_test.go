@@ -124,9 +124,9 @@ func (c *fakeClock) Advance(d time.Duration) {
 type env struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
-	orch   *store.Store
-	inv    *store.Store
-	pay    *store.Store
+	orch   *dbtest.DB
+	inv    *dbtest.DB
+	pay    *dbtest.DB
 	broker *rabbitmq.Broker
 	ns     string // the broker's namespace
 	errs   *errorCounter
@@ -212,7 +212,7 @@ func run(t *testing.T, fn func(ctx context.Context) error) {
 }
 
 // participantConfig is the configuration of the tests' participants.
-func (e *env) participantConfig(st *store.Store, service string) participant.Config {
+func (e *env) participantConfig(st *dbtest.DB, service string) participant.Config {
 	cfg := participant.Config{
 		Pool: e.pool, Schema: st.Schema(), Service: service, Broker: e.broker, Workers: 3,
 		Retry:  saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 1},

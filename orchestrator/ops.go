@@ -9,17 +9,18 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
 
 // Get returns the saga id, or an error wrapping ErrNotFound.
 func (c *Client) Get(ctx context.Context, id uuid.UUID) (*Saga, error) {
-	rec, err := c.store.SagaGet(ctx, nil, id)
+	rec, err := c.store.SagaGet(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
@@ -42,7 +43,7 @@ func (c *Client) History(ctx context.Context, id uuid.UUID) ([]saga.HistoryEntry
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
 	if len(recs) == 0 {
-		if _, err := c.store.SagaGet(ctx, nil, id); err != nil {
+		if _, err := c.store.SagaGet(ctx, id); err != nil {
 			return nil, fmt.Errorf("orchestrator: %w", err)
 		}
 	}
@@ -189,10 +190,14 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}
 	var tr transition
-	err = c.store.InTxRetrying(ctx, store.DefaultConflictRetries, func(tx pgx.Tx) error {
+	err = engine.Retrying(ctx, func() error {
+		t := c.store.Begin()
+		defer t.Rollback(ctx)
 		var err error
-		tr, err = c.operateTx(ctx, tx, id, kind, actor, reason)
-		return err
+		if tr, err = c.operateTx(ctx, t, id, kind, actor, reason); err != nil {
+			return err
+		}
+		return c.store.WriteTransitions(ctx, t, writes(tr), tr.at, true)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
@@ -217,12 +222,17 @@ func (c *Client) startOperation(ctx context.Context, id uuid.UUID, kind saga.Eve
 		telemetry.AttrSagaID.String(id.String()), telemetry.AttrActor.String(actor), telemetry.AttrSchema.String(c.cfg.Schema)))
 }
 
-// operateTx applies operator action kind to saga id in tx.
-func (c *Client) operateTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, kind saga.EventKind, actor, reason string) (transition, error) {
-	rec, err := c.store.SagaGetForUpdate(ctx, tx, id)
+// operateTx locks saga id in t and applies operator action kind to it. The
+// transition is the caller's to write.
+func (c *Client) operateTx(ctx context.Context, t *store.Tx, id uuid.UUID, kind saga.EventKind, actor, reason string) (transition, error) {
+	recs, err := c.store.LockSagas(ctx, t, []uuid.UUID{id})
 	if err != nil {
 		return transition{}, err
 	}
+	if len(recs) == 0 {
+		return transition{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
+	}
+	rec := recs[0]
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
 		return transition{}, err
@@ -232,11 +242,13 @@ func (c *Client) operateTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, kind sa
 		return transition{}, err
 	}
 	now := c.now()
-	res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
+	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
 	if err != nil {
 		return transition{}, err
 	}
-	return c.write(ctx, tx, rec, res, now)
+	tr, err := c.transition(ctx, rec, res, now)
+	tr.at = now
+	return tr, err
 }
 
 // operated does what follows the commit of an operator action: wake-ups,

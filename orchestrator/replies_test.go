@@ -110,7 +110,7 @@ func TestGuaranteePoisonInputReplyRetriesAreBounded(t *testing.T) {
 
 	dl := amqptest.Next(t, dead, 30*time.Second)
 	reason, _ := dl.Headers[rabbitmq.HeaderDeadLetterReason].(string)
-	require.Contains(t, reason, "reply could not be applied after 3 attempts: ")
+	require.Contains(t, reason, "gave up after 3 attempts: ")
 	require.Contains(t, reason, "ledger unavailable")
 
 	s, err := c.Get(ctx, started.ID)

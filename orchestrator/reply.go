@@ -4,19 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/sagabox/sagabox/internal/lifecycle"
+	"github.com/google/uuid"
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // History events the orchestrator records besides the core's.
@@ -34,219 +30,132 @@ const (
 	HistoryDeadlineFailed saga.HistoryEvent = "deadline-failed"
 )
 
-// componentName is the component attribute of the Client's spans and
+// componentName is the component attribute of the Client's logs, spans and
 // metrics.
 const componentName = "orchestrator"
 
-const (
-	// databaseRetryDelay is how long a reply that could not be applied
-	// because the database is unreachable waits before it is delivered
-	// again. Such failures do not count against ReplyRetry.
-	databaseRetryDelay = time.Second
-)
+// processor is the orchestrator's part of the delivery engine: it applies a
+// reply to its saga.
+type processor struct{ c *Client }
 
-// replyOutcome is what processing one reply amounted to.
-type replyOutcome int
-
-const (
-	replyApplied replyOutcome = iota
-	replyIgnored
-	replyDuplicate
-	replyUnknownSaga
-)
-
-// deadLetterError makes a reply go to the dead-letter queue; reason is
-// recorded with it, class is the metric's reason class (a telemetry.Reason
-// constant).
-type deadLetterError struct {
-	class, reason string
-}
-
-func (e *deadLetterError) Error() string { return e.reason }
-
-// handleReply applies one reply in one transaction: inbox dedupe, saga row
-// lock, core transition, new state + history + next commands. It acks only
-// after the commit.
-func (c *Client) handleReply(ctx context.Context, d *transport.Delivery) transport.Outcome {
-	ctx, span := c.tel.StartProcess(ctx, &d.Envelope, componentName)
-	defer span.End()
-	span.SetAttributes(telemetry.AttrSchema.String(c.cfg.Schema))
-	log := c.log.With("message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "saga_type", d.SagaType,
-		"type", d.Type, "kind", string(d.Kind), "step", d.Step, "attempt", d.Attempt)
-
+// Process applies one reply in one transaction of two round trips: the
+// inbox record and the saga's row lock go out with BEGIN, the new state, its
+// history and the next commands with COMMIT, and the saga core decides in
+// between.
+func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (engine.Result, error) {
+	c := p.c
 	if !d.Kind.IsReply() {
-		reason := fmt.Sprintf("message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)
-		return c.deadLetterReply(ctx, d, log, telemetry.ReasonUnexpectedKind, reason)
+		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
+			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}
 	}
-
-	var out replyOutcome
-	var tr transition
-	err := c.store.InTxRetrying(ctx, store.DefaultConflictRetries, func(tx pgx.Tx) error {
-		var txErr error
-		out, tr, txErr = c.processReply(ctx, tx, d)
-		return txErr
-	})
-	var dl *deadLetterError
-	switch {
-	case errors.As(err, &dl):
-		c.recordUnapplied(ctx, d, dl.reason)
-		return c.deadLetterReply(ctx, d, log, dl.class, dl.reason)
-	case err != nil:
-		telemetry.Fail(span, err)
-		span.SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeRetry))
-		c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeRetry)
-		if ctx.Err() != nil {
-			log.Warn("reply not applied: stopping; it will be redelivered", "err", err)
-			return transport.Retry(0)
-		}
-		return c.retryReply(ctx, d, log, err)
+	t := c.store.Begin()
+	defer t.Rollback(ctx)
+	rcpts, err := c.store.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
+	if err != nil {
+		return engine.Result{}, err
 	}
-	inbox := telemetry.InboxNew
-	if out == replyDuplicate {
-		inbox = telemetry.InboxDuplicate
+	switch r := rcpts[0]; {
+	case !r.Fresh:
+		return engine.Result{Outcome: telemetry.OutcomeDuplicate}, t.Commit(ctx)
+	case r.Saga == nil:
+		c.log.Warn("reply for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String())
+		return engine.Result{Outcome: telemetry.OutcomeUnknownSaga}, t.Commit(ctx)
 	}
-	span.SetAttributes(telemetry.AttrInbox.String(inbox))
-	var outcome string
-	switch out {
-	case replyDuplicate:
-		outcome = telemetry.OutcomeDuplicate
-		c.tel.Duplicate(ctx, c.cfg.Schema, d.Type)
-		log.Debug("duplicate reply acknowledged without effect")
-	case replyUnknownSaga:
-		outcome = telemetry.OutcomeUnknownSaga
-		log.Warn("reply for a saga that does not exist here acknowledged without effect")
-	case replyIgnored:
-		outcome = telemetry.OutcomeIgnored
-		log.Info("reply ignored", "reason", tr.res.IgnoreReason)
-	case replyApplied:
-		outcome = telemetry.OutcomeApplied
-		span.SetAttributes(telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)))
+	tr, err := c.applyReply(ctx, t, d, *rcpts[0].Saga)
+	if err != nil {
+		return engine.Result{}, err
+	}
+	if err := c.store.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
+		return engine.Result{}, err
+	}
+	res := engine.Result{Outcome: telemetry.OutcomeIgnored, Note: tr.res.IgnoreReason}
+	if !tr.res.Ignored {
+		res = engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0, SpanAttrs: []attribute.KeyValue{
+			telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)),
+		}}
 		// Latency since the saga's previous transition, normally the one
 		// that sent the command this reply answers.
 		c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
 		c.committed(ctx, tr)
+	} else {
+		c.log.Info("reply ignored", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "reason", tr.res.IgnoreReason)
 	}
-	span.SetAttributes(telemetry.AttrOutcome.String(outcome))
-	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, outcome)
-	return transport.Ack()
+	return res, nil
 }
 
-// retryReply decides what becomes of a reply that could not be applied:
-// delivered again after a backoff, or, once ReplyRetry.MaxAttempts attempts
-// failed, dead-lettered and recorded on its saga. Attempts are counted in
-// the inbox attempt table, outside the rolled-back transaction; failures to
-// reach the database are not counted.
-func (c *Client) retryReply(ctx context.Context, d *transport.Delivery, log *slog.Logger, cause error) transport.Outcome {
-	if store.IsConnectionError(cause) {
-		// The database is down for every reply: hold this one (and the
-		// worker) for the delay, then put it back, rather than cycling the
-		// whole backlog through the broker's retry queues.
-		log.Warn("reply not applied: database unreachable; will retry", "err", cause, "retry_in", databaseRetryDelay)
-		lifecycle.Pause(ctx, databaseRetryDelay)
-		return transport.Retry(0)
-	}
-	attempts, err := c.store.InboxAttemptRecord(ctx, &d.Envelope, cause.Error())
-	if err != nil {
-		log.Warn("reply not applied, and its attempt could not be recorded; will retry", "err", cause, "record_err", err, "retry_in", databaseRetryDelay)
-		return transport.Retry(databaseRetryDelay)
-	}
-	if attempts >= c.cfg.ReplyRetry.MaxAttempts {
-		reason := fmt.Sprintf("reply could not be applied after %d attempts: %v", attempts, cause)
-		if err := c.store.InboxAttemptMarkDeadLettered(ctx, nil, &d.Envelope, reason); err != nil {
-			log.Warn("could not mark the reply's attempts dead-lettered", "err", err)
-		}
-		c.recordUnapplied(ctx, d, reason)
-		return c.deadLetterReply(ctx, d, log, telemetry.ReasonRetriesExhausted, reason)
-	}
-	delay := c.cfg.ReplyRetry.Backoff(attempts)
-	log.Error("reply not applied; will retry", "err", cause, "delivery_attempt", attempts, "retry_in", delay)
-	return transport.Retry(delay)
-}
-
-// deadLetterReply dead-letters d, logging and counting it once.
-func (c *Client) deadLetterReply(ctx context.Context, d *transport.Delivery, log *slog.Logger, class, reason string) transport.Outcome {
-	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(telemetry.AttrOutcome.String(telemetry.OutcomeDeadLetter), telemetry.AttrReason.String(class))
-	span.SetStatus(codes.Error, reason)
-	c.tel.DeadLetter(ctx, c.cfg.Schema, componentName, class)
-	c.tel.Handled(ctx, c.cfg.Schema, componentName, d.Type, telemetry.OutcomeDeadLetter)
-	log.Error("message dead-lettered", "reason", reason, "reason_class", class)
-	return transport.DeadLetter(reason)
-}
-
-func (c *Client) processReply(ctx context.Context, tx pgx.Tx, d *transport.Delivery) (replyOutcome, transition, error) {
-	dup, err := c.store.InboxRecord(ctx, tx, &d.Envelope)
-	if err != nil {
-		return 0, transition{}, err
-	}
-	if dup {
-		return replyDuplicate, transition{}, nil
-	}
-	rec, err := c.store.SagaGetForUpdate(ctx, tx, d.SagaID)
-	if errors.Is(err, message.ErrNotFound) {
-		return replyUnknownSaga, transition{}, nil
-	}
-	if err != nil {
-		return 0, transition{}, err
-	}
+// applyReply runs the saga core on the reply d to the saga rec, locked in t.
+// A reply that no retry can apply (its definition is not registered here,
+// its payload breaks the command's contract, the stored saga is corrupt) is
+// poison.
+func (c *Client) applyReply(ctx context.Context, t *store.Tx, d *transport.Delivery, rec store.SagaRecord) (transition, error) {
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
-		return 0, transition{}, &deadLetterError{class: telemetry.ReasonUnknownDefinition, reason: fmt.Sprintf(
+		return transition{}, &engine.Poison{Class: telemetry.ReasonUnknownDefinition, Reason: fmt.Sprintf(
 			"reply %s for saga %s cannot be applied: %v; this orchestrator runs %v (deploy an orchestrator that registers %s v%d, then move the message back from the dead-letter queue)",
 			d.MessageID, rec.ID, err, c.definitionNames(), rec.Type, rec.Version)}
 	}
 	s, err := sagaFromRecord(&rec)
 	if err != nil {
-		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidInstance, reason: err.Error()}
+		return transition{}, &engine.Poison{Class: telemetry.ReasonInvalidInstance, Reason: err.Error()}
 	}
 	kind := saga.EventReplySuccess
 	if d.Kind == message.KindReplyFailure {
 		kind = saga.EventReplyFailure
 	}
 	now := c.now()
-	res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{
+	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), saga.Event{
 		Kind: kind, Type: d.Type, Step: d.Step, StepIndex: d.StepIndex, Attempt: d.Attempt,
 		Payload: d.Payload, MessageID: d.MessageID, At: now,
 	})
 	switch {
 	case errors.Is(err, saga.ErrInvalidPayload):
-		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidPayload, reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
+		return transition{}, &engine.Poison{Class: telemetry.ReasonInvalidPayload, Reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
 	case errors.Is(err, saga.ErrInvalidInstance), errors.Is(err, saga.ErrInvalidEvent):
-		return 0, transition{}, &deadLetterError{class: telemetry.ReasonInvalidInstance, reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
+		return transition{}, &engine.Poison{Class: telemetry.ReasonInvalidInstance, Reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
 	case err != nil:
-		return 0, transition{}, err
+		return transition{}, err
 	}
-	tr, err := c.write(ctx, tx, rec, res, now)
-	if err != nil {
-		return 0, transition{}, err
-	}
-	tr.phase = s.Phase
-	if res.Ignored {
-		return replyIgnored, tr, nil
-	}
-	return replyApplied, tr, nil
+	tr, err := c.transition(ctx, rec, res, now)
+	tr.phase, tr.at = s.Phase, now
+	return tr, err
 }
 
-// recordUnapplied makes a dead-lettered reply visible on its saga: a
-// history entry and LastError, in a transaction of its own (the reply's was
-// rolled back, so the reply is not in the inbox and can be replayed).
-func (c *Client) recordUnapplied(ctx context.Context, d *transport.Delivery, reason string) {
-	err := c.store.InTx(ctx, func(tx pgx.Tx) error {
-		rec, err := c.store.SagaGetForUpdate(ctx, tx, d.SagaID)
-		if err != nil {
+// GiveUp makes a reply given up on visible on its saga, in a transaction of
+// its own: a history entry and LastError, and the reply's attempts marked
+// dead-lettered. The reply is not recorded in the inbox (its own
+// transaction was rolled back), so it can be replayed.
+func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *engine.Poison) (engine.Result, error) {
+	c := p.c
+	if err := c.store.MarkDeadLettered(ctx, nil, &d.Envelope, poison.Reason); err != nil {
+		return engine.Result{}, err
+	}
+	if d.Kind.IsReply() {
+		c.recordOnSaga(ctx, d.SagaID, store.HistoryRecord{
+			Event: string(HistoryReplyDeadLettered), Step: d.Step, StepIndex: d.StepIndex, Attempt: d.Attempt,
+			Detail: poison.Reason, MessageID: d.MessageID,
+		})
+	}
+	return engine.Result{Outcome: telemetry.OutcomeDeadLetter}, nil
+}
+
+// recordOnSaga appends h to the history of saga id and makes its detail the
+// saga's LastError, in a transaction of its own. A saga that does not exist
+// is left alone.
+func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h store.HistoryRecord) {
+	err := engine.Retrying(ctx, func() error {
+		t := c.store.Begin()
+		defer t.Rollback(ctx)
+		recs, err := c.store.LockSagas(ctx, t, []uuid.UUID{id})
+		if err != nil || len(recs) == 0 {
 			return err
 		}
+		rec := recs[0]
 		now := c.now()
-		if err := c.store.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{
-			At: now, Event: string(HistoryReplyDeadLettered), Step: d.Step, StepIndex: d.StepIndex, Phase: rec.Phase,
-			Attempt: d.Attempt, Detail: reason, MessageID: d.MessageID,
-		}}); err != nil {
-			return err
-		}
-		rec.LastError = reason
-		return c.store.SagaUpdate(ctx, tx, rec, now)
+		h.SagaID, h.At, h.Phase = id, now, rec.Phase
+		rec.LastError = h.Detail
+		return c.store.WriteTransitions(ctx, t, []store.Transition{{Saga: &rec, History: []store.HistoryRecord{h}}}, now, true)
 	})
-	if err != nil && !errors.Is(err, message.ErrNotFound) {
-		c.log.Warn("could not record the dead-lettered reply on its saga", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "err", err)
+	if err != nil {
+		c.log.Warn("could not record on its saga that a reply was dead-lettered", "saga_id", id.String(), "message_id", h.MessageID.String(), "err", err)
 	}
 }

@@ -5,8 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
@@ -36,21 +35,22 @@ func (c *Client) applyRequests(ctx context.Context) error {
 // transaction: the action is applied if and only if its request is marked,
 // so a request is never applied twice. It reports whether it found one.
 func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found bool, err error) {
-	var op store.SagaOperation
+	var op *store.Operation
 	var kind saga.EventKind
 	var tr transition
 	var refusal error
-	err = c.store.InTx(ctx, func(tx pgx.Tx) error {
-		ops, err := c.store.SagaOperationClaimPending(ctx, tx, 1, keys)
-		if err != nil || len(ops) == 0 {
+	err = engine.Retrying(ctx, func() error {
+		t := c.store.Begin()
+		defer t.Rollback(ctx)
+		var err error
+		if op, err = c.store.ClaimOperation(ctx, t, keys); err != nil || op == nil {
 			return err
 		}
-		found, op, refusal = true, ops[0], nil
-		kind = saga.EventRetry
+		kind, refusal = saga.EventRetry, nil
 		if op.Action == "abort" {
 			kind = saga.EventAbort
 		}
-		sp, err := tx.Begin(ctx)
+		sp, err := t.Savepoint(ctx)
 		if err != nil {
 			return err
 		}
@@ -58,11 +58,14 @@ func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found 
 		opCtx, span := c.startOperation(ctx, op.SagaID, kind, op.Actor)
 		defer span.End()
 		if refusal = checkActor(op.Actor); refusal == nil {
-			tr, refusal = c.operateTx(opCtx, sp, op.SagaID, kind, op.Actor, op.Reason)
+			tr, refusal = c.operateTx(opCtx, t, op.SagaID, kind, op.Actor, op.Reason)
 		}
 		switch {
 		case refusal == nil:
 			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			if err := c.store.WriteTransitions(ctx, t, writes(tr), tr.at, false); err != nil {
 				return err
 			}
 		case refused(refusal):
@@ -79,13 +82,13 @@ func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found 
 		if refusal != nil {
 			reason = fmt.Sprintf("%s saga %s: %v", kind, op.SagaID, refusal)
 		}
-		return c.store.SagaOperationMarkApplied(ctx, tx, op.ID, c.now(), reason)
+		return c.store.MarkOperation(ctx, t, op.ID, c.now(), reason)
 	})
-	if err != nil {
-		return found, fmt.Errorf("operator request %d (%s saga %s): %w", op.ID, op.Action, op.SagaID, err)
+	if op == nil {
+		return false, err
 	}
-	if !found {
-		return false, nil
+	if err != nil {
+		return true, fmt.Errorf("operator request %d (%s saga %s): %w", op.ID, op.Action, op.SagaID, err)
 	}
 	if refusal != nil {
 		c.log.Warn("operator request refused", "request_id", op.ID, "saga_id", op.SagaID.String(),

@@ -30,7 +30,7 @@ func TestOperatorRequestAppliedOnceWhenMarkingFails(t *testing.T) {
 	c := e.newOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 	st := e.start(c, def, Order{ID: "op", Qty: 1, Amount: 10, Address: "here"}, nil)
-	op, err := e.orch.SagaOperationRequest(ctx, st.ID, "retry", "alice", "participant lost the command")
+	op, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "participant lost the command")
 	require.NoError(t, err)
 
 	// Marking the request fails (a constraint, a statement timeout, a
@@ -58,9 +58,9 @@ func TestOperatorRequestAppliedOnceWhenMarkingFails(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, s.Steps[0].Attempt)
 	require.Equal(t, 1, e.retries(st.ID))
-	got, err := e.orch.SagaOperationGet(ctx, op.ID)
+	got, err := e.orch.Operation(ctx, op.ID)
 	require.NoError(t, err)
-	require.NotNil(t, got.AppliedAt)
+	require.False(t, got.AppliedAt.IsZero())
 	require.Empty(t, got.Error)
 }
 
@@ -81,25 +81,25 @@ func TestOperatorRequestsOfOtherDefinitionsDoNotStarve(t *testing.T) {
 	var others []uuid.UUID
 	for i := range 25 {
 		st := e.start(newer, v2, Order{ID: fmt.Sprintf("v2-%d", i), Qty: 1, Amount: 10, Address: "here"}, nil)
-		_, err := e.orch.SagaOperationRequest(ctx, st.ID, "retry", "alice", "v2")
+		_, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "v2")
 		require.NoError(t, err)
 		others = append(others, st.ID)
 	}
 	mine := e.start(c, v1, Order{ID: "v1", Qty: 1, Amount: 10, Address: "here"}, nil)
-	applied, err := e.orch.SagaOperationRequest(ctx, mine.ID, "retry", "bob", "v1")
+	applied, err := e.orch.RequestOperation(ctx, mine.ID, "retry", "bob", "v1")
 	require.NoError(t, err)
-	blank, err := e.orch.SagaOperationRequest(ctx, mine.ID, "abort", "", "no actor")
+	blank, err := e.orch.RequestOperation(ctx, mine.ID, "abort", "", "no actor")
 	require.NoError(t, err)
 
 	require.NoError(t, c.ApplyRequests(ctx))
-	op, err := e.orch.SagaOperationGet(ctx, applied.ID)
+	op, err := e.orch.Operation(ctx, applied.ID)
 	require.NoError(t, err)
-	require.NotNil(t, op.AppliedAt, "the v1 request must be applied")
+	require.False(t, op.AppliedAt.IsZero(), "the v1 request must be applied")
 	require.Empty(t, op.Error)
 	require.Equal(t, 1, e.retries(mine.ID))
-	op, err = e.orch.SagaOperationGet(ctx, blank.ID)
+	op, err = e.orch.Operation(ctx, blank.ID)
 	require.NoError(t, err)
-	require.NotNil(t, op.AppliedAt, "a request without actor is refused")
+	require.False(t, op.AppliedAt.IsZero(), "a request without actor is refused")
 	require.Contains(t, op.Error, "actor is required")
 	s, err := c.Get(ctx, mine.ID)
 	require.NoError(t, err)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
@@ -67,16 +66,11 @@ func sagaFromRecord(rec *store.SagaRecord) (*Saga, error) {
 	s := &Saga{
 		ID: rec.ID, Type: rec.Type, Version: rec.Version, Status: saga.Status(rec.Status), Phase: saga.Phase(rec.Phase),
 		CurrentStep: rec.CurrentStep, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
-		Revision: rec.Revision, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt,
+		Revision: rec.Revision, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, Deadline: rec.Deadline,
+		FinishedAt: rec.FinishedAt,
 	}
 	if err := json.Unmarshal(rec.Steps, &s.Steps); err != nil {
 		return nil, fmt.Errorf("%w: saga %s: decode step states: %w", saga.ErrInvalidInstance, rec.ID, err)
-	}
-	if rec.Deadline != nil {
-		s.Deadline = rec.Deadline.UTC()
-	}
-	if rec.FinishedAt != nil {
-		s.FinishedAt = *rec.FinishedAt
 	}
 	return s, nil
 }
@@ -90,11 +84,7 @@ func applyToRecord(rec *store.SagaRecord, inst *saga.Instance, now time.Time) er
 	rec.ID, rec.Type, rec.Version = inst.ID, inst.Type, inst.Version
 	rec.Status, rec.Phase, rec.CurrentStep = string(inst.Status), string(inst.Phase), inst.CurrentStep
 	rec.Data, rec.Steps, rec.LastError = inst.Data, steps, inst.LastError
-	rec.Deadline = nil
-	if !inst.Deadline.IsZero() {
-		d := inst.Deadline
-		rec.Deadline = &d
-	}
+	rec.Deadline = inst.Deadline
 	rec.Attempts = 0
 	if inst.CurrentStep >= 0 && inst.CurrentStep < len(inst.Steps) {
 		st := inst.Steps[inst.CurrentStep]
@@ -105,19 +95,19 @@ func applyToRecord(rec *store.SagaRecord, inst *saga.Instance, now time.Time) er
 	}
 	finished := inst.Status == saga.StatusCompleted || inst.Status == saga.StatusCompensated
 	switch {
-	case finished && rec.FinishedAt == nil:
-		rec.FinishedAt = &now
+	case finished && rec.FinishedAt.IsZero():
+		rec.FinishedAt = now
 	case !finished:
-		rec.FinishedAt = nil
+		rec.FinishedAt = time.Time{}
 	}
 	return nil
 }
 
-func historyRecords(entries []saga.HistoryEntry) []store.HistoryRecord {
+func historyRecords(id uuid.UUID, entries []saga.HistoryEntry) []store.HistoryRecord {
 	out := make([]store.HistoryRecord, len(entries))
 	for i, e := range entries {
 		out[i] = store.HistoryRecord{
-			At: e.At, Event: string(e.Event), Step: e.Step, StepIndex: e.StepIndex, Phase: string(e.Phase),
+			SagaID: id, At: e.At, Event: string(e.Event), Step: e.Step, StepIndex: e.StepIndex, Phase: string(e.Phase),
 			Attempt: e.Attempt, Detail: e.Detail, Actor: e.Actor, MessageID: e.MessageID,
 		}
 	}
@@ -125,8 +115,8 @@ func historyRecords(entries []saga.HistoryEntry) []store.HistoryRecord {
 }
 
 // messages maps the core's outgoing commands to outbox messages, which
-// carry ctx's trace context. Each compensation sent is also an event on
-// ctx's span.
+// carry ctx's trace context: the one place it is set. Each compensation
+// sent is also an event on ctx's span.
 func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.Outgoing) []message.Message {
 	if len(emit) == 0 {
 		return nil
@@ -135,9 +125,8 @@ func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.
 	span := trace.SpanFromContext(ctx)
 	out := make([]message.Message, len(emit))
 	for i, o := range emit {
-		kind := message.KindCommand
-		if o.Phase == saga.PhaseCompensation {
-			kind = message.KindCompensation
+		kind := message.KindOf(message.Phase(o.Phase))
+		if kind == message.KindCompensation && span.IsRecording() {
 			span.AddEvent("compensation sent", trace.WithAttributes(
 				telemetry.AttrSagaType.String(inst.Type), telemetry.AttrSagaID.String(inst.ID.String()),
 				telemetry.AttrStep.String(o.Step), telemetry.AttrMessageType.String(o.Type), telemetry.AttrAttempt.Int(o.Attempt)))
@@ -162,35 +151,42 @@ type transition struct {
 	before saga.Status
 	since  time.Time
 	phase  saga.Phase
-	rec    store.SagaRecord
-	res    saga.Result
+	// at is the time of the event.
+	at time.Time
+	// deadlineFailed marks the record of a timer the core refused.
+	deadlineFailed bool
+	rec            store.SagaRecord
+	res            saga.Result
+	write          store.Transition
 }
 
-// write stores res, the outcome of applying an event to the saga rec, in tx:
-// the new state (revision-checked), its history and its outgoing messages.
-// An ignored result writes only its history.
-func (c *Client) write(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, res saga.Result, now time.Time) (transition, error) {
-	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res}
-	if err := c.store.SagaHistoryInsert(ctx, tx, rec.ID, historyRecords(res.History)); err != nil {
-		return tr, err
-	}
+// transition turns res, the outcome of applying an event to the saga rec,
+// into what is written: the new state (revision-checked), its history and
+// its outgoing messages. An ignored result writes only its history.
+func (c *Client) transition(ctx context.Context, rec store.SagaRecord, res saga.Result, now time.Time) (transition, error) {
+	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res, rec: rec}
+	tr.write.History = historyRecords(rec.ID, res.History)
 	if res.Ignored {
-		tr.rec = rec
 		return tr, nil
 	}
-	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
+	if err := applyToRecord(&tr.rec, &res.Instance, now); err != nil {
 		return tr, err
 	}
-	if err := c.store.SagaUpdate(ctx, tx, rec, now); err != nil {
-		return tr, err
-	}
-	rec.Revision++
-	rec.UpdatedAt = now
-	if err := c.store.OutboxWrite(ctx, tx, c.messages(ctx, &res.Instance, res.Emit)); err != nil {
-		return tr, err
-	}
-	tr.rec = rec
+	next := tr.rec
+	tr.write.Saga = &next
+	tr.write.Messages = c.messages(ctx, &res.Instance, res.Emit)
+	tr.rec.Revision++
+	tr.rec.UpdatedAt = now
 	return tr, nil
+}
+
+// writes returns what trs write.
+func writes(trs ...transition) []store.Transition {
+	out := make([]store.Transition, len(trs))
+	for i := range trs {
+		out[i] = trs[i].write
+	}
+	return out
 }
 
 // committed does what follows the commit of transitions: wake the relay and
@@ -204,8 +200,8 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 		if len(tr.res.Emit) > 0 {
 			wake = true
 		}
-		if tr.rec.Deadline != nil {
-			c.noteDeadline(*tr.rec.Deadline)
+		if !tr.rec.Deadline.IsZero() {
+			c.noteDeadline(tr.rec.Deadline)
 		}
 		after := tr.res.Instance.Status
 		if after != tr.before && after.Terminal() {

@@ -54,31 +54,43 @@ func TxFromContext(ctx context.Context) pgx.Tx {
 }
 
 // withTx returns ctx carrying tx for the saga core's local steps, each of
-// which runs under a savepoint of tx (see localScope).
+// which runs under a savepoint of tx.
 func withTx(ctx context.Context, tx pgx.Tx) context.Context {
-	return saga.WithLocalScope(context.WithValue(ctx, txKey{}, tx), localScope(tx))
-}
-
-// localScope runs each local step under a savepoint of tx, so that the
-// writes of a step that rejects or fails are rolled back and those of the
-// steps before it are kept.
-func localScope(tx pgx.Tx) saga.LocalScope {
-	return func(ctx context.Context, run func(ctx context.Context) error) error {
+	return saga.WithLocalScope(ctx, func(ctx context.Context, run func(ctx context.Context) error) error {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return fmt.Errorf("savepoint: %w", err)
 		}
-		if err := run(context.WithValue(ctx, txKey{}, sp)); err != nil {
-			if rerr := sp.Rollback(ctx); rerr != nil {
-				return fmt.Errorf("roll back to savepoint after %w: %w", err, rerr)
-			}
-			return err
+		return runSavepoint(ctx, sp, run)
+	})
+}
+
+// localScope returns ctx carrying t, one of the Client's own transactions,
+// for the saga core's local steps, each of which runs under a savepoint of
+// t.
+func (c *Client) localScope(ctx context.Context, t *store.Tx) context.Context {
+	return saga.WithLocalScope(ctx, func(ctx context.Context, run func(ctx context.Context) error) error {
+		sp, err := t.Savepoint(ctx)
+		if err != nil {
+			return fmt.Errorf("savepoint: %w", err)
 		}
-		if err := sp.Commit(ctx); err != nil {
-			return fmt.Errorf("release savepoint: %w", err)
+		return runSavepoint(ctx, sp, run)
+	})
+}
+
+// runSavepoint runs one local step in sp: its writes are rolled back if it
+// rejects or fails, and released into the enclosing transaction otherwise.
+func runSavepoint(ctx context.Context, sp pgx.Tx, run func(ctx context.Context) error) error {
+	if err := run(context.WithValue(ctx, txKey{}, sp)); err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return fmt.Errorf("roll back to savepoint after %w: %w", err, rerr)
 		}
-		return nil
+		return err
 	}
+	if err := sp.Commit(ctx); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
 }
 
 // Start starts a saga of def with data in tx, the caller's transaction: the
@@ -146,13 +158,14 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	}
 	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrSagaVersion.Int(runner.Version()))
 
-	// With a start key, the saga may exist already: then nothing runs. It
-	// may also be inserted right now by a concurrent transaction: start
-	// inside a savepoint, so that losing that race undoes the local steps'
-	// writes. Local steps also start inside one, so that a Start that fails
-	// leaves none of their writes in tx.
-	if opts.StartKey != "" {
-		existing, err := c.store.SagaGetByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+	// With a start key, the saga may exist already, or be inserted right
+	// now by a concurrent transaction: then nothing may be written. The
+	// start statement writes nothing when the key is taken; local steps
+	// write before it, so a definition with local steps looks the key up
+	// first and runs under a savepoint that losing the race rolls back.
+	local := hasLocalStep(runner)
+	if opts.StartKey != "" && local {
+		existing, err := c.store.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		switch {
 		case err == nil:
 			return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
@@ -161,19 +174,24 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 	}
 	work := tx
-	if opts.StartKey != "" || hasLocalStep(runner) {
+	if local {
 		work, err = tx.Begin(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
 		}
 		defer work.Rollback(context.WithoutCancel(ctx))
 	}
-	st, tr, err := c.start(ctx, work, runner, id, data, opts.StartKey)
+	res, inserted, err := c.start(ctx, work, runner, id, data, opts.StartKey)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 	}
-	if st.Existing {
-		return st, nil // the deferred rollback undoes the savepoint
+	if !inserted {
+		// The deferred rollback undoes the local steps' writes.
+		existing, err := c.store.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		}
+		return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
 	}
 	if work != tx {
 		if err := work.Commit(ctx); err != nil {
@@ -181,45 +199,46 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 	}
 	c.tel.SagaStarted(ctx, runner.Name())
-	if tr.res.Instance.Status.Terminal() {
-		c.tel.SagaFinished(ctx, runner.Name(), string(tr.res.Instance.Status), 0)
+	if res.Instance.Status.Terminal() {
+		c.tel.SagaFinished(ctx, runner.Name(), string(res.Instance.Status), 0)
 	}
-	if tr.rec.Deadline != nil {
-		c.noteDeadline(*tr.rec.Deadline)
+	if !res.Instance.Deadline.IsZero() {
+		c.noteDeadline(res.Instance.Deadline)
 	}
 	select {
 	case c.startWake <- struct{}{}:
 	default:
 	}
-	c.log.Debug("saga started", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "status", string(st.Status))
-	return st, nil
+	c.log.Debug("saga started", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "status", string(res.Instance.Status))
+	return &Started{ID: id, Status: res.Instance.Status}, nil
 }
 
-func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, startKey string) (*Started, transition, error) {
+// start runs the saga core's Start and writes the saga, its history and its
+// first messages in tx in one statement. It reports false when the start key
+// is taken: nothing was written.
+func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, startKey string) (saga.Result, bool, error) {
 	now := c.now()
 	res, err := runner.Start(withTx(ctx, tx), id, data, now)
 	if err != nil {
-		return nil, transition{}, err
+		return saga.Result{}, false, err
 	}
 	rec := store.SagaRecord{StartKey: startKey}
 	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
-		return nil, transition{}, err
+		return saga.Result{}, false, err
 	}
-	stored, inserted, err := c.store.SagaInsert(ctx, tx, rec, now)
-	if err != nil {
-		return nil, transition{}, err
+	inserted, err := c.store.StartSaga(ctx, tx, &store.SagaStart{
+		Saga: rec, History: historyRecords(id, res.History), Messages: c.messages(ctx, &res.Instance, res.Emit),
+	}, now)
+	if err != nil || !inserted {
+		return res, false, err
 	}
-	if !inserted {
-		return &Started{ID: stored.ID, Status: saga.Status(stored.Status), Existing: true}, transition{}, nil
+	if c.cfg.Relay.Notify {
+		if err := c.store.Notify(ctx, tx); err != nil {
+			return res, false, err
+		}
 	}
-	if err := c.store.SagaHistoryInsert(ctx, tx, id, historyRecords(res.History)); err != nil {
-		return nil, transition{}, err
-	}
-	if err := c.store.OutboxWrite(ctx, tx, c.messages(ctx, &res.Instance, res.Emit)); err != nil {
-		return nil, transition{}, err
-	}
-	return &Started{ID: id, Status: res.Instance.Status}, transition{rec: stored, res: res}, nil
+	return res, true, nil
 }
 
 // hasLocalStep reports whether runner has a local step.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -93,23 +94,29 @@ func (c *Client) sweep(ctx context.Context) (int, error) {
 }
 
 // sweepPass is sweep; it also returns how many of the claimed sagas failed
-// for a reason that may pass (the database): each is rolled back alone
-// (savepoint) and claimed again next pass. A timer that the saga core
-// refuses is no such failure: it is recorded on the saga (see
-// deadlineFailed) and the saga is not claimed again.
+// for a reason that may pass (a local step's database work): each is left
+// out of the pass's writes and claimed again next pass. A timer that the
+// saga core refuses is no such failure: it is recorded on the saga (see
+// deadlineFailed) and the saga is not claimed again. The claim goes out
+// with BEGIN and every transition with COMMIT: two round trips a pass.
 func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error) {
 	keys := c.sagaKeys()
 	var trs []transition
-	err = c.store.InTx(ctx, func(tx pgx.Tx) error {
+	err = engine.Retrying(ctx, func() error {
 		trs, failed = trs[:0], 0
+		t := c.store.Begin()
+		defer t.Rollback(ctx)
 		now := c.now()
-		recs, err := c.store.SagaClaimDueOf(ctx, tx, now, c.cfg.SweepBatch, keys)
+		recs, err := c.store.ClaimDueSagas(ctx, t, now, c.cfg.SweepBatch, keys)
 		if err != nil {
 			return err
 		}
 		claimed = len(recs)
+		if claimed == 0 {
+			return t.Commit(ctx)
+		}
 		for _, rec := range recs {
-			tr, err := c.fire(ctx, tx, rec, now)
+			tr, err := c.fire(ctx, t, rec, now)
 			var refused *timerRefusedError
 			switch {
 			case err == nil:
@@ -117,20 +124,21 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 			case ctx.Err() != nil:
 				return err
 			case errors.As(err, &refused):
-				if err := c.deadlineFailed(ctx, tx, rec, now, refused.err); err != nil {
-					return err
-				}
+				trs = append(trs, c.deadlineFailed(rec, now, refused.err))
 			default:
 				failed++
 				c.log.Error("deadline not applied; will try again", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", err)
 			}
 		}
-		return nil
+		return c.store.WriteTransitions(ctx, t, writes(trs...), now, true)
 	})
 	if err != nil {
 		return 0, 0, err
 	}
 	for _, tr := range trs {
+		if tr.deadlineFailed {
+			continue
+		}
 		if len(tr.res.History) > 0 {
 			c.tel.DeadlineFired(ctx, tr.rec.Type)
 			c.countResends(ctx, tr, telemetry.CauseTimeout)
@@ -148,22 +156,22 @@ type timerRefusedError struct{ err error }
 func (e *timerRefusedError) Error() string { return e.err.Error() }
 func (e *timerRefusedError) Unwrap() error { return e.err }
 
-// deadlineFailed records in tx, on the claimed saga rec, why its timer was
-// not applied (history and LastError), and clears its deadline so that it
-// is not claimed again: the saga stays as it is, visibly, for an operator.
-func (c *Client) deadlineFailed(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time, cause error) error {
+// deadlineFailed returns the transition that records, on the claimed saga
+// rec, why its timer was not applied (history and LastError), and clears its
+// deadline so that it is not claimed again: the saga stays as it is,
+// visibly, for an operator.
+func (c *Client) deadlineFailed(rec store.SagaRecord, now time.Time, cause error) transition {
 	reason := fmt.Sprintf("deadline %s not applied: %v", rec.Deadline.UTC().Format(time.RFC3339Nano), cause)
-	if err := c.store.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{
-		At: now, Event: string(HistoryDeadlineFailed), StepIndex: rec.CurrentStep, Phase: rec.Phase, Attempt: rec.Attempts, Detail: reason,
-	}}); err != nil {
-		return err
-	}
-	rec.LastError, rec.Deadline = reason, nil
-	if err := c.store.SagaUpdate(ctx, tx, rec, now); err != nil {
-		return err
-	}
 	c.log.Error("deadline cannot be applied; recorded on the saga and cleared", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", cause)
-	return nil
+	next := rec
+	next.LastError, next.Deadline = reason, time.Time{}
+	return transition{rec: next, deadlineFailed: true, res: saga.Result{Ignored: true}, write: store.Transition{
+		Saga: &next,
+		History: []store.HistoryRecord{{
+			SagaID: rec.ID, At: now, Event: string(HistoryDeadlineFailed), StepIndex: rec.CurrentStep, Phase: rec.Phase,
+			Attempt: rec.Attempts, Detail: reason,
+		}},
+	}}
 }
 
 // countResends counts the commands of tr sent again (attempt > 1).
@@ -175,10 +183,12 @@ func (c *Client) countResends(ctx context.Context, tr transition, cause string) 
 	}
 }
 
-// fire applies the timer of one claimed saga inside a savepoint of tx, in a
-// span of its own, a child of the span that started the saga: the commands
-// it sends (re-sends, compensations) stay in the saga's trace.
-func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now time.Time) (_ transition, err error) {
+// fire applies the timer of one claimed saga, in a span of its own, a
+// child of the span that started the saga: the commands it sends
+// (re-sends, compensations) stay in the saga's trace. A definition with
+// local steps runs under a savepoint of t, so that a failing saga leaves
+// none of its steps' writes behind.
+func (c *Client) fire(ctx context.Context, t *store.Tx, rec store.SagaRecord, now time.Time) (_ transition, err error) {
 	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
 	ctx, span := c.tel.Tracer().Start(ctx, "saga deadline "+rec.Type, trace.WithAttributes(
 		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
@@ -188,20 +198,24 @@ func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now 
 		}
 		span.End()
 	}()
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return transition{}, err
-	}
-	defer sp.Rollback(context.WithoutCancel(ctx))
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
-		return transition{}, err // not claimed: SagaClaimDueOf filters on known definitions
+		return transition{}, err // not claimed: ClaimDueSagas filters on known definitions
 	}
 	s, err := sagaFromRecord(&rec)
 	if err != nil {
 		return transition{}, &timerRefusedError{err}
 	}
-	res, err := runner.Apply(withTx(ctx, sp), s.Instance(), saga.Event{Kind: saga.EventTimer, At: now})
+	scope := c.localScope(ctx, t)
+	var sp pgx.Tx
+	if hasLocalStep(runner) {
+		if sp, err = t.Savepoint(ctx); err != nil {
+			return transition{}, err
+		}
+		defer sp.Rollback(context.WithoutCancel(ctx))
+		scope = withTx(ctx, sp)
+	}
+	res, err := runner.Apply(scope, s.Instance(), saga.Event{Kind: saga.EventTimer, At: now})
 	if err != nil {
 		return transition{}, &timerRefusedError{err}
 	}
@@ -216,13 +230,15 @@ func (c *Client) fire(ctx context.Context, tx pgx.Tx, rec store.SagaRecord, now 
 		}
 		res.Ignored = false
 	}
-	tr, err := c.write(ctx, sp, rec, res, now)
+	tr, err := c.transition(ctx, rec, res, now)
 	if err != nil {
 		return transition{}, err
 	}
-	tr.phase = s.Phase
-	if err := sp.Commit(ctx); err != nil {
-		return transition{}, err
+	tr.phase, tr.at = s.Phase, now
+	if sp != nil {
+		if err := sp.Commit(ctx); err != nil {
+			return transition{}, err
+		}
 	}
 	return tr, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
@@ -58,17 +59,17 @@ func TestGuaranteePoisonInput(t *testing.T) {
 		// adapter dead-letters the message before the participant sees it.
 		reply string
 	}{
-		{"garbage bytes", func(p *amqp.Publishing) { p.Body = []byte("lorem ipsum <<garbage>>") }, "payload does not decode", participant.CodeInvalidPayload},
+		{"garbage bytes", func(p *amqp.Publishing) { p.Body = []byte("lorem ipsum <<garbage>>") }, "payload does not decode", saga.CodeInvalidPayload},
 		{"empty body", func(p *amqp.Publishing) { p.Body = nil }, "body is empty", ""},
-		{"wrong shape", func(p *amqp.Publishing) { p.Body = []byte(`{"product":"good","amount":1}`) }, `unknown field "product"`, participant.CodeInvalidPayload},
-		{"unknown type", func(p *amqp.Publishing) { p.Type = "inventory.teleport" }, `no command handler is registered for type "inventory.teleport"`, participant.CodeUnknownType},
+		{"wrong shape", func(p *amqp.Publishing) { p.Body = []byte(`{"product":"good","amount":1}`) }, `unknown field "product"`, saga.CodeInvalidPayload},
+		{"unknown type", func(p *amqp.Publishing) { p.Type = "inventory.teleport" }, `no command handler is registered for type "inventory.teleport"`, saga.CodeUnknownType},
 		{"missing message id", func(p *amqp.Publishing) { p.MessageId = "" }, "message_id is missing", ""},
 		{"huge payload", func(p *amqp.Publishing) {
 			p.Body = []byte(fmt.Sprintf(`{"sku":%q,"qty":1}`, strings.Repeat("x", 8000)))
-		}, "over MaxPayloadBytes 4096", participant.CodePayloadTooLarge},
+		}, "over the limit of 4096 bytes", saga.CodePayloadTooLarge},
 		{"wrong content type", func(p *amqp.Publishing) { p.ContentType = "text/plain" }, `content_type "text/plain" is not application/json`, ""},
-		{"truncated JSON", func(p *amqp.Publishing) { p.Body = []byte(`{"sku":"good","qty"`) }, "payload does not decode", participant.CodeInvalidPayload},
-		{"invalid UTF-8", func(p *amqp.Publishing) { p.Body = []byte("{\"sku\":\"\xff\xfe\",\"qty\":1}") }, "not valid UTF-8", participant.CodeInvalidPayload},
+		{"truncated JSON", func(p *amqp.Publishing) { p.Body = []byte(`{"sku":"good","qty"`) }, "payload does not decode", saga.CodeInvalidPayload},
+		{"invalid UTF-8", func(p *amqp.Publishing) { p.Body = []byte("{\"sku\":\"\xff\xfe\",\"qty\":1}") }, "not valid UTF-8", saga.CodeInvalidPayload},
 		{"header of the wrong type", func(p *amqp.Publishing) { p.Headers[rabbitmq.HeaderStepIndex] = "one" }, "header x-sagabox-step-index has type string, want an integer", ""},
 	}
 	for _, tc := range cases {
@@ -88,9 +89,9 @@ func TestGuaranteePoisonInput(t *testing.T) {
 		if tc.reply != "" {
 			f := requireFailure(t, e.replies.wait(t, badID), tc.reply)
 			require.Contains(t, f.Reason, tc.reason, "case %q: failure reply", tc.name)
-			a, err := e.store.InboxAttemptGet(t.Context(), badID)
+			a, err := e.store.AttemptGet(t.Context(), badID)
 			require.NoError(t, err, "case %q", tc.name)
-			require.NotNil(t, a.DeadLetteredAt, "case %q", tc.name)
+			require.False(t, a.DeadLetteredAt.IsZero(), "case %q", tc.name)
 		} else {
 			require.Equal(t, 0, e.replies.count(badID), "case %q: no reply to a message the participant never saw", tc.name)
 		}

@@ -58,13 +58,13 @@ func TestGuaranteePoisonInputHandlerBugsBounded(t *testing.T) {
 	for _, sku := range []string{"rows-open", "ctx-expired", "nul-error", "bad-utf8-error"} {
 		cmd := reserve(uuid.New(), sku, 1)
 		e.publish(cmd)
-		f := requireFailure(t, e.replies.wait(t, cmd.MessageID), participant.CodeDeadLettered)
+		f := requireFailure(t, e.replies.wait(t, cmd.MessageID), saga.CodeDeadLettered)
 		require.Contains(t, f.Reason, "gave up after 3 attempts", "sku %s", sku)
 		require.Equal(t, cmd.MessageID.String(), nextDeadLetter(t, dlq).id, "sku %s", sku)
-		a, err := e.store.InboxAttemptGet(context.Background(), cmd.MessageID)
+		a, err := e.store.AttemptGet(context.Background(), cmd.MessageID)
 		require.NoError(t, err, "sku %s", sku)
 		require.Equal(t, 3, a.Attempts, "sku %s", sku)
-		require.NotNil(t, a.DeadLetteredAt, "sku %s", sku)
+		require.False(t, a.DeadLetteredAt.IsZero(), "sku %s", sku)
 	}
 
 	// The queue still flows.
@@ -140,7 +140,7 @@ func TestGuaranteePoisonInputRetryingMessageDoesNotStallQueue(t *testing.T) {
 	})
 	dlq := amqptestConsume(t, e.broker.DeadLetterQueueName(service))
 	attempts := func(id uuid.UUID) int {
-		a, err := e.store.InboxAttemptGet(context.Background(), id)
+		a, err := e.store.AttemptGet(context.Background(), id)
 		if errors.Is(err, message.ErrNotFound) {
 			return 0
 		}
@@ -159,7 +159,7 @@ func TestGuaranteePoisonInputRetryingMessageDoesNotStallQueue(t *testing.T) {
 	require.Equal(t, 1, attempts(bad.MessageID), "good commands published after the failing message's first attempt are answered before its second")
 	require.Zero(t, e.replies.count(bad.MessageID), "the failing message is still retrying")
 
-	f := requireFailure(t, e.replies.wait(t, bad.MessageID), participant.CodeDeadLettered)
+	f := requireFailure(t, e.replies.wait(t, bad.MessageID), saga.CodeDeadLettered)
 	require.Contains(t, f.Reason, "gave up after 3 attempts")
 	require.Equal(t, bad.MessageID.String(), nextDeadLetter(t, dlq).id)
 	require.Equal(t, 3, attempts(bad.MessageID))
@@ -185,7 +185,7 @@ func TestGiveUpOnAProcessedMessageAcknowledgesIt(t *testing.T) {
 	e.publish(cmd)
 	requireSuccess(t, e.replies.wait(t, cmd.MessageID))
 	for range 3 { // MaxAttempts in the tests' config
-		_, err := e.store.InboxAttemptRecord(ctx, &cmd.Envelope, "failed before it succeeded elsewhere")
+		_, err := e.store.RecordAttempt(ctx, &cmd.Envelope, "failed before it succeeded elsewhere")
 		require.NoError(t, err)
 	}
 

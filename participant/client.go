@@ -7,13 +7,10 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sagabox/sagabox/internal/lifecycle"
-	"github.com/sagabox/sagabox/internal/maintenance"
-	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
@@ -26,19 +23,14 @@ import (
 // NewClient, register handlers with HandleCommand, HandleCompensation and
 // HandleEvent, then call Run.
 type Client struct {
-	cfg   Config
-	store *store.Store
-	relay *relay.Relay
-	tel   *telemetry.Telemetry
-	log   *slog.Logger
+	cfg    Config
+	store  *store.Store
+	engine *engine.Engine
+	log    *slog.Logger
 
 	mu       sync.Mutex
 	handlers map[handlerKey]*handler
 	running  bool
-
-	// infraFailures counts consecutive deliveries that could not even record
-	// their failure (Postgres unreachable); it paces their retries.
-	infraFailures atomic.Int64
 
 	// testHookAfterCommit, when set, runs after a delivery's transaction
 	// committed and before the relay is woken and the delivery acked.
@@ -60,29 +52,22 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("participant: %w", err)
 	}
-	log := cfg.Logger.With("component", "participant", "service", cfg.Service)
-	r, err := relay.New(relay.Config{
-		Store:        st,
-		Publisher:    cfg.Broker,
-		BatchSize:    cfg.Relay.BatchSize,
-		Workers:      cfg.Relay.Workers,
-		PollInterval: cfg.Relay.PollInterval,
-		Listen:       cfg.Relay.Listen,
-		Logger:       cfg.Logger.With("service", cfg.Service),
-		Observer:     tel.RelayObserver(cfg.Schema),
-		Telemetry:    tel,
-	})
+	c := &Client{
+		cfg:      cfg,
+		store:    st,
+		log:      cfg.Logger.With("component", componentName, "service", cfg.Service),
+		handlers: make(map[handlerKey]*handler),
+	}
+	c.engine, err = engine.New(engine.Config{
+		Store: st, Broker: cfg.Broker, Component: componentName,
+		Workers: cfg.Workers, Prefetch: cfg.Prefetch, StopTimeout: cfg.StopTimeout,
+		MaxPayloadBytes: cfg.MaxPayloadBytes, Retry: cfg.Retry, Relay: cfg.Relay, Retention: cfg.Retention,
+		Logger: cfg.Logger.With("service", cfg.Service), Telemetry: tel,
+	}, processor{c})
 	if err != nil {
 		return nil, fmt.Errorf("participant: %w", err)
 	}
-	return &Client{
-		cfg:      cfg,
-		store:    st,
-		relay:    r,
-		tel:      tel,
-		log:      log,
-		handlers: make(map[handlerKey]*handler),
-	}, nil
+	return c, nil
 }
 
 func (c *Client) register(h *handler) {
@@ -133,9 +118,11 @@ func (c *Client) QueueSpec() transport.QueueSpec {
 
 // Publish writes msgs to the Client's outbox in tx, so that they are
 // published if and only if tx commits (see message.Message.Prepare for the
-// fields it fills in); a message without a trace context gets ctx's. Inside a handler pass the handler's tx: the relay is woken
-// when it commits. Outside a handler, call Wake after committing tx, or the
-// relay finds the messages at its next poll.
+// fields it fills in); a message without a trace context gets ctx's. Inside
+// a handler pass the handler's tx: the relay is woken when it commits.
+// Outside a handler, call Wake after committing tx (or set Relay.Notify for
+// a relay in another process), or the relay finds the messages at its next
+// poll.
 func (c *Client) Publish(ctx context.Context, tx pgx.Tx, msgs ...message.Message) error {
 	tp, ts := telemetry.Inject(ctx)
 	for i := range msgs {
@@ -146,11 +133,16 @@ func (c *Client) Publish(ctx context.Context, tx pgx.Tx, msgs ...message.Message
 	if err := c.store.OutboxWrite(ctx, tx, msgs); err != nil {
 		return fmt.Errorf("participant: publish: %w", err)
 	}
+	if c.cfg.Relay.Notify {
+		if err := c.store.Notify(ctx, tx); err != nil {
+			return fmt.Errorf("participant: publish: %w", err)
+		}
+	}
 	return nil
 }
 
 // Wake makes the Client's relay look for outbox rows now. It never blocks.
-func (c *Client) Wake() { c.relay.Wake() }
+func (c *Client) Wake() { c.engine.Wake() }
 
 // Run checks that the schema is migrated, then consumes the service's queue
 // and publishes the outbox until ctx is cancelled. It then stops taking
@@ -180,43 +172,10 @@ func (c *Client) Run(ctx context.Context) error {
 		return fmt.Errorf("participant: %w", err)
 	}
 	spec := c.QueueSpec()
-	gauges, err := c.tel.RegisterOutboxGauges(c.store)
-	if err != nil {
-		return fmt.Errorf("participant: %w", err)
-	}
-	defer func() { _ = gauges.Unregister() }()
-
-	// Deliveries run on workCtx, which outlives ctx by at most StopTimeout so
-	// that a shutdown lets transactions in flight finish.
-	workCtx, releaseWork := lifecycle.DrainContext(ctx, c.cfg.StopTimeout, func() {
-		c.log.Warn("stop timeout reached; cancelling deliveries in flight (they will be redelivered)", "stop_timeout", c.cfg.StopTimeout)
-	})
-	defer releaseWork()
-	var wg sync.WaitGroup
-
-	retention, err := maintenance.NewRetention(maintenance.RetentionConfig{
-		Store: c.store, Interval: c.cfg.Retention.Interval, BatchSize: c.cfg.Retention.BatchSize,
-		OutboxRetention: c.cfg.Retention.Outbox, InboxRetention: c.cfg.Retention.Inbox,
-		BarrierRetention: c.cfg.Retention.Barrier, Logger: c.cfg.Logger,
-	})
-	if err != nil {
-		return fmt.Errorf("participant: %w", err)
-	}
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRelay()
-	wg.Go(func() { _ = c.relay.Run(relayCtx) })
-	wg.Go(func() { _ = retention.Run(relayCtx) })
-
 	c.log.Info("participant started", "queue", spec.Name, "commands", spec.Commands, "events", spec.Events, "workers", c.cfg.Workers)
-	err = c.cfg.Broker.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
-		return c.handle(workCtx, d)
-	}), &transport.SubscribeOpts{Concurrency: c.cfg.Workers, Prefetch: c.cfg.Prefetch})
-	releaseWork()
-	stopRelay()
-	wg.Wait()
-	if err != nil {
+	if err := c.engine.Run(ctx, spec); err != nil {
 		c.log.Error("participant stopped: subscription failed", "err", err)
-		return fmt.Errorf("participant: subscribe %s: %w", spec.Name, err)
+		return fmt.Errorf("participant: %w", err)
 	}
 	c.log.Info("participant stopped")
 	return nil

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/maintenance"
+	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -23,12 +22,11 @@ import (
 const (
 	// DefaultWorkers is how many deliveries a Client handles at once.
 	DefaultWorkers = 4
-	// DefaultMaxPayloadBytes is the largest payload a Client accepts (512
-	// KiB). It is below the broker adapter's own limit (1 MiB by default),
-	// so that a saga command that is too large is answered with a failure
-	// reply (CodePayloadTooLarge) instead of only being dead-lettered by the
-	// adapter, and its saga compensates at once.
-	DefaultMaxPayloadBytes = 512 << 10
+	// DefaultMaxPayloadBytes is the largest payload a Client accepts (1
+	// MiB): a larger command is answered with a failure reply
+	// (saga.CodePayloadTooLarge), so that its saga compensates at once, and
+	// dead-lettered.
+	DefaultMaxPayloadBytes = engine.DefaultMaxPayloadBytes
 	// DefaultStopTimeout bounds the drain of in-flight deliveries when Run's
 	// context is cancelled.
 	DefaultStopTimeout = 30 * time.Second
@@ -47,22 +45,16 @@ const (
 	// DefaultMaxAttempts is how many times a message is processed before it
 	// is dead-lettered, the first attempt included.
 	DefaultMaxAttempts = 10
-
-	// DefaultRelayBatchSize, DefaultRelayWorkers and DefaultRelayPollInterval
-	// are the defaults of RelayConfig.
-	DefaultRelayBatchSize    = relay.DefaultBatchSize
-	DefaultRelayWorkers      = relay.DefaultWorkers
-	DefaultRelayPollInterval = relay.DefaultPollInterval
-
-	// DefaultRetentionInterval, DefaultRetentionBatch,
-	// DefaultOutboxRetention, DefaultInboxRetention and
-	// DefaultBarrierRetention are the defaults of RetentionConfig.
-	DefaultRetentionInterval = maintenance.DefaultRetentionInterval
-	DefaultRetentionBatch    = maintenance.DefaultRetentionBatch
-	DefaultOutboxRetention   = maintenance.DefaultOutboxRetention
-	DefaultInboxRetention    = maintenance.DefaultInboxRetention
-	DefaultBarrierRetention  = maintenance.DefaultBarrierRetention
 )
+
+// RelayConfig tunes the relay a Client runs to publish its outbox (replies
+// and outgoing events); the orchestrator's is the same type.
+type RelayConfig = relay.Options
+
+// RetentionConfig says how long a Client keeps processed rows; the
+// orchestrator's is the same type (its Sagas field is the orchestrator's
+// only).
+type RetentionConfig = engine.RetentionConfig
 
 // Config configures a Client. Required fields are Pool, Service and Broker;
 // every other field has a default.
@@ -104,8 +96,10 @@ type Config struct {
 	Retry saga.RetryPolicy
 
 	// MaxPayloadBytes is the largest payload accepted; a larger one is
-	// dead-lettered without running a handler. Defaults to
-	// DefaultMaxPayloadBytes (512 KiB).
+	// answered with a failure reply and dead-lettered without running a
+	// handler. It is the one payload limit on the receiving side (the broker
+	// adapter does not parse bodies). Defaults to DefaultMaxPayloadBytes (1
+	// MiB).
 	MaxPayloadBytes int
 
 	// StopTimeout bounds how long Run waits, after its context is cancelled,
@@ -158,60 +152,6 @@ func retryDefaults(p saga.RetryPolicy) saga.RetryPolicy {
 	return p
 }
 
-// retryDelay is the delay before processing a message again after its
-// failures-th failed attempt: the policy's exponential backoff, with jitter
-// drawn uniformly from its upper half so that messages that failed together
-// do not come back together.
-func retryDelay(p saga.RetryPolicy, failures int) time.Duration {
-	full := p.Backoff(max(failures, 1))
-	half := full / 2
-	if half <= 0 {
-		return full
-	}
-	return half + rand.N(full-half+1)
-}
-
-// RetentionConfig says how long the participant keeps processed rows.
-// Deletion runs in small batches.
-type RetentionConfig struct {
-	// Interval is the pause between two pruning passes. Defaults to
-	// DefaultRetentionInterval (1m).
-	Interval time.Duration
-	// BatchSize is the most rows one statement deletes. Defaults to
-	// DefaultRetentionBatch (1000).
-	BatchSize int
-	// Outbox is how long published outbox rows are kept. Defaults to
-	// DefaultOutboxRetention (24h).
-	Outbox time.Duration
-	// Inbox is how long inbox rows (and attempt rows) of processed messages
-	// are kept. A duplicate that arrives later would be applied again, so it
-	// must exceed any redelivery delay. Defaults to DefaultInboxRetention
-	// (7 days).
-	Inbox time.Duration
-	// Barrier is how long compensation barrier marks are kept. It must
-	// exceed the life of every saga, failed sagas waiting for an operator
-	// included: a compensation that finds no mark of its action treats the
-	// action as never run. Defaults to DefaultBarrierRetention (30 days).
-	Barrier time.Duration
-}
-
-// RelayConfig tunes the relay a Client runs to publish its outbox.
-type RelayConfig struct {
-	// BatchSize is the most outbox rows published at once. Defaults to
-	// DefaultRelayBatchSize (200).
-	BatchSize int
-	// Workers is how many batches are in flight at once. Defaults to
-	// DefaultRelayWorkers (2).
-	Workers int
-	// PollInterval is the longest the relay waits before looking for rows
-	// nobody announced; rows written by this Client's handlers are
-	// published at once. Defaults to DefaultRelayPollInterval (1s).
-	PollInterval time.Duration
-	// Listen also wakes the relay on NOTIFY from other processes that write
-	// to the same outbox. Defaults to false.
-	Listen bool
-}
-
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.Schema == "" {
@@ -230,30 +170,8 @@ func (c Config) WithDefaults() Config {
 	if c.StopTimeout == 0 {
 		c.StopTimeout = DefaultStopTimeout
 	}
-	if c.Relay.BatchSize == 0 {
-		c.Relay.BatchSize = DefaultRelayBatchSize
-	}
-	if c.Relay.Workers == 0 {
-		c.Relay.Workers = DefaultRelayWorkers
-	}
-	if c.Relay.PollInterval == 0 {
-		c.Relay.PollInterval = DefaultRelayPollInterval
-	}
-	if c.Retention.Interval == 0 {
-		c.Retention.Interval = DefaultRetentionInterval
-	}
-	if c.Retention.BatchSize == 0 {
-		c.Retention.BatchSize = DefaultRetentionBatch
-	}
-	if c.Retention.Outbox == 0 {
-		c.Retention.Outbox = DefaultOutboxRetention
-	}
-	if c.Retention.Inbox == 0 {
-		c.Retention.Inbox = DefaultInboxRetention
-	}
-	if c.Retention.Barrier == 0 {
-		c.Retention.Barrier = DefaultBarrierRetention
-	}
+	c.Relay = c.Relay.WithDefaults()
+	c.Retention = c.Retention.WithDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -279,11 +197,8 @@ func (c Config) validate() error {
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("Workers %d is less than 1", c.Workers))
 	}
-	if c.Retention.Interval < 0 || c.Retention.BatchSize < 0 || c.Retention.Outbox < 0 || c.Retention.Inbox < 0 || c.Retention.Barrier < 0 {
-		errs = append(errs, errors.New("Retention: durations and BatchSize must not be negative"))
-	}
-	if c.Retention.Barrier < c.Retention.Inbox {
-		errs = append(errs, fmt.Errorf("Retention.Barrier %s is shorter than Retention.Inbox %s: a barrier mark must outlive the messages it guards", c.Retention.Barrier, c.Retention.Inbox))
+	if err := c.Retention.Validate("Retention"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Prefetch < c.Workers {
 		errs = append(errs, fmt.Errorf("Prefetch %d is less than Workers %d", c.Prefetch, c.Workers))
@@ -297,14 +212,8 @@ func (c Config) validate() error {
 	if c.StopTimeout < 0 {
 		errs = append(errs, fmt.Errorf("StopTimeout %s is negative", c.StopTimeout))
 	}
-	if c.Relay.BatchSize < 1 {
-		errs = append(errs, fmt.Errorf("Relay.BatchSize %d is less than 1", c.Relay.BatchSize))
-	}
-	if c.Relay.Workers < 1 {
-		errs = append(errs, fmt.Errorf("Relay.Workers %d is less than 1", c.Relay.Workers))
-	}
-	if c.Relay.PollInterval < 0 {
-		errs = append(errs, fmt.Errorf("Relay.PollInterval %s is negative", c.Relay.PollInterval))
+	if err := c.Relay.Validate("Relay"); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("participant: invalid config: %w", errors.Join(errs...))

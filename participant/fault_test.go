@@ -16,7 +16,6 @@ import (
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 )
 
 // restartPostgres restarts the PostgreSQL cluster of the test database.
@@ -89,7 +88,7 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 	// The pool may still hold connections that died with the restart.
 	eventually(t, func() bool {
 		var qty int
-		err := e.store.Pool().QueryRow(context.Background(), "SELECT qty FROM "+e.table("stock")+" WHERE sku = 'stream'").Scan(&qty)
+		err := e.store.Pool.QueryRow(context.Background(), "SELECT qty FROM "+e.table("stock")+" WHERE sku = 'stream'").Scan(&qty)
 		return err == nil
 	}, "database reachable again")
 	require.Equal(t, 1000-n, e.stock("stream"), "every command applied exactly once")
@@ -100,7 +99,7 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(n), stats.Total)
 	require.Equal(t, 0, amqptest.QueueLength(t, e.broker.DeadLetterQueueName(service)), "nothing dead-lettered")
-	dead, err := e.store.InboxAttemptList(context.Background(), &store.InboxAttemptListOpts{DeadLetteredOnly: true})
+	dead, err := e.store.AttemptList(context.Background(), true, 100)
 	require.NoError(t, err)
 	require.Empty(t, dead)
 }

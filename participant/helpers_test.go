@@ -54,7 +54,7 @@ var (
 // namespace and a consumer of the replies sent to orch.
 type env struct {
 	t       *testing.T
-	store   *store.Store
+	store   *dbtest.DB
 	ns      string
 	broker  *rabbitmq.Broker // the test's own connection (publishing, replies)
 	replies *sink
@@ -63,7 +63,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	s := dbtest.Store(t, store.LineMessaging)
-	_, err := s.Pool().Exec(context.Background(), fmt.Sprintf(
+	_, err := s.Pool.Exec(context.Background(), fmt.Sprintf(
 		`CREATE TABLE %[1]s.stock (sku text PRIMARY KEY, qty integer NOT NULL);
 		 CREATE TABLE %[1]s.cancelled (order_id text PRIMARY KEY)`, pgx.Identifier{s.Schema()}.Sanitize()))
 	require.NoError(t, err)
@@ -85,14 +85,14 @@ func (e *env) table(name string) string {
 
 func (e *env) setStock(sku string, qty int) {
 	e.t.Helper()
-	_, err := e.store.Pool().Exec(context.Background(), "INSERT INTO "+e.table("stock")+" (sku, qty) VALUES ($1, $2)", sku, qty)
+	_, err := e.store.Pool.Exec(context.Background(), "INSERT INTO "+e.table("stock")+" (sku, qty) VALUES ($1, $2)", sku, qty)
 	require.NoError(e.t, err)
 }
 
 func (e *env) stock(sku string) int {
 	e.t.Helper()
 	var n int
-	require.NoError(e.t, e.store.Pool().QueryRow(context.Background(), "SELECT qty FROM "+e.table("stock")+" WHERE sku = $1", sku).Scan(&n))
+	require.NoError(e.t, e.store.Pool.QueryRow(context.Background(), "SELECT qty FROM "+e.table("stock")+" WHERE sku = $1", sku).Scan(&n))
 	return n
 }
 
@@ -100,25 +100,26 @@ func (e *env) stock(sku string) int {
 func (e *env) outboxReplies(correlation uuid.UUID) int {
 	e.t.Helper()
 	var n int
-	require.NoError(e.t, e.store.Pool().QueryRow(context.Background(),
+	require.NoError(e.t, e.store.Pool.QueryRow(context.Background(),
 		"SELECT count(*) FROM "+e.table("sagabox_outbox")+" WHERE correlation_id = $1", correlation.String()).Scan(&n))
 	return n
 }
 
 func (e *env) duplicates(id uuid.UUID) int {
 	e.t.Helper()
-	row, err := e.store.InboxGet(context.Background(), id)
-	if errors.Is(err, message.ErrNotFound) {
+	var n int
+	err := e.store.Pool.QueryRow(context.Background(), "SELECT duplicates FROM "+e.table("sagabox_inbox")+" WHERE message_id = $1", id).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return -1
 	}
 	require.NoError(e.t, err)
-	return row.Duplicates
+	return n
 }
 
 // config returns a client config for the env with tiny backoffs.
 func (e *env) config(b transport.Broker) participant.Config {
 	return participant.Config{
-		Pool:    e.store.Pool(),
+		Pool:    e.store.Pool,
 		Schema:  e.store.Schema(),
 		Service: service,
 		Broker:  b,
@@ -310,4 +311,19 @@ func requireFailure(t *testing.T, m message.Message, code string) saga.Failure {
 func eventually(t *testing.T, cond func() bool, msg string, args ...any) {
 	t.Helper()
 	require.Eventually(t, cond, waitFor, pollEvery, append([]any{msg}, args...)...)
+}
+
+// barrier returns the barrier marks of saga id by phase: their outcomes.
+func (e *env) barrier(id uuid.UUID) map[message.Phase]store.BarrierOutcome {
+	e.t.Helper()
+	rows, err := e.store.Pool.Query(context.Background(), "SELECT phase, outcome FROM "+e.table("sagabox_barrier")+" WHERE saga_id = $1", id)
+	require.NoError(e.t, err)
+	out := map[message.Phase]store.BarrierOutcome{}
+	for rows.Next() {
+		var phase, outcome string
+		require.NoError(e.t, rows.Scan(&phase, &outcome))
+		out[message.Phase(phase)] = store.BarrierOutcome(outcome)
+	}
+	require.NoError(e.t, rows.Err())
+	return out
 }

@@ -119,7 +119,6 @@ func TestGuaranteeCompensationBarrier(t *testing.T) {
 		e.setStock(sku, 10)
 	}
 	e.newClient(nil, nil)
-	ctx := context.Background()
 
 	t.Run("re-sent action runs once", func(t *testing.T) {
 		first := reserve(uuid.New(), "resent", 4)
@@ -144,19 +143,14 @@ func TestGuaranteeCompensationBarrier(t *testing.T) {
 
 		late := reserve(sagaID, "null", 4)
 		e.publish(late)
-		f := requireFailure(t, e.replies.wait(t, late.MessageID), participant.CodeCompensatedBeforeRun)
+		f := requireFailure(t, e.replies.wait(t, late.MessageID), saga.CodeCompensatedBeforeRun)
 		require.Contains(t, f.Reason, "compensated before it ran")
 		require.Equal(t, 10, e.stock("null"), "the hanging action is not applied")
 
-		marks, err := e.store.BarrierList(ctx, sagaID)
-		require.NoError(t, err)
-		require.Len(t, marks, 2)
-		outcomes := map[store.BarrierPhase]store.BarrierOutcome{}
-		for _, m := range marks {
-			outcomes[m.Phase] = m.Outcome
-		}
-		require.Equal(t, store.BarrierBlocked, outcomes[store.BarrierAction])
-		require.Equal(t, store.BarrierSkipped, outcomes[store.BarrierCompensation])
+		outcomes := e.barrier(sagaID)
+		require.Len(t, outcomes, 2)
+		require.Equal(t, store.BarrierBlocked, outcomes[message.PhaseAction])
+		require.Equal(t, store.BarrierSkipped, outcomes[message.PhaseCompensation])
 	})
 
 	t.Run("repeated compensation runs once", func(t *testing.T) {
@@ -249,11 +243,11 @@ func TestGuaranteePoisonInputTransientFailuresRetried(t *testing.T) {
 	mu.Lock()
 	require.Equal(t, []int{1, 2, 3}, attempts)
 	mu.Unlock()
-	a, err := e.store.InboxAttemptGet(context.Background(), cmd.MessageID)
+	a, err := e.store.AttemptGet(context.Background(), cmd.MessageID)
 	require.NoError(t, err)
 	require.Equal(t, 2, a.Attempts)
 	require.Contains(t, a.LastError, "panicked: handler bug")
-	require.Nil(t, a.DeadLetteredAt)
+	require.True(t, a.DeadLetteredAt.IsZero())
 	require.Equal(t, 1, e.outboxReplies(cmd.MessageID))
 }
 
@@ -281,22 +275,22 @@ func TestGuaranteePoisonInputAlwaysFailingDeadLettered(t *testing.T) {
 
 	cmd := reserve(uuid.New(), "doomed", 2)
 	e.publish(cmd)
-	f := requireFailure(t, e.replies.wait(t, cmd.MessageID), participant.CodeDeadLettered)
+	f := requireFailure(t, e.replies.wait(t, cmd.MessageID), saga.CodeDeadLettered)
 	require.Contains(t, f.Reason, "gave up after 3 attempts")
 	require.Contains(t, f.Reason, "downstream is down")
 	dead := nextDeadLetter(t, dlq)
 	require.Equal(t, cmd.MessageID.String(), dead.id)
 	require.Contains(t, dead.reason, "gave up after 3 attempts")
 	require.Equal(t, int32(3), actionCalls.Load(), "not retried past MaxAttempts")
-	a, err := e.store.InboxAttemptGet(context.Background(), cmd.MessageID)
+	a, err := e.store.AttemptGet(context.Background(), cmd.MessageID)
 	require.NoError(t, err)
 	require.Equal(t, 3, a.Attempts)
-	require.NotNil(t, a.DeadLetteredAt)
+	require.False(t, a.DeadLetteredAt.IsZero())
 
 	// A re-send of the given-up action gets the same failure, not a new run.
 	again := resend(cmd)
 	e.publish(again)
-	requireFailure(t, e.replies.wait(t, again.MessageID), participant.CodeDeadLettered)
+	requireFailure(t, e.replies.wait(t, again.MessageID), saga.CodeDeadLettered)
 	require.Equal(t, int32(3), actionCalls.Load())
 
 	// A compensation that keeps failing: the orchestrator learns it failed.
@@ -306,13 +300,12 @@ func TestGuaranteePoisonInputAlwaysFailingDeadLettered(t *testing.T) {
 	requireSuccess(t, e.replies.wait(t, act.MessageID))
 	comp := release(sagaID, "doomed", 1)
 	e.publish(comp)
-	f = requireFailure(t, e.replies.wait(t, comp.MessageID), participant.CodeDeadLettered)
+	f = requireFailure(t, e.replies.wait(t, comp.MessageID), saga.CodeDeadLettered)
 	require.Contains(t, f.Reason, "cannot reject")
 	require.Equal(t, Release.Name(), e.replies.wait(t, comp.MessageID).Type)
 	require.Equal(t, comp.MessageID.String(), nextDeadLetter(t, dlq).id)
 	require.Equal(t, int32(3), compCalls.Load())
-	_, err = e.store.BarrierGet(context.Background(), nil, sagaID, "reserve", store.BarrierCompensation)
-	require.ErrorIs(t, err, message.ErrNotFound, "a failed compensation leaves no mark, so that it can be retried")
+	require.NotContains(t, e.barrier(sagaID), message.PhaseCompensation, "a failed compensation leaves no mark, so that it can be retried")
 }
 
 type OrderCancelled struct {
@@ -362,7 +355,7 @@ func TestGuaranteeNoDoubleEffectEvents(t *testing.T) {
 	require.Equal(t, int32(1), calls.Load())
 	require.Equal(t, 1, e.outboxReplies(ev.MessageID), "one outgoing event")
 	var n int
-	require.NoError(t, e.store.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+e.table("cancelled")).Scan(&n))
+	require.NoError(t, e.store.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table("cancelled")).Scan(&n))
 	require.Equal(t, 1, n)
 }
 
@@ -391,24 +384,6 @@ func TestRunChecksSchemaAndHandlers(t *testing.T) {
 	require.Panics(t, func() { inventory(e, c) }, "a type is registered once")
 }
 
-func TestRetryDelayHasJitterWithinBackoff(t *testing.T) {
-	t.Parallel()
-	p := saga.RetryPolicy{InitialInterval: 100, BackoffCoefficient: 2, MaximumInterval: 1000, MaxAttempts: 5}
-	for failures, full := range map[int]int64{1: 100, 2: 200, 3: 400, 4: 800, 5: 1000, 30: 1000} {
-		seen := map[int64]bool{}
-		for range 50 {
-			d := int64(participant.RetryDelayForTest(p, failures))
-			require.GreaterOrEqual(t, d, full/2, "failures %d", failures)
-			require.LessOrEqual(t, d, full, "failures %d", failures)
-			seen[d] = true
-		}
-		require.Greater(t, len(seen), 1, "failures %d: the delay is jittered", failures)
-	}
-	d := participant.Config{}.WithDefaults().Retry
-	require.Equal(t, participant.DefaultMaxAttempts, d.MaxAttempts, "the participant's defaults, not saga's")
-	require.Equal(t, participant.DefaultMaximumInterval, d.MaximumInterval)
-}
-
 func TestRejectIsRejection(t *testing.T) {
 	t.Parallel()
 	base := errors.New("no")
@@ -416,4 +391,11 @@ func TestRejectIsRejection(t *testing.T) {
 	require.ErrorIs(t, err, saga.ErrRejected)
 	require.ErrorIs(t, err, base)
 	require.NoError(t, participant.Reject(nil))
+}
+
+func TestRetryDefaultsAreTheParticipants(t *testing.T) {
+	t.Parallel()
+	d := participant.Config{}.WithDefaults().Retry
+	require.Equal(t, participant.DefaultMaxAttempts, d.MaxAttempts, "the participant's defaults, not saga's")
+	require.Equal(t, participant.DefaultMaximumInterval, d.MaximumInterval)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
@@ -75,7 +76,7 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 
 	reply := e.replies.wait(t, cmd.MessageID)
 	requireSuccess(t, reply)
-	requireFailure(t, e.replies.wait(t, bad.MessageID), participant.CodeInvalidPayload)
+	requireFailure(t, e.replies.wait(t, bad.MessageID), saga.CodeInvalidPayload)
 	requireSuccess(t, e.replies.wait(t, flaky.MessageID))
 	schema := telemetry.AttrSchema.String(e.store.Schema())
 	var m telemetrytest.Snapshot
@@ -191,7 +192,7 @@ func TestTelemetryOutboxBacklogFollowsBrokerOutage(t *testing.T) {
 
 	amqpProxy.Cut()
 	const n = 5
-	tx, err := e.store.Pool().Begin(context.Background())
+	tx, err := e.store.Pool.Begin(context.Background())
 	require.NoError(t, err)
 	for i := range n {
 		ev, err := participant.NewEvent(event, map[string]int{"n": i})

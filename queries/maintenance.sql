@@ -1,8 +1,15 @@
--- name: SetLocalTimeouts :exec
--- Bounds the statements of a background transaction so that a stuck lock or a
--- slow plan cannot hold it forever.
-SELECT set_config('statement_timeout', @statement_timeout::text, true),
-       set_config('lock_timeout', @lock_timeout::text, true);
+-- Retention and statistics: background queries, each bounded by the
+-- statement and lock timeouts sent ahead of it.
+
+-- name: OutboxDeletePublished :execrows
+-- Deletes at most @max rows published before @published_before.
+DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE id IN (
+    SELECT id FROM /* TEMPLATE: schema */sagabox_outbox
+    WHERE published_at < @published_before::timestamptz
+    ORDER BY published_at
+    LIMIT @max::integer
+);
 
 -- name: InboxDeleteBefore :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_inbox
@@ -31,7 +38,46 @@ WHERE (saga_id, step, phase) IN (
     LIMIT @max::integer
 );
 
--- name: OutboxNotify :exec
--- Wakes relays in other processes that LISTEN on @channel. Sent only when a
--- writer opts in: NOTIFY serialises commits.
-SELECT pg_notify(@channel::text, '');
+-- name: SagaDeleteFinishedBefore :execrows
+-- Deletes at most @max completed or compensated sagas (with their history)
+-- that finished before @finished_before.
+DELETE FROM /* TEMPLATE: schema */sagabox_saga
+WHERE id IN (
+    SELECT id FROM /* TEMPLATE: schema */sagabox_saga
+    WHERE finished_at < @finished_before::timestamptz
+    ORDER BY finished_at
+    LIMIT @max::integer
+);
+
+-- name: OutboxStats :one
+-- Backlog of unpublished rows and the age of the oldest one.
+SELECT
+    count(*)::bigint AS backlog,
+    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds,
+    count(*) FILTER (WHERE publish_attempts > 1)::bigint AS retrying
+FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE published_at IS NULL;
+
+-- name: InboxStats :one
+-- Totals of the inbox: messages processed, duplicate arrivals, and duplicate
+-- arrivals of messages last duplicated within @recent_seconds.
+SELECT
+    count(*)::bigint AS total,
+    coalesce(sum(duplicates), 0)::bigint AS duplicates,
+    count(*) FILTER (WHERE duplicates > 0)::bigint AS duplicated_messages,
+    count(*) FILTER (
+        WHERE last_duplicate_at > now() - make_interval(secs => @recent_seconds::float8)
+    )::bigint AS recently_duplicated
+FROM /* TEMPLATE: schema */sagabox_inbox;
+
+-- name: SagaCountByStatus :many
+SELECT saga_type, status, count(*)::bigint AS count
+FROM /* TEMPLATE: schema */sagabox_saga
+GROUP BY saga_type, status
+ORDER BY saga_type, status;
+
+-- name: SagaCountOverdue :one
+-- Running or compensating sagas whose deadline passed before @before: the
+-- sweeper is behind or not running.
+SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
+WHERE deadline < @before::timestamptz AND status IN ('running', 'compensating');

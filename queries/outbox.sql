@@ -1,6 +1,6 @@
--- name: OutboxInsertBatch :execrows
--- Inserts messages in the caller's transaction, in slice order (which becomes
--- the publish order of rows sharing an ordering key).
+-- name: OutboxInsert :exec
+-- Inserts messages in the caller's transaction, in array order (which
+-- becomes the publish order of rows sharing an ordering key).
 INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
     message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
     step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
@@ -58,37 +58,22 @@ FROM claimable c
 WHERE o.id = c.id
 RETURNING o.*;
 
--- name: OutboxMarkPublished :execrows
-UPDATE /* TEMPLATE: schema */sagabox_outbox
-SET published_at = now(), claimed_until = NULL, last_error = ''
-WHERE id = ANY(@id::bigint[]) AND published_at IS NULL;
-
--- name: OutboxRelease :execrows
--- Gives claimed rows back after a failed publish; they become claimable again
--- after @retry_after_seconds.
+-- name: OutboxDone :exec
+-- Records the outcome of a published batch in one statement: the rows
+-- @published were confirmed by the broker; the rows @failed were not and
+-- become claimable again after @retry_after_seconds.
+WITH published AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox
+    SET published_at = now(), claimed_until = NULL, last_error = ''
+    WHERE id = ANY(@published::bigint[]) AND published_at IS NULL
+)
 UPDATE /* TEMPLATE: schema */sagabox_outbox
 SET claimed_until = now() + make_interval(secs => @retry_after_seconds::float8),
     last_error = @last_error::text
-WHERE id = ANY(@id::bigint[]) AND published_at IS NULL;
+WHERE id = ANY(@failed::bigint[]) AND published_at IS NULL;
 
--- name: OutboxDeletePublished :execrows
--- Deletes at most @max rows published before @published_before.
-DELETE FROM /* TEMPLATE: schema */sagabox_outbox
-WHERE id IN (
-    SELECT id FROM /* TEMPLATE: schema */sagabox_outbox
-    WHERE published_at < @published_before::timestamptz
-    ORDER BY published_at
-    LIMIT @max::integer
-);
-
--- name: OutboxStats :one
--- Backlog of unpublished rows and the age of the oldest one.
-SELECT
-    count(*)::bigint AS backlog,
-    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds,
-    count(*) FILTER (WHERE publish_attempts > 0)::bigint AS retrying
-FROM /* TEMPLATE: schema */sagabox_outbox
-WHERE published_at IS NULL;
-
--- name: OutboxGetByMessageID :one
-SELECT * FROM /* TEMPLATE: schema */sagabox_outbox WHERE message_id = @message_id::uuid;
+-- name: OutboxNotify :exec
+-- Wakes relays in other processes that LISTEN on @channel, when the
+-- transaction commits. Sent only when a client opts in: NOTIFY serialises
+-- commits.
+SELECT pg_notify(@channel::text, '');

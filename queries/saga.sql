@@ -1,58 +1,198 @@
--- name: SagaInsert :one
--- Inserts a saga in the caller's transaction. With a start key that already
--- exists for the saga type nothing is inserted and no row is returned.
-INSERT INTO /* TEMPLATE: schema */sagabox_saga (
-    id, saga_type, version, status, start_key, data, steps, current_step, phase,
-    deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
-) VALUES (
-    @id::uuid, @saga_type::text, @version::integer, @status::text, sqlc.narg('start_key')::text,
-    @data::jsonb, @steps::jsonb, @current_step::integer, @phase::text,
-    sqlc.narg('deadline')::timestamptz, @attempts::integer, @last_error::text,
-    @now::timestamptz, @now::timestamptz, sqlc.narg('finished_at')::timestamptz,
-    @traceparent::text, @tracestate::text
-)
-ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
-RETURNING *;
+-- The orchestrator's transactions. A start is one statement in the caller's
+-- transaction; a reply, a sweep and an operator action each read (and lock)
+-- their sagas in one statement sent with BEGIN, and write every transition
+-- in one statement sent with COMMIT.
 
--- name: SagaGetByStartKey :one
+-- name: SagaStart :one
+-- Starts a saga in the caller's transaction: its row, its history and its
+-- first messages. With a start key that a saga of the same type already has,
+-- nothing at all is written and inserted is false (a concurrent start with
+-- the same key waits here for the other transaction to end).
+WITH saga AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga (
+        id, saga_type, version, status, start_key, data, steps, current_step, phase,
+        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
+    ) VALUES (
+        @id::uuid, @saga_type::text, @version::integer, @status::text, sqlc.narg('start_key')::text,
+        @data::jsonb, @steps::jsonb, @current_step::integer, @phase::text,
+        sqlc.narg('deadline')::timestamptz, @attempts::integer, @last_error::text,
+        @now::timestamptz, @now::timestamptz, sqlc.narg('finished_at')::timestamptz,
+        @traceparent::text, @tracestate::text
+    )
+    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
+    RETURNING id
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
+        saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
+    )
+    SELECT saga.id,
+           unnest(@h_at::timestamptz[]),
+           unnest(@h_event::text[]),
+           unnest(@h_step::text[]),
+           unnest(@h_step_index::integer[]),
+           unnest(@h_phase::text[]),
+           unnest(@h_attempt::integer[]),
+           unnest(@h_detail::text[]),
+           unnest(@h_actor::text[]),
+           nullif(unnest(@h_message_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+    FROM saga
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at
+    )
+    SELECT unnest(@o_message_id::uuid[]),
+           unnest(@o_ordering_key::text[]),
+           unnest(@o_kind::text[]),
+           unnest(@o_type::text[]),
+           unnest(@o_routing_key::text[]),
+           saga.id,
+           unnest(@o_saga_type::text[]),
+           unnest(@o_step::text[]),
+           unnest(@o_step_index::integer[]),
+           unnest(@o_attempt::integer[]),
+           unnest(@o_reply_to::text[]),
+           unnest(@o_correlation_id::text[]),
+           unnest(@o_traceparent::text[]),
+           unnest(@o_tracestate::text[]),
+           unnest(@o_headers::jsonb[]),
+           unnest(@o_payload::bytea[]),
+           unnest(@o_created_at::timestamptz[])
+    FROM saga
+)
+SELECT (count(*) > 0)::boolean AS inserted FROM saga;
+
+-- name: SagaReceive :many
+-- Receives replies: records each in the inbox (a duplicate counts itself
+-- instead) and locks, in id order, the sagas of those seen for the first
+-- time. One row per message; the saga columns are null for a duplicate and
+-- for a saga that does not exist here.
+WITH inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
+    SELECT unnest(@message_id::uuid[]), unnest(@kind::text[]), unnest(@type::text[]),
+           unnest(@saga_id::uuid[]), unnest(@step::text[])
+    ON CONFLICT (message_id) DO UPDATE
+    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+    RETURNING i.message_id, i.saga_id, (xmax = 0) AS fresh
+), locked AS (
+    SELECT s.*
+    FROM /* TEMPLATE: schema */sagabox_saga s
+    WHERE s.id IN (SELECT inbox.saga_id FROM inbox WHERE inbox.fresh)
+    ORDER BY s.id
+    FOR UPDATE
+)
+SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.*
+FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh;
+
+-- name: SagaLock :many
+-- Locks the sagas @ids, in id order, so that their events are applied one at
+-- a time.
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
-WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
+WHERE id = ANY(@ids::uuid[])
+ORDER BY id
+FOR UPDATE;
+
+-- name: SagaClaimDue :many
+-- Locks up to @max running or compensating sagas whose deadline is at or
+-- before @now, skipping sagas another orchestrator (or reply) holds. Only
+-- sagas of the definitions (type, version pairs) the caller runs are
+-- claimed: an orchestrator never starves on sagas it cannot run.
+SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.deadline <= @now::timestamptz
+  AND s.deadline IS NOT NULL
+  AND s.status IN ('running', 'compensating')
+  AND (s.saga_type, s.version) IN (
+      SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
+  )
+ORDER BY s.deadline
+LIMIT @max::integer
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: SagaWrite :one
+-- Writes transitions: the new state of the sagas @id (each checked against
+-- the revision it was read at: a saga changed meanwhile fails the whole
+-- statement with a serialization failure, so that it is not committed and
+-- the transaction is run again), their history and their outgoing messages.
+-- A zero deadline or finished_at is stored as null.
+WITH updated AS (
+    UPDATE /* TEMPLATE: schema */sagabox_saga AS s
+    SET status = u.status,
+        data = u.data,
+        steps = u.steps,
+        current_step = u.current_step,
+        phase = u.phase,
+        deadline = nullif(u.deadline, '0001-01-01 00:00:00+00'::timestamptz),
+        attempts = u.attempts,
+        last_error = u.last_error,
+        revision = s.revision + 1,
+        updated_at = @now::timestamptz,
+        finished_at = nullif(u.finished_at, '0001-01-01 00:00:00+00'::timestamptz)
+    FROM (
+        SELECT unnest(@id::uuid[]) AS id,
+               unnest(@revision::bigint[]) AS revision,
+               unnest(@status::text[]) AS status,
+               unnest(@data::jsonb[]) AS data,
+               unnest(@steps::jsonb[]) AS steps,
+               unnest(@current_step::integer[]) AS current_step,
+               unnest(@phase::text[]) AS phase,
+               unnest(@deadline::timestamptz[]) AS deadline,
+               unnest(@attempts::integer[]) AS attempts,
+               unnest(@last_error::text[]) AS last_error,
+               unnest(@finished_at::timestamptz[]) AS finished_at
+    ) AS u
+    WHERE s.id = u.id AND s.revision = u.revision
+    RETURNING s.id
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
+        saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
+    )
+    SELECT unnest(@h_saga_id::uuid[]),
+           unnest(@h_at::timestamptz[]),
+           unnest(@h_event::text[]),
+           unnest(@h_step::text[]),
+           unnest(@h_step_index::integer[]),
+           unnest(@h_phase::text[]),
+           unnest(@h_attempt::integer[]),
+           unnest(@h_detail::text[]),
+           unnest(@h_actor::text[]),
+           nullif(unnest(@h_message_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at
+    )
+    SELECT unnest(@o_message_id::uuid[]),
+           unnest(@o_ordering_key::text[]),
+           unnest(@o_kind::text[]),
+           unnest(@o_type::text[]),
+           unnest(@o_routing_key::text[]),
+           unnest(@o_saga_id::uuid[]),
+           unnest(@o_saga_type::text[]),
+           unnest(@o_step::text[]),
+           unnest(@o_step_index::integer[]),
+           unnest(@o_attempt::integer[]),
+           unnest(@o_reply_to::text[]),
+           unnest(@o_correlation_id::text[]),
+           unnest(@o_traceparent::text[]),
+           unnest(@o_tracestate::text[]),
+           unnest(@o_headers::jsonb[]),
+           unnest(@o_payload::bytea[]),
+           unnest(@o_created_at::timestamptz[])
+)
+SELECT /* TEMPLATE: schema */sagabox_check(
+    (SELECT count(*) FROM updated) = cardinality(@id::uuid[]),
+    '40001',
+    'sagabox: a saga changed since its transition was computed; the transaction is run again'
+)::boolean AS ok;
 
 -- name: SagaGet :one
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga WHERE id = @id::uuid;
 
--- name: SagaGetForUpdate :one
--- Locks one saga so that its events are applied one at a time.
-SELECT * FROM /* TEMPLATE: schema */sagabox_saga WHERE id = @id::uuid FOR UPDATE;
-
--- name: SagaUpdate :execrows
--- Writes a transition. The revision check makes a lost update impossible even
--- if a caller forgot the row lock.
-UPDATE /* TEMPLATE: schema */sagabox_saga
-SET status = @status::text,
-    data = @data::jsonb,
-    steps = @steps::jsonb,
-    current_step = @current_step::integer,
-    phase = @phase::text,
-    deadline = sqlc.narg('deadline')::timestamptz,
-    attempts = @attempts::integer,
-    last_error = @last_error::text,
-    revision = revision + 1,
-    updated_at = @now::timestamptz,
-    finished_at = sqlc.narg('finished_at')::timestamptz
-WHERE id = @id::uuid AND revision = @revision::bigint;
-
--- name: SagaClaimDue :many
--- Locks up to @max sagas whose deadline has passed, skipping sagas another
--- orchestrator is working on. The caller applies their timers in the same
--- transaction, so each deadline fires once.
+-- name: SagaGetByStartKey :one
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
-WHERE deadline <= @now::timestamptz
-  AND deadline IS NOT NULL
-  AND status IN ('running', 'compensating')
-ORDER BY deadline
-LIMIT @max::integer
-FOR UPDATE SKIP LOCKED;
+WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
 
 -- name: SagaList :many
 -- Lists sagas stalest first (least recently updated), filtered by type,
@@ -66,88 +206,7 @@ WHERE (sqlc.narg('saga_type')::text IS NULL OR saga_type = sqlc.narg('saga_type'
 ORDER BY updated_at, id
 LIMIT @max::integer;
 
--- name: SagaCountByStatus :many
-SELECT saga_type, status, count(*)::bigint AS count
-FROM /* TEMPLATE: schema */sagabox_saga
-GROUP BY saga_type, status
-ORDER BY saga_type, status;
-
--- name: SagaCountOverdue :one
--- Sagas whose deadline passed more than @grace ago: the sweeper is behind or
--- not running.
-SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
-WHERE deadline < @before::timestamptz AND status IN ('running', 'compensating');
-
--- name: SagaDeleteFinishedBefore :execrows
-DELETE FROM /* TEMPLATE: schema */sagabox_saga
-WHERE id IN (
-    SELECT id FROM /* TEMPLATE: schema */sagabox_saga
-    WHERE finished_at < @finished_before::timestamptz
-    ORDER BY finished_at
-    LIMIT @max::integer
-);
-
--- name: SagaHistoryInsert :exec
-INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
-    saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
-)
-SELECT @saga_id::uuid,
-       unnest(@at::timestamptz[]),
-       unnest(@event::text[]),
-       unnest(@step::text[]),
-       unnest(@step_index::integer[]),
-       unnest(@phase::text[]),
-       unnest(@attempt::integer[]),
-       unnest(@detail::text[]),
-       unnest(@actor::text[]),
-       nullif(unnest(@message_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid);
-
 -- name: SagaHistoryList :many
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga_history
 WHERE saga_id = @saga_id::uuid
 ORDER BY id;
-
--- name: SagaClaimDueOf :many
--- SagaClaimDue restricted to the definitions (type, version pairs) the
--- caller can run: an orchestrator never claims, and so never starves on,
--- sagas of a definition it does not know.
-SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s
-WHERE s.deadline <= @now::timestamptz
-  AND s.deadline IS NOT NULL
-  AND s.status IN ('running', 'compensating')
-  AND (s.saga_type, s.version) IN (
-      SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
-  )
-ORDER BY s.deadline
-LIMIT @max::integer
-FOR UPDATE OF s SKIP LOCKED;
-
--- name: SagaOperationInsert :one
--- Requests an operator action on a saga; an orchestrator applies it.
-INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
-VALUES (@saga_id::uuid, @action::text, @actor::text, @reason::text)
-RETURNING *;
-
--- name: SagaOperationClaimPending :many
--- Locks up to @max pending operator requests, oldest first, skipping those
--- another orchestrator is applying. Only requests for sagas of the
--- definitions (type, version pairs) the caller runs, or for sagas that do
--- not exist (to be refused), are claimed: requests left for another
--- orchestrator never hide the caller's own behind them.
-SELECT o.* FROM /* TEMPLATE: schema */sagabox_saga_operation o
-LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
-WHERE o.applied_at IS NULL
-  AND (s.id IS NULL OR (s.saga_type, s.version) IN (
-      SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
-  ))
-ORDER BY o.id
-LIMIT @max::integer
-FOR UPDATE OF o SKIP LOCKED;
-
--- name: SagaOperationMarkApplied :exec
-UPDATE /* TEMPLATE: schema */sagabox_saga_operation
-SET applied_at = @applied_at::timestamptz, error = @error::text
-WHERE id = @id::bigint;
-
--- name: SagaOperationGet :one
-SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = @id::bigint;

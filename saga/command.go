@@ -23,6 +23,23 @@ type Failure struct {
 	Code string `json:"code,omitempty"`
 }
 
+// Codes of the failure replies (Failure.Code) that sagabox sends on its
+// own, as opposed to a participant handler's rejection.
+const (
+	// CodeDeadLettered: processing the command kept failing and it was
+	// given up on (dead-lettered) after its bounded attempts.
+	CodeDeadLettered = "dead-lettered"
+	// CodeInvalidPayload: the payload did not decode into the request type.
+	CodeInvalidPayload = "invalid-payload"
+	// CodeUnknownType: no handler is registered for the message's type.
+	CodeUnknownType = "unknown-type"
+	// CodePayloadTooLarge: the payload is over the receiver's limit.
+	CodePayloadTooLarge = "payload-too-large"
+	// CodeCompensatedBeforeRun: the action arrived after the compensation
+	// of its step (a "hanging action") and was not applied.
+	CodeCompensatedBeforeRun = "compensated-before-run"
+)
+
 // DecodeFailure decodes a failure reply payload. Unlike the command
 // decoders it tolerates unknown fields, so that Failure can grow without
 // breaking older orchestrators.

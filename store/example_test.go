@@ -11,7 +11,7 @@ import (
 // review) can print each migration's SQL for the schema of a service. The
 // same is available as `sagabox migrate print messaging 1 --schema inventory`.
 func ExampleStore_MigrationSQL() {
-	st, err := store.NewOffline("inventory")
+	st, err := store.New(nil, "inventory")
 	if err != nil {
 		panic(err)
 	}

@@ -172,9 +172,18 @@ type migrationKey struct {
 }
 
 func (s *Store) appliedMigrations(ctx context.Context, tx pgx.Tx) (map[migrationKey]*dbsqlc.SagaboxMigration, error) {
-	rows, err := s.queries.MigrationList(ctx, s.db(tx))
+	var db dbsqlc.DBTX
+	if tx != nil {
+		db = s.db(tx)
+	} else {
+		var err error
+		if db, err = s.pooled(); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.queries.MigrationList(ctx, db)
 	if err != nil {
-		if IsUndefinedTable(err) {
+		if isUndefined(err) {
 			return map[migrationKey]*dbsqlc.SagaboxMigration{}, nil
 		}
 		return nil, fmt.Errorf("list applied migrations in schema %q: %w", s.schema, err)
@@ -237,7 +246,7 @@ func (s *Store) MigrateDown(ctx context.Context, line Line, steps int) ([]Migrat
 // transaction that first takes the schema's migration lock.
 func (s *Store) migrateOne(ctx context.Context, m Migration, down bool) (bool, error) {
 	changed := false
-	err := s.InTx(ctx, func(tx pgx.Tx) error {
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		if err := s.queries.MigrationLock(ctx, s.db(tx), s.lockKey()); err != nil {
 			return fmt.Errorf("take migration lock for schema %q: %w", s.schema, err)
 		}
@@ -278,6 +287,26 @@ func (s *Store) migrateOne(ctx context.Context, m Migration, down bool) (bool, e
 		return nil
 	})
 	return changed, err
+}
+
+// inTx runs fn in a transaction of its own and commits it when fn returns
+// nil.
+func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	if s.pool == nil {
+		return fmt.Errorf("store for schema %q has no connection pool", s.schema)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit transaction: %w", err)
+	}
+	return nil
 }
 
 func direction(down bool) string {

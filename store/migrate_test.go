@@ -13,14 +13,14 @@ import (
 	"github.com/sagabox/sagabox/store"
 )
 
-func newUnmigrated(t *testing.T) *store.Store {
+func newUnmigrated(t *testing.T) *dbtest.DB {
 	t.Helper()
 	pool := dbtest.Pool(t)
 	schema := dbtest.SchemaName(t)
 	dbtest.DropSchemaOnCleanup(t, pool, schema)
 	s, err := store.New(pool, schema)
 	require.NoError(t, err)
-	return s
+	return &dbtest.DB{Store: s, Pool: pool}
 }
 
 func TestMigrateConcurrently(t *testing.T) {
@@ -86,7 +86,7 @@ func TestMigrateDownThenUp(t *testing.T) {
 	_, err = s.MigrateDown(ctx, store.LineMessaging, 10)
 	require.NoError(t, err)
 	var n int
-	require.NoError(t, s.Pool().QueryRow(ctx,
+	require.NoError(t, s.Pool.QueryRow(ctx,
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'sagabox_migration'", s.Schema()).Scan(&n))
 	require.Zero(t, n, "down must drop every table")
 

@@ -13,9 +13,9 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// SagaOperation is an operator action requested from outside an
-// orchestrator (the CLI), which a running orchestrator applies.
-type SagaOperation struct {
+// Operation is an operator action requested from outside an orchestrator
+// (the CLI), which a running orchestrator applies.
+type Operation struct {
 	ID     int64
 	SagaID uuid.UUID
 	// Action is "retry" or "abort".
@@ -23,70 +23,81 @@ type SagaOperation struct {
 	Actor       string
 	Reason      string
 	RequestedAt time.Time
-	// AppliedAt is when an orchestrator handled the request; nil while it
+	// AppliedAt is when an orchestrator handled the request; zero while it
 	// is pending.
-	AppliedAt *time.Time
+	AppliedAt time.Time
 	// Error is why the orchestrator refused the action; empty when applied.
 	Error string
 }
 
-func sagaOperation(r *dbsqlc.SagaboxSagaOperation) SagaOperation {
-	return SagaOperation{
+func operation(r *dbsqlc.SagaboxSagaOperation) Operation {
+	op := Operation{
 		ID: r.ID, SagaID: r.SagaID, Action: r.Action, Actor: r.Actor, Reason: r.Reason,
-		RequestedAt: r.RequestedAt, AppliedAt: r.AppliedAt, Error: r.Error,
+		RequestedAt: r.RequestedAt, Error: r.Error,
 	}
+	if r.AppliedAt != nil {
+		op.AppliedAt = *r.AppliedAt
+	}
+	return op
 }
 
-// SagaOperationRequest records a request for action on saga id.
-func (s *Store) SagaOperationRequest(ctx context.Context, id uuid.UUID, action, actor, reason string) (SagaOperation, error) {
-	r, err := s.queries.SagaOperationInsert(ctx, s.db(nil), &dbsqlc.SagaOperationInsertParams{
+// RequestOperation records a request for action on saga id.
+func (s *Store) RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string) (Operation, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return Operation{}, err
+	}
+	r, err := s.queries.SagaOperationInsert(ctx, db, &dbsqlc.SagaOperationInsertParams{
 		SagaID: id, Action: action, Actor: actor, Reason: reason,
 	})
 	if err != nil {
-		return SagaOperation{}, fmt.Errorf("request %s of saga %s: %w", action, id, err)
+		return Operation{}, fmt.Errorf("request %s of saga %s: %w", action, id, err)
 	}
-	return sagaOperation(r), nil
+	return operation(r), nil
 }
 
-// SagaOperationClaimPending locks in tx up to max pending requests, oldest
-// first, skipping requests another orchestrator holds. It claims only
-// requests for sagas of the definitions in keys, and requests for sagas
-// that do not exist.
-func (s *Store) SagaOperationClaimPending(ctx context.Context, tx pgx.Tx, max int, keys []SagaKey) ([]SagaOperation, error) {
-	p := &dbsqlc.SagaOperationClaimPendingParams{Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
+// ClaimOperation begins t by locking the oldest pending request for a saga
+// of the definitions keys (or for a saga that does not exist), skipping
+// requests another orchestrator holds. It returns nil when there is none.
+func (s *Store) ClaimOperation(ctx context.Context, t *Tx, keys []SagaKey) (*Operation, error) {
+	p := &dbsqlc.SagaOperationClaimParams{SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
 	for i, k := range keys {
 		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
 	}
-	rows, err := s.queries.SagaOperationClaimPending(ctx, s.db(tx), p)
+	r, err := s.queries.SagaOperationClaim(ctx, t.exec(ctx, false), p)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil, fmt.Errorf("claim pending operator requests: %w", err)
+		return nil, fmt.Errorf("claim pending operator request: %w", err)
 	}
-	out := make([]SagaOperation, len(rows))
-	for i, r := range rows {
-		out[i] = sagaOperation(r)
-	}
-	return out, nil
+	op := operation(r)
+	return &op, nil
 }
 
-// SagaOperationMarkApplied records in tx that request id was handled at at;
-// refusal is why it was refused, or empty.
-func (s *Store) SagaOperationMarkApplied(ctx context.Context, tx pgx.Tx, id int64, at time.Time, refusal string) error {
-	if err := s.queries.SagaOperationMarkApplied(ctx, s.db(tx), &dbsqlc.SagaOperationMarkAppliedParams{
-		ID: id, AppliedAt: at, Error: refusal,
+// MarkOperation records in t that request id was handled at at (refusal is
+// why it was refused, or empty) and commits t, in one round trip.
+func (s *Store) MarkOperation(ctx context.Context, t *Tx, id int64, at time.Time, refusal string) error {
+	if err := s.queries.SagaOperationMarkApplied(ctx, t.exec(ctx, true), &dbsqlc.SagaOperationMarkAppliedParams{
+		ID: id, AppliedAt: at, Error: storableText(refusal),
 	}); err != nil {
 		return fmt.Errorf("mark operator request %d handled: %w", id, err)
 	}
 	return nil
 }
 
-// SagaOperationGet returns request id, or an error wrapping message.ErrNotFound.
-func (s *Store) SagaOperationGet(ctx context.Context, id int64) (SagaOperation, error) {
-	r, err := s.queries.SagaOperationGet(ctx, s.db(nil), id)
+// Operation returns request id, or an error wrapping message.ErrNotFound.
+func (s *Store) Operation(ctx context.Context, id int64) (Operation, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return Operation{}, err
+	}
+	r, err := s.queries.SagaOperationGet(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaOperation{}, fmt.Errorf("operator request %d: %w", id, message.ErrNotFound)
+		return Operation{}, fmt.Errorf("operator request %d: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
-		return SagaOperation{}, fmt.Errorf("get operator request %d: %w", id, err)
+		return Operation{}, fmt.Errorf("get operator request %d: %w", id, err)
 	}
-	return sagaOperation(r), nil
+	return operation(r), nil
 }

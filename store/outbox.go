@@ -35,50 +35,74 @@ func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Messa
 	if len(msgs) == 0 {
 		return nil
 	}
-	n := len(msgs)
-	p := &dbsqlc.OutboxInsertBatchParams{
-		MessageID: make([]uuid.UUID, n), OrderingKey: make([]string, n), Kind: make([]string, n),
-		Type: make([]string, n), RoutingKey: make([]string, n), SagaID: make([]uuid.UUID, n),
-		SagaType: make([]string, n), Step: make([]string, n), StepIndex: make([]int32, n),
-		Attempt: make([]int32, n), ReplyTo: make([]string, n), CorrelationID: make([]string, n),
-		Traceparent: make([]string, n), Tracestate: make([]string, n), Headers: make([][]byte, n),
-		Payload: make([][]byte, n), CreatedAt: make([]time.Time, n),
+	cols, err := outboxColumns(msgs, time.Now().UTC())
+	if err != nil {
+		return fmt.Errorf("write outbox: %w", err)
 	}
-	now := time.Now().UTC()
+	p := &dbsqlc.OutboxInsertParams{
+		MessageID: cols.messageID, OrderingKey: cols.orderingKey, Kind: cols.kind, Type: cols.typ,
+		RoutingKey: cols.routingKey, SagaID: cols.sagaID, SagaType: cols.sagaType, Step: cols.step,
+		StepIndex: cols.stepIndex, Attempt: cols.attempt, ReplyTo: cols.replyTo, CorrelationID: cols.correlationID,
+		Traceparent: cols.traceparent, Tracestate: cols.tracestate, Headers: cols.headers, Payload: cols.payload,
+		CreatedAt: cols.createdAt,
+	}
+	if err := s.queries.OutboxInsert(ctx, s.db(tx), p); err != nil {
+		return fmt.Errorf("write outbox: insert %d messages into schema %q: %w", len(msgs), s.schema, err)
+	}
+	return nil
+}
+
+// outboxCols are messages as the columns of an unnest insert.
+type outboxCols struct {
+	messageID     []uuid.UUID
+	orderingKey   []string
+	kind          []string
+	typ           []string
+	routingKey    []string
+	sagaID        []uuid.UUID
+	sagaType      []string
+	step          []string
+	stepIndex     []int32
+	attempt       []int32
+	replyTo       []string
+	correlationID []string
+	traceparent   []string
+	tracestate    []string
+	headers       [][]byte
+	payload       [][]byte
+	createdAt     []time.Time
+}
+
+// outboxColumns prepares msgs (message.Message.Prepare, in place) and
+// returns them as columns.
+func outboxColumns(msgs []message.Message, now time.Time) (*outboxCols, error) {
+	n := len(msgs)
+	c := &outboxCols{
+		messageID: make([]uuid.UUID, n), orderingKey: make([]string, n), kind: make([]string, n),
+		typ: make([]string, n), routingKey: make([]string, n), sagaID: make([]uuid.UUID, n),
+		sagaType: make([]string, n), step: make([]string, n), stepIndex: make([]int32, n),
+		attempt: make([]int32, n), replyTo: make([]string, n), correlationID: make([]string, n),
+		traceparent: make([]string, n), tracestate: make([]string, n), headers: make([][]byte, n),
+		payload: make([][]byte, n), createdAt: make([]time.Time, n),
+	}
 	for i := range msgs {
 		m := &msgs[i]
 		if err := m.Prepare(now); err != nil {
-			return fmt.Errorf("write outbox: message %d (type %q): %w", i, m.Type, err)
+			return nil, fmt.Errorf("message %d (type %q): %w", i, m.Type, err)
 		}
-		headers, err := json.Marshal(m.Headers)
-		if err != nil {
-			return fmt.Errorf("write outbox: encode headers of message %s: %w", m.MessageID, err)
+		headers := []byte("{}")
+		if len(m.Headers) > 0 {
+			var err error
+			if headers, err = json.Marshal(m.Headers); err != nil {
+				return nil, fmt.Errorf("encode headers of message %s: %w", m.MessageID, err)
+			}
 		}
-		if m.Headers == nil {
-			headers = []byte("{}")
-		}
-		p.MessageID[i] = m.MessageID
-		p.OrderingKey[i] = m.OrderingKey
-		p.Kind[i] = string(m.Kind)
-		p.Type[i] = m.Type
-		p.RoutingKey[i] = m.RoutingKey
-		p.SagaID[i] = m.SagaID
-		p.SagaType[i] = m.SagaType
-		p.Step[i] = m.Step
-		p.StepIndex[i] = int32(m.StepIndex)
-		p.Attempt[i] = int32(m.Attempt)
-		p.ReplyTo[i] = m.ReplyTo
-		p.CorrelationID[i] = m.CorrelationID
-		p.Traceparent[i] = m.TraceParent
-		p.Tracestate[i] = m.TraceState
-		p.Headers[i] = headers
-		p.Payload[i] = m.Payload
-		p.CreatedAt[i] = m.CreatedAt
+		c.messageID[i], c.orderingKey[i], c.kind[i], c.typ[i] = m.MessageID, m.OrderingKey, string(m.Kind), m.Type
+		c.routingKey[i], c.sagaID[i], c.sagaType[i], c.step[i] = m.RoutingKey, m.SagaID, m.SagaType, m.Step
+		c.stepIndex[i], c.attempt[i], c.replyTo[i], c.correlationID[i] = int32(m.StepIndex), int32(m.Attempt), m.ReplyTo, m.CorrelationID
+		c.traceparent[i], c.tracestate[i], c.headers[i], c.payload[i], c.createdAt[i] = m.TraceParent, m.TraceState, headers, m.Payload, m.CreatedAt
 	}
-	if _, err := s.queries.OutboxInsertBatch(ctx, s.db(tx), p); err != nil {
-		return fmt.Errorf("write outbox: insert %d messages into schema %q: %w", n, s.schema, err)
-	}
-	return nil
+	return c, nil
 }
 
 // OutboxClaimOpts tunes OutboxClaim.
@@ -98,9 +122,13 @@ type OutboxClaimOpts struct {
 // outside this claim are left for later, so one key's rows are never
 // published out of order by two relays.
 func (s *Store) OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
 	// One statement in autocommit: the claim cannot wait on a lock (SKIP
 	// LOCKED) and needs no BEGIN/COMMIT round trips on the hot path.
-	rows, err := s.queries.OutboxClaim(ctx, s.db(nil), &dbsqlc.OutboxClaimParams{
+	rows, err := s.queries.OutboxClaim(ctx, db, &dbsqlc.OutboxClaimParams{
 		LeaseSeconds: opts.Lease.Seconds(),
 		ClaimedBy:    opts.ClaimedBy,
 		Max:          int32(opts.Max),
@@ -119,11 +147,7 @@ func (s *Store) OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]Outbox
 func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 	var headers map[string]string
 	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
-		_ = json.Unmarshal(r.Headers, &headers) // written by OutboxWrite from a map[string]string
-	}
-	sagaID := uuid.Nil
-	if r.SagaID.Valid {
-		sagaID = r.SagaID.UUID
+		_ = json.Unmarshal(r.Headers, &headers) // written by outboxColumns from a map[string]string
 	}
 	return message.Message{
 		Envelope: message.Envelope{
@@ -132,7 +156,7 @@ func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 			Type:          r.Type,
 			Kind:          message.Kind(r.Kind),
 			RoutingKey:    r.RoutingKey,
-			SagaID:        sagaID,
+			SagaID:        nullUUID(r.SagaID),
 			SagaType:      r.SagaType,
 			Step:          r.Step,
 			StepIndex:     int(r.StepIndex),
@@ -149,78 +173,46 @@ func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 	}
 }
 
-// OutboxMarkPublished records that the rows ids were confirmed by the broker.
-func (s *Store) OutboxMarkPublished(ctx context.Context, ids []int64) error {
-	if len(ids) == 0 {
+// OutboxDone records the outcome of a published batch, in one statement:
+// the rows published were confirmed by the broker; the rows failed were not
+// (cause says why) and can be claimed again after retryAfter.
+func (s *Store) OutboxDone(ctx context.Context, published, failed []int64, retryAfter time.Duration, cause error) error {
+	if len(published) == 0 && len(failed) == 0 {
 		return nil
 	}
-	if _, err := s.queries.OutboxMarkPublished(ctx, s.db(nil), ids); err != nil {
-		return fmt.Errorf("mark %d outbox rows published in schema %q: %w", len(ids), s.schema, err)
-	}
-	return nil
-}
-
-// OutboxRelease gives claimed rows back after a failed publish. They can be
-// claimed again after retryAfter.
-func (s *Store) OutboxRelease(ctx context.Context, ids []int64, retryAfter time.Duration, cause error) error {
-	if len(ids) == 0 {
-		return nil
+	db, err := s.pooled()
+	if err != nil {
+		return err
 	}
 	msg := ""
 	if cause != nil {
-		msg = cause.Error()
+		msg = storableText(cause.Error())
 	}
-	if _, err := s.queries.OutboxRelease(ctx, s.db(nil), &dbsqlc.OutboxReleaseParams{
-		ID: ids, RetryAfterSeconds: retryAfter.Seconds(), LastError: msg,
+	if err := s.queries.OutboxDone(ctx, db, &dbsqlc.OutboxDoneParams{
+		Published: nonNil(published), Failed: nonNil(failed), RetryAfterSeconds: retryAfter.Seconds(), LastError: msg,
 	}); err != nil {
-		return fmt.Errorf("release %d outbox rows in schema %q: %w", len(ids), s.schema, err)
+		return fmt.Errorf("settle %d published and %d failed outbox rows in schema %q: %w", len(published), len(failed), s.schema, err)
 	}
 	return nil
 }
 
-// OutboxStats is the publishing state of an outbox.
-type OutboxStats struct {
-	// Backlog is the number of unpublished rows.
-	Backlog int64
-	// OldestAge is the age of the oldest unpublished row; zero when none.
-	OldestAge time.Duration
-	// Retrying counts unpublished rows that were claimed at least once.
-	Retrying int64
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
-// OutboxStats returns the backlog of the outbox.
-func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
-	r, err := s.queries.OutboxStats(ctx, s.db(nil))
-	if err != nil {
-		return OutboxStats{}, fmt.Errorf("outbox stats of schema %q: %w", s.schema, err)
+func nullUUID(u uuid.NullUUID) uuid.UUID {
+	if u.Valid {
+		return u.UUID
 	}
-	return OutboxStats{
-		Backlog:   r.Backlog,
-		OldestAge: time.Duration(r.OldestAgeSeconds * float64(time.Second)),
-		Retrying:  r.Retrying,
-	}, nil
+	return uuid.Nil
 }
 
-// OutboxNotify sends a NOTIFY on channel in tx, waking relays of other
-// processes that listen on it once tx commits. It is off the default path:
-// NOTIFY serialises commits.
-func (s *Store) OutboxNotify(ctx context.Context, tx pgx.Tx, channel string) error {
-	if err := s.queries.OutboxNotify(ctx, s.db(tx), channel); err != nil {
-		return fmt.Errorf("notify %q: %w", channel, err)
+func nullable(s string) *string {
+	if s == "" {
+		return nil
 	}
-	return nil
-}
-
-// NotifyChannel is the LISTEN/NOTIFY channel on which relays of this schema
-// can be woken.
-func (s *Store) NotifyChannel() string { return "sagabox_outbox_" + s.schema }
-
-// setLocalTimeouts bounds the statements of a background transaction.
-func (s *Store) setLocalTimeouts(ctx context.Context, tx pgx.Tx) error {
-	if err := s.queries.SetLocalTimeouts(ctx, s.db(tx), &dbsqlc.SetLocalTimeoutsParams{
-		StatementTimeout: "30s", LockTimeout: "10s",
-	}); err != nil {
-		return fmt.Errorf("set local timeouts: %w", err)
-	}
-	return nil
+	return &s
 }

@@ -23,14 +23,14 @@ func event(key string, n int) message.Message {
 	}
 }
 
-func write(t *testing.T, s *store.Store, msgs ...message.Message) []message.Message {
+func write(t *testing.T, s *dbtest.DB, msgs ...message.Message) []message.Message {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }))
 	return msgs
 }
 
-func claim(t *testing.T, s *store.Store, max int, by string) []store.OutboxRow {
+func claim(t *testing.T, s *dbtest.DB, max int, by string) []store.OutboxRow {
 	t.Helper()
 	rows, err := s.OutboxClaim(context.Background(), store.OutboxClaimOpts{Max: max, Lease: time.Minute, ClaimedBy: by})
 	require.NoError(t, err)
@@ -120,7 +120,7 @@ func TestGuaranteeOrderingClaimRespectsKeys(t *testing.T) {
 	require.Equal(t, "key-b", b[0].Message.OrderingKey)
 
 	ids := []int64{a[0].ID, a[1].ID, a[2].ID}
-	require.NoError(t, s.OutboxMarkPublished(ctx, ids))
+	require.NoError(t, s.OutboxDone(ctx, ids, nil, 0, nil))
 	b = claim(t, s, 10, "relay-b")
 	require.Len(t, b, 3)
 	for i, r := range b {
@@ -128,19 +128,25 @@ func TestGuaranteeOrderingClaimRespectsKeys(t *testing.T) {
 	}
 }
 
-func TestOutboxReleaseRetriesLater(t *testing.T) {
+// OutboxDone settles a batch in one statement: the confirmed rows are
+// published, the others wait for their retry delay.
+func TestOutboxDoneSettlesABatch(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
-	write(t, s, event("k", 1))
+	write(t, s, event("k", 1), event("j", 1))
 	rows := claim(t, s, 10, "t")
-	require.Len(t, rows, 1)
-	require.NoError(t, s.OutboxRelease(ctx, []int64{rows[0].ID}, time.Hour, fmt.Errorf("broker down")))
-	require.Empty(t, claim(t, s, 10, "t"), "released row waits for its retry delay")
-	require.NoError(t, s.OutboxRelease(ctx, []int64{rows[0].ID}, 0, fmt.Errorf("broker down")))
+	require.Len(t, rows, 2)
+	require.NoError(t, s.OutboxDone(ctx, []int64{rows[1].ID}, []int64{rows[0].ID}, time.Hour, fmt.Errorf("broker down")))
+	require.Empty(t, claim(t, s, 10, "t"), "the failed row waits for its retry delay; the other is published")
+	require.NoError(t, s.OutboxDone(ctx, nil, []int64{rows[0].ID}, 0, fmt.Errorf("broker down")))
 	again := claim(t, s, 10, "t")
 	require.Len(t, again, 1)
+	require.Equal(t, rows[0].Message.MessageID, again[0].Message.MessageID)
 	require.Equal(t, 2, again[0].PublishAttempts)
+	var lastError string
+	require.NoError(t, s.Pool.QueryRow(ctx, fmt.Sprintf("SELECT last_error FROM %q.sagabox_outbox WHERE id = $1", s.Schema()), rows[0].ID).Scan(&lastError))
+	require.Equal(t, "broker down", lastError)
 
 	stats, err := s.OutboxStats(ctx)
 	require.NoError(t, err)
@@ -162,20 +168,12 @@ func TestRetentionDeletesInSmallBatches(t *testing.T) {
 	for _, r := range rows {
 		ids = append(ids, r.ID)
 	}
-	require.NoError(t, s.OutboxMarkPublished(ctx, ids))
+	require.NoError(t, s.OutboxDone(ctx, ids, nil, 0, nil))
 
-	future := time.Now().Add(time.Hour)
-	var total int64
-	for {
-		n, err := s.DeleteBefore(ctx, store.RetentionOutbox, future, 7)
-		require.NoError(t, err)
-		require.LessOrEqual(t, n, int64(7))
-		total += n
-		if n < 7 {
-			break
-		}
-	}
-	require.EqualValues(t, 20, total, "only published rows are deleted")
+	pruned, err := s.Prune(ctx, store.Retention{Outbox: time.Now().Add(time.Hour), Batch: 7})
+	require.NoError(t, err)
+	require.EqualValues(t, 20, pruned.Outbox, "only published rows are deleted, 7 at a time")
+	require.EqualValues(t, 20, pruned.Total())
 	stats, err := s.OutboxStats(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, stats.Backlog)
@@ -195,10 +193,10 @@ func TestClaimPlanIgnoresPublishedBacklog(t *testing.T) {
 		(message_id, ordering_key, kind, type, routing_key, payload, created_at, published_at)
 		SELECT gen_random_uuid(), g::text, 'event', 'old.event', 'old.event', '{}', now() - interval '2 days', now() - interval '1 day'
 		FROM generate_series(1, %d) g`, s.Schema(), rows)
-	_, err := s.Pool().Exec(ctx, q)
+	_, err := s.Pool.Exec(ctx, q)
 	require.NoError(t, err)
 	write(t, s, event("fresh", 1))
-	_, err = s.Pool().Exec(ctx, fmt.Sprintf("ANALYZE %q.sagabox_outbox", s.Schema()))
+	_, err = s.Pool.Exec(ctx, fmt.Sprintf("ANALYZE %q.sagabox_outbox", s.Schema()))
 	require.NoError(t, err)
 
 	plan := explainClaim(t, s)
@@ -209,10 +207,10 @@ func TestClaimPlanIgnoresPublishedBacklog(t *testing.T) {
 	require.Len(t, got, 1)
 }
 
-func explainClaim(t *testing.T, s *store.Store) string {
+func explainClaim(t *testing.T, s *dbtest.DB) string {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := s.Pool().Begin(ctx)
+	tx, err := s.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))

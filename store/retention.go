@@ -5,50 +5,83 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// RetentionTable names a table that retention prunes.
-type RetentionTable string
+// Retention says which processed rows Prune deletes: those older than each
+// cutoff (a zero cutoff keeps the table as it is), at most Batch rows per
+// statement.
+type Retention struct {
+	// Outbox: published rows published before it.
+	Outbox time.Time
+	// Inbox: inbox rows received before it, and attempt rows last updated
+	// before it.
+	Inbox time.Time
+	// Barrier: barrier marks left before it.
+	Barrier time.Time
+	// Sagas: completed and compensated sagas (with their history) finished
+	// before it.
+	Sagas time.Time
+	// Batch is the most rows one statement deletes.
+	Batch int
+}
 
-// The tables retention prunes.
-const (
-	RetentionOutbox       RetentionTable = "outbox"
-	RetentionInbox        RetentionTable = "inbox"
-	RetentionInboxAttempt RetentionTable = "inbox_attempt"
-	RetentionBarrier      RetentionTable = "barrier"
-)
+// Pruned counts the rows one Prune deleted, by table.
+type Pruned struct {
+	Outbox, Inbox, InboxAttempts, Barrier, Sagas int64
+}
 
-// DeleteBefore deletes at most max rows of table that are older than before
-// (published rows of the outbox; received inbox rows; barrier and attempt
-// rows), in one short transaction under statement and lock timeouts. It
-// returns how many rows it deleted; callers loop while it returns max.
-func (s *Store) DeleteBefore(ctx context.Context, table RetentionTable, before time.Time, max int) (int64, error) {
-	var n int64
-	err := s.InTx(ctx, func(tx pgx.Tx) error {
-		if err := s.setLocalTimeouts(ctx, tx); err != nil {
-			return err
-		}
-		db := s.db(tx)
-		var err error
-		switch table {
-		case RetentionOutbox:
-			n, err = s.queries.OutboxDeletePublished(ctx, db, &dbsqlc.OutboxDeletePublishedParams{PublishedBefore: before, Max: int32(max)})
-		case RetentionInbox:
-			n, err = s.queries.InboxDeleteBefore(ctx, db, &dbsqlc.InboxDeleteBeforeParams{ReceivedBefore: before, Max: int32(max)})
-		case RetentionInboxAttempt:
-			n, err = s.queries.InboxAttemptDeleteBefore(ctx, db, &dbsqlc.InboxAttemptDeleteBeforeParams{UpdatedBefore: before, Max: int32(max)})
-		case RetentionBarrier:
-			n, err = s.queries.BarrierDeleteBefore(ctx, db, &dbsqlc.BarrierDeleteBeforeParams{CreatedBefore: before, Max: int32(max)})
-		default:
-			return fmt.Errorf("unknown retention table %q", table)
-		}
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("delete old %s rows in schema %q: %w", table, s.schema, err)
+// Total is the number of rows deleted.
+func (p Pruned) Total() int64 { return p.Outbox + p.Inbox + p.InboxAttempts + p.Barrier + p.Sagas }
+
+// Prune deletes the rows r selects in small batches, each its own
+// transaction of one round trip under the statement and lock timeouts of
+// background work, until a batch comes back short or ctx is done.
+func (s *Store) Prune(ctx context.Context, r Retention) (Pruned, error) {
+	var p Pruned
+	if r.Batch <= 0 {
+		return p, fmt.Errorf("prune schema %q: batch size %d is not positive", s.schema, r.Batch)
 	}
-	return n, nil
+	max := int32(r.Batch)
+	tables := []struct {
+		name   string
+		cutoff time.Time
+		count  *int64
+		del    func(ctx context.Context, db dbsqlc.DBTX) (int64, error)
+	}{
+		{"outbox", r.Outbox, &p.Outbox, func(ctx context.Context, db dbsqlc.DBTX) (int64, error) {
+			return s.queries.OutboxDeletePublished(ctx, db, &dbsqlc.OutboxDeletePublishedParams{PublishedBefore: r.Outbox, Max: max})
+		}},
+		{"inbox", r.Inbox, &p.Inbox, func(ctx context.Context, db dbsqlc.DBTX) (int64, error) {
+			return s.queries.InboxDeleteBefore(ctx, db, &dbsqlc.InboxDeleteBeforeParams{ReceivedBefore: r.Inbox, Max: max})
+		}},
+		{"inbox attempts", r.Inbox, &p.InboxAttempts, func(ctx context.Context, db dbsqlc.DBTX) (int64, error) {
+			return s.queries.InboxAttemptDeleteBefore(ctx, db, &dbsqlc.InboxAttemptDeleteBeforeParams{UpdatedBefore: r.Inbox, Max: max})
+		}},
+		{"barrier", r.Barrier, &p.Barrier, func(ctx context.Context, db dbsqlc.DBTX) (int64, error) {
+			return s.queries.BarrierDeleteBefore(ctx, db, &dbsqlc.BarrierDeleteBeforeParams{CreatedBefore: r.Barrier, Max: max})
+		}},
+		{"sagas", r.Sagas, &p.Sagas, func(ctx context.Context, db dbsqlc.DBTX) (int64, error) {
+			return s.queries.SagaDeleteFinishedBefore(ctx, db, &dbsqlc.SagaDeleteFinishedBeforeParams{FinishedBefore: r.Sagas, Max: max})
+		}},
+	}
+	for _, tb := range tables {
+		if tb.cutoff.IsZero() {
+			continue
+		}
+		for ctx.Err() == nil {
+			t := s.Begin()
+			t.queue(backgroundTimeouts)
+			n, err := tb.del(ctx, t.exec(ctx, true))
+			t.Rollback(ctx)
+			if err != nil {
+				return p, fmt.Errorf("delete old %s rows in schema %q: %w", tb.name, s.schema, err)
+			}
+			*tb.count += n
+			if n < int64(r.Batch) {
+				break
+			}
+		}
+	}
+	return p, nil
 }

@@ -13,10 +13,6 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// ErrConflict is returned by SagaUpdate when the saga changed since it was
-// read (its revision moved on).
-var ErrConflict = errors.New("saga was changed concurrently")
-
 // SagaRecord is a saga instance row.
 type SagaRecord struct {
 	ID       uuid.UUID
@@ -32,13 +28,13 @@ type SagaRecord struct {
 	Phase       string
 	// Revision counts applied transitions.
 	Revision int64
-	// Deadline is the earliest pending deadline; nil when none.
-	Deadline   *time.Time
+	// Deadline is the earliest pending deadline; zero when none.
+	Deadline   time.Time
 	Attempts   int
 	LastError  string
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
-	FinishedAt *time.Time
+	FinishedAt time.Time
 	// TraceParent and TraceState are the W3C trace context of the span that
 	// started the saga; empty without tracing.
 	TraceParent, TraceState string
@@ -59,69 +55,122 @@ type HistoryRecord struct {
 	MessageID uuid.UUID
 }
 
+// SagaKey names a saga definition: its type and version.
+type SagaKey struct {
+	Type    string
+	Version int
+}
+
 func sagaRecord(r *dbsqlc.SagaboxSaga) SagaRecord {
 	rec := SagaRecord{
 		ID: r.ID, Type: r.SagaType, Version: int(r.Version), Status: r.Status,
 		Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep), Phase: r.Phase,
-		Revision: r.Revision, Deadline: r.Deadline, Attempts: int(r.Attempts), LastError: r.LastError,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt,
-		TraceParent: r.Traceparent, TraceState: r.Tracestate,
+		Revision: r.Revision, Attempts: int(r.Attempts), LastError: r.LastError,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, TraceParent: r.Traceparent, TraceState: r.Tracestate,
 	}
 	if r.StartKey != nil {
 		rec.StartKey = *r.StartKey
 	}
+	if r.Deadline != nil {
+		rec.Deadline = r.Deadline.UTC()
+	}
+	if r.FinishedAt != nil {
+		rec.FinishedAt = *r.FinishedAt
+	}
 	return rec
 }
 
-func nullable(s string) *string {
-	if s == "" {
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
 		return nil
 	}
-	return &s
+	return &t
 }
 
-// SagaInsert inserts rec in tx. When rec.StartKey is set and a saga of the
-// same type already has it, nothing is inserted and the existing saga is
-// returned with inserted false.
-func (s *Store) SagaInsert(ctx context.Context, tx pgx.Tx, rec SagaRecord, now time.Time) (SagaRecord, bool, error) {
-	row, err := s.queries.SagaInsert(ctx, s.db(tx), &dbsqlc.SagaInsertParams{
-		ID: rec.ID, SagaType: rec.Type, Version: int32(rec.Version), Status: rec.Status,
-		StartKey: nullable(rec.StartKey), Data: rec.Data, Steps: rec.Steps,
-		CurrentStep: int32(rec.CurrentStep), Phase: rec.Phase, Deadline: rec.Deadline,
-		Attempts: int32(rec.Attempts), LastError: rec.LastError, Now: now, FinishedAt: rec.FinishedAt,
-		Traceparent: rec.TraceParent, Tracestate: rec.TraceState,
+// historyCols are history records as the columns of an unnest insert.
+type historyCols struct {
+	sagaID    []uuid.UUID
+	at        []time.Time
+	event     []string
+	step      []string
+	stepIndex []int32
+	phase     []string
+	attempt   []int32
+	detail    []string
+	actor     []string
+	messageID []uuid.UUID
+}
+
+func (c *historyCols) add(h *HistoryRecord) {
+	c.sagaID = append(c.sagaID, h.SagaID)
+	c.at = append(c.at, h.At)
+	c.event = append(c.event, h.Event)
+	c.step = append(c.step, h.Step)
+	c.stepIndex = append(c.stepIndex, int32(h.StepIndex))
+	c.phase = append(c.phase, h.Phase)
+	c.attempt = append(c.attempt, int32(h.Attempt))
+	c.detail = append(c.detail, storableText(h.Detail))
+	c.actor = append(c.actor, h.Actor)
+	c.messageID = append(c.messageID, h.MessageID)
+}
+
+// SagaStart is a saga about to be started: its row, its history and its
+// first messages.
+type SagaStart struct {
+	Saga     SagaRecord
+	History  []HistoryRecord
+	Messages []message.Message
+}
+
+// StartSaga writes st in tx, the caller's transaction, in one statement: the
+// saga exists, and its first messages are sent, if and only if tx commits.
+// It prepares the messages (message.Message.Prepare). When the saga's start
+// key is taken by a saga of the same type, it writes nothing and returns
+// false (a concurrent start with the same key waits for the other
+// transaction to end).
+func (s *Store) StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error) {
+	if tx == nil {
+		return false, errors.New("start saga: transaction is nil")
+	}
+	o, err := outboxColumns(st.Messages, now)
+	if err != nil {
+		return false, fmt.Errorf("start saga %s: %w", st.Saga.ID, err)
+	}
+	var h historyCols
+	for i := range st.History {
+		h.add(&st.History[i])
+	}
+	r := &st.Saga
+	inserted, err := s.queries.SagaStart(ctx, s.db(tx), &dbsqlc.SagaStartParams{
+		ID: r.ID, SagaType: r.Type, Version: int32(r.Version), Status: r.Status, StartKey: nullable(r.StartKey),
+		Data: r.Data, Steps: r.Steps, CurrentStep: int32(r.CurrentStep), Phase: r.Phase, Deadline: timePtr(r.Deadline),
+		Attempts: int32(r.Attempts), LastError: r.LastError, Now: now, FinishedAt: timePtr(r.FinishedAt),
+		Traceparent: r.TraceParent, Tracestate: r.TraceState,
+		HAt: nonNil(h.at), HEvent: nonNil(h.event), HStep: nonNil(h.step), HStepIndex: nonNil(h.stepIndex),
+		HPhase: nonNil(h.phase), HAttempt: nonNil(h.attempt), HDetail: nonNil(h.detail), HActor: nonNil(h.actor),
+		HMessageID: nonNil(h.messageID),
+		OMessageID: o.messageID, OOrderingKey: o.orderingKey, OKind: o.kind, OType: o.typ, ORoutingKey: o.routingKey,
+		OSagaType: o.sagaType, OStep: o.step, OStepIndex: o.stepIndex, OAttempt: o.attempt, OReplyTo: o.replyTo,
+		OCorrelationID: o.correlationID, OTraceparent: o.traceparent, OTracestate: o.tracestate, OHeaders: o.headers,
+		OPayload: o.payload, OCreatedAt: o.createdAt,
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		existing, err := s.queries.SagaGetByStartKey(ctx, s.db(tx), &dbsqlc.SagaGetByStartKeyParams{SagaType: rec.Type, StartKey: rec.StartKey})
-		if err != nil {
-			return SagaRecord{}, false, fmt.Errorf("get saga %s with start key %q: %w", rec.Type, rec.StartKey, err)
-		}
-		return sagaRecord(existing), false, nil
-	}
 	if err != nil {
-		return SagaRecord{}, false, fmt.Errorf("insert saga %s (%s): %w", rec.ID, rec.Type, err)
+		return false, fmt.Errorf("start saga %s (%s) in schema %q: %w", r.ID, r.Type, s.schema, err)
 	}
-	return sagaRecord(row), true, nil
+	return inserted, nil
 }
 
-// SagaGet returns the saga id, reading through tx when it is not nil. It
-// returns an error wrapping message.ErrNotFound when there is none.
-func (s *Store) SagaGet(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecord, error) {
-	row, err := s.queries.SagaGet(ctx, s.db(tx), id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
+// SagaByStartKey returns the saga of type sagaType started with startKey,
+// read in tx (nil: on the pool), or an error wrapping message.ErrNotFound.
+func (s *Store) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error) {
+	db, err := s.pooled()
+	if tx != nil {
+		db, err = s.db(tx), nil
 	}
 	if err != nil {
-		return SagaRecord{}, fmt.Errorf("get saga %s: %w", id, err)
+		return SagaRecord{}, err
 	}
-	return sagaRecord(row), nil
-}
-
-// SagaGetByStartKey returns the saga of type sagaType started with
-// startKey, reading through tx when it is not nil, or an error wrapping
-// message.ErrNotFound.
-func (s *Store) SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error) {
-	row, err := s.queries.SagaGetByStartKey(ctx, s.db(tx), &dbsqlc.SagaGetByStartKeyParams{SagaType: sagaType, StartKey: startKey})
+	row, err := s.queries.SagaGetByStartKey(ctx, db, &dbsqlc.SagaGetByStartKeyParams{SagaType: sagaType, StartKey: startKey})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SagaRecord{}, fmt.Errorf("saga %s with start key %q: %w", sagaType, startKey, message.ErrNotFound)
 	}
@@ -131,78 +180,198 @@ func (s *Store) SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, star
 	return sagaRecord(row), nil
 }
 
-// SagaGetForUpdate returns the saga id locked FOR UPDATE in tx, so that the
-// caller applies its event alone.
-func (s *Store) SagaGetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (SagaRecord, error) {
-	row, err := s.queries.SagaGetForUpdate(ctx, s.db(tx), id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
-	}
-	if err != nil {
-		return SagaRecord{}, fmt.Errorf("lock saga %s: %w", id, err)
-	}
-	return sagaRecord(row), nil
+// Receipt is what ReceiveReplies found for one reply.
+type Receipt struct {
+	// Fresh is false for a reply the inbox had: a duplicate, which counted
+	// itself and must change nothing.
+	Fresh bool
+	// Saga is the reply's saga, locked; nil for a duplicate and for a saga
+	// that does not exist here.
+	Saga *SagaRecord
 }
 
-// SagaUpdate writes rec's new state in tx if the stored revision still is
-// rec.Revision, and returns an error wrapping ErrConflict otherwise.
-func (s *Store) SagaUpdate(ctx context.Context, tx pgx.Tx, rec SagaRecord, now time.Time) error {
-	n, err := s.queries.SagaUpdate(ctx, s.db(tx), &dbsqlc.SagaUpdateParams{
-		Status: rec.Status, Data: rec.Data, Steps: rec.Steps, CurrentStep: int32(rec.CurrentStep),
-		Phase: rec.Phase, Deadline: rec.Deadline, Attempts: int32(rec.Attempts), LastError: rec.LastError,
-		Now: now, FinishedAt: rec.FinishedAt, ID: rec.ID, Revision: rec.Revision,
-	})
-	if err != nil {
-		return fmt.Errorf("update saga %s: %w", rec.ID, err)
+// ReceiveReplies begins t with the replies envs: in one statement it records
+// each in the inbox and locks, in id order, the sagas of those seen for the
+// first time, so that one saga's replies are applied one at a time. The
+// receipts are in the order of envs; envs must not repeat a message id.
+func (s *Store) ReceiveReplies(ctx context.Context, t *Tx, envs []*message.Envelope) ([]Receipt, error) {
+	n := len(envs)
+	p := &dbsqlc.SagaReceiveParams{
+		MessageID: make([]uuid.UUID, n), Kind: make([]string, n), Type: make([]string, n),
+		SagaID: make([]uuid.UUID, n), Step: make([]string, n),
 	}
-	if n == 0 {
-		return fmt.Errorf("update saga %s at revision %d: %w", rec.ID, rec.Revision, ErrConflict)
+	for i, e := range envs {
+		p.MessageID[i], p.Kind[i], p.Type[i], p.SagaID[i], p.Step[i] = e.MessageID, string(e.Kind), e.Type, e.SagaID, e.Step
+	}
+	rows, err := s.queries.SagaReceive(ctx, t.exec(ctx, false), p)
+	if err != nil {
+		return nil, fmt.Errorf("receive %d replies in schema %q: %w", n, s.schema, err)
+	}
+	byID := make(map[uuid.UUID]*dbsqlc.SagaReceiveRow, len(rows))
+	for _, r := range rows {
+		byID[r.MessageID] = r
+	}
+	out := make([]Receipt, n)
+	for i, e := range envs {
+		r := byID[e.MessageID]
+		if r == nil {
+			return nil, fmt.Errorf("receive replies in schema %q: no inbox row for message %s", s.schema, e.MessageID)
+		}
+		out[i].Fresh = r.Fresh
+		if r.ID.Valid {
+			rec := receivedSaga(r)
+			out[i].Saga = &rec
+		}
+	}
+	return out, nil
+}
+
+func receivedSaga(r *dbsqlc.SagaReceiveRow) SagaRecord {
+	rec := SagaRecord{
+		ID: r.ID.UUID, Type: deref(r.SagaType), Version: int(r.Version.Int32), Status: deref(r.Status),
+		StartKey: deref(r.StartKey), Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep.Int32),
+		Phase: deref(r.Phase), Revision: r.Revision.Int64, Attempts: int(r.Attempts.Int32), LastError: deref(r.LastError),
+		TraceParent: deref(r.Traceparent), TraceState: deref(r.Tracestate),
+	}
+	if r.Deadline != nil {
+		rec.Deadline = r.Deadline.UTC()
+	}
+	if r.CreatedAt != nil {
+		rec.CreatedAt = *r.CreatedAt
+	}
+	if r.UpdatedAt != nil {
+		rec.UpdatedAt = *r.UpdatedAt
+	}
+	if r.FinishedAt != nil {
+		rec.FinishedAt = *r.FinishedAt
+	}
+	return rec
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// LockSagas locks the sagas ids in t, in id order, and returns those that
+// exist.
+func (s *Store) LockSagas(ctx context.Context, t *Tx, ids []uuid.UUID) ([]SagaRecord, error) {
+	rows, err := s.queries.SagaLock(ctx, t.exec(ctx, false), ids)
+	if err != nil {
+		return nil, fmt.Errorf("lock %d sagas in schema %q: %w", len(ids), s.schema, err)
+	}
+	return sagaRecords(rows), nil
+}
+
+// ClaimDueSagas locks in t up to max running or compensating sagas of the
+// definitions keys whose deadline is at or before now, skipping sagas that
+// others hold, under the statement and lock timeouts of background work.
+func (s *Store) ClaimDueSagas(ctx context.Context, t *Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error) {
+	t.queue(backgroundTimeouts)
+	p := &dbsqlc.SagaClaimDueParams{Now: now, Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
+	for i, k := range keys {
+		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
+	}
+	rows, err := s.queries.SagaClaimDue(ctx, t.exec(ctx, false), p)
+	if err != nil {
+		return nil, fmt.Errorf("claim due sagas in schema %q: %w", s.schema, err)
+	}
+	return sagaRecords(rows), nil
+}
+
+// backgroundTimeouts bounds the statements of a background transaction so
+// that a stuck lock or a slow plan cannot hold it forever.
+const backgroundTimeouts = "select set_config('statement_timeout', '30s', true), set_config('lock_timeout', '10s', true)"
+
+func sagaRecords(rows []*dbsqlc.SagaboxSaga) []SagaRecord {
+	out := make([]SagaRecord, len(rows))
+	for i, r := range rows {
+		out[i] = sagaRecord(r)
+	}
+	return out
+}
+
+// Transition is what applying one event to a saga decided: its new state,
+// its history and its outgoing messages.
+type Transition struct {
+	// Saga is the saga's new state, computed from the saga at
+	// Saga.Revision; nil when only History is written (an ignored reply).
+	Saga *SagaRecord
+	// History is appended to the history of the saga History[i].SagaID.
+	History []HistoryRecord
+	// Messages go to the outbox; they are prepared in place
+	// (message.Message.Prepare).
+	Messages []message.Message
+}
+
+// WriteTransitions writes trs in t in one statement, and with commit
+// commits t in the same round trip. A saga whose revision moved on since its
+// transition was computed fails it with an error for which IsRetryable is
+// true, and nothing is written: run the transaction again.
+func (s *Store) WriteTransitions(ctx context.Context, t *Tx, trs []Transition, now time.Time, commit bool) error {
+	var msgs []message.Message
+	var h historyCols
+	p := &dbsqlc.SagaWriteParams{Now: now}
+	for i := range trs {
+		tr := &trs[i]
+		for j := range tr.History {
+			h.add(&tr.History[j])
+		}
+		msgs = append(msgs, tr.Messages...)
+		if r := tr.Saga; r != nil {
+			p.ID = append(p.ID, r.ID)
+			p.Revision = append(p.Revision, r.Revision)
+			p.Status = append(p.Status, r.Status)
+			p.Data = append(p.Data, r.Data)
+			p.Steps = append(p.Steps, r.Steps)
+			p.CurrentStep = append(p.CurrentStep, int32(r.CurrentStep))
+			p.Phase = append(p.Phase, r.Phase)
+			p.Deadline = append(p.Deadline, r.Deadline)
+			p.Attempts = append(p.Attempts, int32(r.Attempts))
+			p.LastError = append(p.LastError, storableText(r.LastError))
+			p.FinishedAt = append(p.FinishedAt, r.FinishedAt)
+		}
+	}
+	o, err := outboxColumns(msgs, now)
+	if err != nil {
+		return fmt.Errorf("write transitions: %w", err)
+	}
+	// Prepare wrote the message ids into msgs; give them back.
+	k := 0
+	for i := range trs {
+		k += copy(trs[i].Messages, msgs[k:k+len(trs[i].Messages)])
+	}
+	p.ID, p.Revision, p.Status, p.Data, p.Steps = nonNil(p.ID), nonNil(p.Revision), nonNil(p.Status), nonNil(p.Data), nonNil(p.Steps)
+	p.CurrentStep, p.Phase, p.Deadline, p.Attempts = nonNil(p.CurrentStep), nonNil(p.Phase), nonNil(p.Deadline), nonNil(p.Attempts)
+	p.LastError, p.FinishedAt = nonNil(p.LastError), nonNil(p.FinishedAt)
+	p.HSagaID, p.HAt, p.HEvent, p.HStep, p.HStepIndex = nonNil(h.sagaID), nonNil(h.at), nonNil(h.event), nonNil(h.step), nonNil(h.stepIndex)
+	p.HPhase, p.HAttempt, p.HDetail, p.HActor, p.HMessageID = nonNil(h.phase), nonNil(h.attempt), nonNil(h.detail), nonNil(h.actor), nonNil(h.messageID)
+	p.OMessageID, p.OOrderingKey, p.OKind, p.OType, p.ORoutingKey = o.messageID, o.orderingKey, o.kind, o.typ, o.routingKey
+	p.OSagaID, p.OSagaType, p.OStep, p.OStepIndex, p.OAttempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
+	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
+	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
+	if _, err := s.queries.SagaWrite(ctx, t.exec(ctx, commit), p); err != nil {
+		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
 	return nil
 }
 
-// SagaClaimDue locks in tx up to max running or compensating sagas whose
-// deadline is at or before now, skipping sagas locked by others.
-func (s *Store) SagaClaimDue(ctx context.Context, tx pgx.Tx, now time.Time, max int) ([]SagaRecord, error) {
-	if err := s.setLocalTimeouts(ctx, tx); err != nil {
-		return nil, err
-	}
-	rows, err := s.queries.SagaClaimDue(ctx, s.db(tx), &dbsqlc.SagaClaimDueParams{Now: now, Max: int32(max)})
+// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
+func (s *Store) SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error) {
+	db, err := s.pooled()
 	if err != nil {
-		return nil, fmt.Errorf("claim due sagas: %w", err)
+		return SagaRecord{}, err
 	}
-	out := make([]SagaRecord, len(rows))
-	for i, r := range rows {
-		out[i] = sagaRecord(r)
+	row, err := s.queries.SagaGet(ctx, db, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
 	}
-	return out, nil
-}
-
-// SagaKey names a saga definition: its type and version.
-type SagaKey struct {
-	Type    string
-	Version int
-}
-
-// SagaClaimDueOf is SagaClaimDue restricted to sagas of the definitions in
-// keys, so that an orchestrator claims only sagas it can run.
-func (s *Store) SagaClaimDueOf(ctx context.Context, tx pgx.Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error) {
-	if err := s.setLocalTimeouts(ctx, tx); err != nil {
-		return nil, err
-	}
-	p := &dbsqlc.SagaClaimDueOfParams{Now: now, Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
-	for i, k := range keys {
-		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
-	}
-	rows, err := s.queries.SagaClaimDueOf(ctx, s.db(tx), p)
 	if err != nil {
-		return nil, fmt.Errorf("claim due sagas: %w", err)
+		return SagaRecord{}, fmt.Errorf("get saga %s: %w", id, err)
 	}
-	out := make([]SagaRecord, len(rows))
-	for i, r := range rows {
-		out[i] = sagaRecord(r)
-	}
-	return out, nil
+	return sagaRecord(row), nil
 }
 
 // SagaFilter selects sagas for SagaList.
@@ -221,104 +390,34 @@ type SagaFilter struct {
 
 // SagaList returns sagas matching f, stalest (least recently updated) first.
 func (s *Store) SagaList(ctx context.Context, f SagaFilter) ([]SagaRecord, error) {
-	p := &dbsqlc.SagaListParams{SagaType: nullable(f.Type), Statuses: f.Statuses, Max: int32(f.Limit)}
-	if p.Statuses == nil {
-		p.Statuses = []string{}
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
 	}
+	p := &dbsqlc.SagaListParams{SagaType: nullable(f.Type), Statuses: nonNil(f.Statuses), Max: int32(f.Limit)}
 	if p.Max <= 0 {
 		p.Max = 100
 	}
-	if !f.UpdatedBefore.IsZero() {
-		p.UpdatedBefore = &f.UpdatedBefore
-	}
+	p.UpdatedBefore = timePtr(f.UpdatedBefore)
 	if f.After != nil {
 		at := f.After.UpdatedAt
 		p.AfterUpdatedAt = &at
 		p.AfterID = uuid.NullUUID{UUID: f.After.ID, Valid: true}
 	}
-	rows, err := s.queries.SagaList(ctx, s.db(nil), p)
+	rows, err := s.queries.SagaList(ctx, db, p)
 	if err != nil {
 		return nil, fmt.Errorf("list sagas: %w", err)
 	}
-	out := make([]SagaRecord, len(rows))
-	for i, r := range rows {
-		out[i] = sagaRecord(r)
-	}
-	return out, nil
-}
-
-// SagaCount is the number of sagas of one type in one status.
-type SagaCount struct {
-	Type   string
-	Status string
-	Count  int64
-}
-
-// SagaCounts counts sagas by type and status.
-func (s *Store) SagaCounts(ctx context.Context) ([]SagaCount, error) {
-	rows, err := s.queries.SagaCountByStatus(ctx, s.db(nil))
-	if err != nil {
-		return nil, fmt.Errorf("count sagas: %w", err)
-	}
-	out := make([]SagaCount, len(rows))
-	for i, r := range rows {
-		out[i] = SagaCount{Type: r.SagaType, Status: r.Status, Count: r.Count}
-	}
-	return out, nil
-}
-
-// SagaCountOverdue counts running or compensating sagas whose deadline is
-// before before.
-func (s *Store) SagaCountOverdue(ctx context.Context, before time.Time) (int64, error) {
-	n, err := s.queries.SagaCountOverdue(ctx, s.db(nil), before)
-	if err != nil {
-		return 0, fmt.Errorf("count overdue sagas: %w", err)
-	}
-	return n, nil
-}
-
-// SagaDeleteFinishedBefore deletes at most max sagas (with their history)
-// that finished before before.
-func (s *Store) SagaDeleteFinishedBefore(ctx context.Context, before time.Time, max int) (int64, error) {
-	var n int64
-	err := s.InTx(ctx, func(tx pgx.Tx) error {
-		if err := s.setLocalTimeouts(ctx, tx); err != nil {
-			return err
-		}
-		var err error
-		n, err = s.queries.SagaDeleteFinishedBefore(ctx, s.db(tx), &dbsqlc.SagaDeleteFinishedBeforeParams{FinishedBefore: before, Max: int32(max)})
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("delete finished sagas: %w", err)
-	}
-	return n, nil
-}
-
-// SagaHistoryInsert appends entries to the history of saga id in tx.
-func (s *Store) SagaHistoryInsert(ctx context.Context, tx pgx.Tx, id uuid.UUID, entries []HistoryRecord) error {
-	if len(entries) == 0 {
-		return nil
-	}
-	n := len(entries)
-	p := &dbsqlc.SagaHistoryInsertParams{
-		SagaID: id, At: make([]time.Time, n), Event: make([]string, n), Step: make([]string, n),
-		StepIndex: make([]int32, n), Phase: make([]string, n), Attempt: make([]int32, n),
-		Detail: make([]string, n), Actor: make([]string, n), MessageID: make([]uuid.UUID, n),
-	}
-	for i, e := range entries {
-		p.At[i], p.Event[i], p.Step[i], p.StepIndex[i] = e.At, e.Event, e.Step, int32(e.StepIndex)
-		p.Phase[i], p.Attempt[i], p.Detail[i], p.Actor[i], p.MessageID[i] = e.Phase, int32(e.Attempt), e.Detail, e.Actor, e.MessageID
-	}
-	if err := s.queries.SagaHistoryInsert(ctx, s.db(tx), p); err != nil {
-		return fmt.Errorf("append %d history entries to saga %s: %w", n, id, err)
-	}
-	return nil
+	return sagaRecords(rows), nil
 }
 
 // SagaHistory returns the history of saga id, oldest first.
 func (s *Store) SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord, error) {
-	rows, err := s.queries.SagaHistoryList(ctx, s.db(nil), id)
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.SagaHistoryList(ctx, db, id)
 	if err != nil {
 		return nil, fmt.Errorf("list history of saga %s: %w", id, err)
 	}
@@ -326,10 +425,7 @@ func (s *Store) SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord,
 	for i, r := range rows {
 		out[i] = HistoryRecord{
 			ID: r.ID, SagaID: r.SagaID, At: r.At, Event: r.Event, Step: r.Step, StepIndex: int(r.StepIndex),
-			Phase: r.Phase, Attempt: int(r.Attempt), Detail: r.Detail, Actor: r.Actor,
-		}
-		if r.MessageID.Valid {
-			out[i].MessageID = r.MessageID.UUID
+			Phase: r.Phase, Attempt: int(r.Attempt), Detail: r.Detail, Actor: r.Actor, MessageID: nullUUID(r.MessageID),
 		}
 	}
 	return out, nil

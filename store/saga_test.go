@@ -14,86 +14,147 @@ import (
 	"github.com/sagabox/sagabox/store"
 )
 
-func newSaga(key string, deadline *time.Time) store.SagaRecord {
+func newSaga(key string, deadline time.Time) store.SagaRecord {
 	return store.SagaRecord{
 		ID: uuid.New(), Type: "checkout", Version: 1, Status: "running", StartKey: key,
 		Data: []byte(`{}`), Steps: []byte(`[]`), Phase: "action", Deadline: deadline,
 	}
 }
 
-func TestSagaInsertStartKeyIsIdempotent(t *testing.T) {
-	t.Parallel()
-	s := dbtest.Store(t)
+// start starts rec with one history entry and one command, at now.
+func start(t *testing.T, s *dbtest.DB, rec store.SagaRecord, now time.Time) bool {
+	t.Helper()
 	ctx := context.Background()
-	now := time.Now()
-	first := newSaga("order-1", nil)
-	var got store.SagaRecord
 	var inserted bool
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) (err error) {
-		got, inserted, err = s.SagaInsert(ctx, tx, first, now)
+		inserted, err = s.StartSaga(ctx, tx, &store.SagaStart{
+			Saga:    rec,
+			History: []store.HistoryRecord{{SagaID: rec.ID, At: now, Event: "started"}},
+			Messages: []message.Message{{
+				Envelope: message.Envelope{Type: "inventory.reserve", Kind: message.KindCommand, SagaID: rec.ID, Step: "reserve", ReplyTo: "orders"},
+				Payload:  []byte(`{}`),
+			}},
+		}, now)
 		return err
 	}))
-	require.True(t, inserted)
-	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) (err error) {
-		got, inserted, err = s.SagaInsert(ctx, tx, newSaga("order-1", nil), now)
-		return err
-	}))
-	require.False(t, inserted)
-	require.Equal(t, first.ID, got.ID, "a repeated start key returns the existing saga")
+	return inserted
 }
 
-func TestSagaUpdateDetectsConflict(t *testing.T) {
+// A start writes the saga, its history and its command in one statement;
+// a start key already taken writes nothing at all.
+func TestStartSagaStartKeyIsIdempotent(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
 	ctx := context.Background()
 	now := time.Now()
-	rec := newSaga("", nil)
-	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		_, _, err := s.SagaInsert(ctx, tx, rec, now)
-		return err
-	}))
-	got, err := s.SagaGet(ctx, nil, rec.ID)
+	first := newSaga("order-1", time.Time{})
+	require.True(t, start(t, s, first, now))
+	require.False(t, start(t, s, newSaga("order-1", time.Time{}), now), "the start key is taken")
+	got, err := s.SagaByStartKey(ctx, nil, "checkout", "order-1")
 	require.NoError(t, err)
-	got.Status = "completed"
-	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.SagaUpdate(ctx, tx, got, now) }))
-	err = s.InTx(ctx, func(tx pgx.Tx) error { return s.SagaUpdate(ctx, tx, got, now) })
-	require.ErrorIs(t, err, store.ErrConflict, "the second write carries a stale revision")
-
-	_, err = s.SagaGet(ctx, nil, uuid.New())
+	require.Equal(t, first.ID, got.ID, "a repeated start key finds the existing saga")
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_saga_history`), "the second start wrote no history")
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "nor a command")
+	_, err = s.SagaByStartKey(ctx, nil, "checkout", "order-2")
 	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
-func TestSagaClaimDueSkipsLockedSagas(t *testing.T) {
+// A transition computed from a saga that changed meanwhile writes nothing
+// and fails with an error that asks for the transaction to run again.
+func TestWriteTransitionsDetectsConflict(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
 	ctx := context.Background()
 	now := time.Now()
-	past := now.Add(-time.Minute)
-	future := now.Add(time.Hour)
-	due1, due2, later := newSaga("", &past), newSaga("", &past), newSaga("", &future)
-	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		for _, r := range []store.SagaRecord{due1, due2, later} {
-			if _, _, err := s.SagaInsert(ctx, tx, r, now); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
-
-	txA, err := s.Pool().Begin(ctx)
+	rec := newSaga("", time.Time{})
+	require.True(t, start(t, s, rec, now))
+	got, err := s.SagaGet(ctx, rec.ID)
 	require.NoError(t, err)
+	write := func(r store.SagaRecord) error {
+		tx := s.Begin()
+		defer tx.Rollback(ctx)
+		r.Status = "completed"
+		return s.WriteTransitions(ctx, tx, []store.Transition{{
+			Saga:     &r,
+			History:  []store.HistoryRecord{{SagaID: r.ID, At: now, Event: "completed"}},
+			Messages: []message.Message{{Envelope: message.Envelope{Type: "x.y", Kind: message.KindEvent}, Payload: []byte(`{}`)}},
+		}}, now, true)
+	}
+	require.NoError(t, write(got))
+	err = write(got)
+	require.Error(t, err, "the second write carries a stale revision")
+	require.True(t, store.IsRetryable(err), "a conflict asks for the transaction to run again: %v", err)
+	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_saga_history`), "the stale write wrote no history")
+	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "nor a message")
+	after, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	require.Equal(t, got.Revision+1, after.Revision)
+	require.Equal(t, "completed", after.Status)
+
+	_, err = s.SagaGet(ctx, uuid.New())
+	require.ErrorIs(t, err, message.ErrNotFound)
+}
+
+// Replies are received in one statement: new ones lock their saga, a
+// duplicate counts itself, a reply for a saga that does not exist finds
+// none.
+func TestReceiveReplies(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	rec := newSaga("", time.Time{})
+	require.True(t, start(t, s, rec, time.Now()))
+	known := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: rec.ID, Step: "reserve"}
+	unknown := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: uuid.New(), Step: "reserve"}
+	receive := func(envs ...*message.Envelope) []store.Receipt {
+		tx := s.Begin()
+		defer tx.Rollback(ctx)
+		r, err := s.ReceiveReplies(ctx, tx, envs)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		return r
+	}
+	r := receive(known, unknown)
+	require.True(t, r[0].Fresh)
+	require.NotNil(t, r[0].Saga)
+	require.Equal(t, rec.ID, r[0].Saga.ID)
+	require.Equal(t, int64(1), r[0].Saga.Revision)
+	require.True(t, r[1].Fresh)
+	require.Nil(t, r[1].Saga, "no such saga here")
+	r = receive(known)
+	require.False(t, r[0].Fresh, "a duplicate")
+	require.Nil(t, r[0].Saga, "a duplicate locks nothing")
+	require.Equal(t, 1, count.n(t, s, `SELECT duplicates FROM %q.sagabox_inbox WHERE message_id = $1`, known.MessageID))
+}
+
+func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	now := time.Now()
+	due1, due2, later := newSaga("", now.Add(-time.Minute)), newSaga("", now.Add(-time.Minute)), newSaga("", now.Add(time.Hour))
+	for _, r := range []store.SagaRecord{due1, due2, later} {
+		require.True(t, start(t, s, r, now))
+	}
+	keys := []store.SagaKey{{Type: "checkout", Version: 1}}
+	txA := s.Begin()
 	defer txA.Rollback(ctx)
-	a, err := s.SagaClaimDue(ctx, txA, now, 1)
+	a, err := s.ClaimDueSagas(ctx, txA, now, 1, keys)
 	require.NoError(t, err)
 	require.Len(t, a, 1)
 
-	txB, err := s.Pool().Begin(ctx)
-	require.NoError(t, err)
+	txB := s.Begin()
 	defer txB.Rollback(ctx)
-	b, err := s.SagaClaimDue(ctx, txB, now, 10)
+	b, err := s.ClaimDueSagas(ctx, txB, now, 10, keys)
 	require.NoError(t, err)
 	require.Len(t, b, 1, "the saga locked by A is skipped, the future one is not due")
 	require.NotEqual(t, a[0].ID, b[0].ID)
+
+	txC := s.Begin()
+	defer txC.Rollback(ctx)
+	c, err := s.ClaimDueSagas(ctx, txC, now, 10, []store.SagaKey{{Type: "checkout", Version: 2}})
+	require.NoError(t, err)
+	require.Empty(t, c, "sagas of a definition the caller does not run are never claimed")
 }
 
 func TestSagaListStalestFirstWithPaging(t *testing.T) {
@@ -103,12 +164,9 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 	base := time.Now().Add(-time.Hour)
 	var ids []uuid.UUID
 	for i := range 5 {
-		r := newSaga("", nil)
+		r := newSaga("", time.Time{})
 		ids = append(ids, r.ID)
-		require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-			_, _, err := s.SagaInsert(ctx, tx, r, base.Add(time.Duration(i)*time.Minute))
-			return err
-		}))
+		require.True(t, start(t, s, r, base.Add(time.Duration(i)*time.Minute)))
 	}
 	page1, err := s.SagaList(ctx, store.SagaFilter{Type: "checkout", Statuses: []string{"running"}, Limit: 3})
 	require.NoError(t, err)
@@ -124,42 +182,43 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 	none, err := s.SagaList(ctx, store.SagaFilter{Statuses: []string{"failed"}})
 	require.NoError(t, err)
 	require.Empty(t, none)
+	hist, err := s.SagaHistory(ctx, ids[0])
+	require.NoError(t, err)
+	require.Len(t, hist, 1)
+	require.Equal(t, "started", hist[0].Event)
 }
 
-func TestSagaOperationRequests(t *testing.T) {
+func TestOperationRequests(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
 	ctx := context.Background()
 	id := uuid.New()
-	op, err := s.SagaOperationRequest(ctx, id, "retry", "alice", "payment fixed")
+	op, err := s.RequestOperation(ctx, id, "retry", "alice", "payment fixed")
 	require.NoError(t, err)
-	require.Nil(t, op.AppliedAt)
+	require.True(t, op.AppliedAt.IsZero())
 
-	txA, err := s.Pool().Begin(ctx)
-	require.NoError(t, err)
+	txA := s.Begin()
 	defer txA.Rollback(ctx)
-	claimed, err := s.SagaOperationClaimPending(ctx, txA, 10, nil)
+	claimed, err := s.ClaimOperation(ctx, txA, nil)
 	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	require.Equal(t, "alice", claimed[0].Actor)
+	require.NotNil(t, claimed)
+	require.Equal(t, "alice", claimed.Actor)
 
 	// A second orchestrator skips the request A holds.
-	txB, err := s.Pool().Begin(ctx)
+	txB := s.Begin()
+	other, err := s.ClaimOperation(ctx, txB, nil)
 	require.NoError(t, err)
-	other, err := s.SagaOperationClaimPending(ctx, txB, 10, nil)
-	require.NoError(t, err)
-	require.Empty(t, other)
-	require.NoError(t, txB.Rollback(ctx))
+	require.Nil(t, other)
+	txB.Rollback(ctx)
 
-	require.NoError(t, s.SagaOperationMarkApplied(ctx, txA, op.ID, time.Now(), "saga is completed"))
-	require.NoError(t, txA.Commit(ctx))
-	got, err := s.SagaOperationGet(ctx, op.ID)
+	require.NoError(t, s.MarkOperation(ctx, txA, op.ID, time.Now(), "saga is completed"))
+	got, err := s.Operation(ctx, op.ID)
 	require.NoError(t, err)
-	require.NotNil(t, got.AppliedAt)
+	require.False(t, got.AppliedAt.IsZero())
 	require.Equal(t, "saga is completed", got.Error)
 
-	_, err = s.SagaOperationRequest(ctx, id, "delete", "x", "y")
+	_, err = s.RequestOperation(ctx, id, "delete", "x", "y")
 	require.Error(t, err, "only retry and abort are actions")
-	_, err = s.SagaOperationGet(ctx, 999999)
+	_, err = s.Operation(ctx, 999999)
 	require.ErrorIs(t, err, message.ErrNotFound)
 }

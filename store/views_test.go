@@ -6,12 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
-	"github.com/sagabox/sagabox/message"
-	"github.com/sagabox/sagabox/store"
 )
 
 // The inspection views are a supported query API: they must exist and
@@ -21,21 +18,13 @@ func TestInspectionViews(t *testing.T) {
 	s := dbtest.Store(t)
 	ctx := context.Background()
 	now := time.Now()
-	rec := newSaga("order-9", nil)
+	rec := newSaga("order-9", time.Time{})
 	rec.Steps = []byte(`[{"name":"reserve-stock","status":"succeeded","attempt":1},{"name":"charge","status":"running","attempt":2,"last_error":"slow"}]`)
 	rec.CurrentStep = 1
-	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		if _, _, err := s.SagaInsert(ctx, tx, rec, now); err != nil {
-			return err
-		}
-		if err := s.SagaHistoryInsert(ctx, tx, rec.ID, []store.HistoryRecord{{At: now, Event: "started"}}); err != nil {
-			return err
-		}
-		return s.OutboxWrite(ctx, tx, []message.Message{event("k", 1)})
-	}))
+	require.True(t, start(t, s, rec, now))
 	q := func(sql string, dest ...any) {
 		t.Helper()
-		require.NoError(t, s.Pool().QueryRow(ctx, fmt.Sprintf(sql, s.Schema())).Scan(dest...), sql)
+		require.NoError(t, s.Pool.QueryRow(ctx, fmt.Sprintf(sql, s.Schema())).Scan(dest...), sql)
 	}
 	var step, status string
 	q(`SELECT current_step_name, status FROM %q.sagabox_saga_v`, &step, &status)

@@ -22,7 +22,7 @@ func TestGuaranteeNoLostMessageRelayAcrossBrokerRestart(t *testing.T) {
 	s := dbtest.Store(t, store.LineMessaging)
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	r, _ := runRelay(t, Config{Store: s, Publisher: b, BatchSize: 20})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{BatchSize: 20}})
 
 	var ids []uuid.UUID
 	for i := range 10 {
@@ -49,7 +49,7 @@ func TestGuaranteeNoLostMessageRelayAcrossDatabaseRestart(t *testing.T) {
 	s := dbtest.Store(t, store.LineMessaging)
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	r, _ := runRelay(t, Config{Store: s, Publisher: b, BatchSize: 20, Listen: true})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{BatchSize: 20, Listen: true}})
 
 	ids := writeCommitted(t, s, events("k", 0, 50))
 	r.Wake()

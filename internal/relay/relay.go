@@ -23,126 +23,111 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
 
-// Defaults for Config.
+// Defaults of Options.
 const (
 	DefaultBatchSize      = 200
 	DefaultWorkers        = 2
 	DefaultPollInterval   = time.Second
 	DefaultLease          = 10 * time.Second
 	DefaultPublishTimeout = 5 * time.Second
-	DefaultMinBackoff     = 100 * time.Millisecond
-	DefaultMaxBackoff     = 10 * time.Second
+	// DefaultMinBackoff and DefaultMaxBackoff bound the wait after a failed
+	// batch (broker or database down).
+	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff = 10 * time.Second
 )
 
-// Config configures a Relay.
-type Config struct {
-	// Store is the outbox to publish from. Required.
-	Store *store.Store
-	// Publisher sends the messages. Required.
-	Publisher transport.Publisher
-	// Name identifies this relay in claimed rows. Defaults to host-pid-random.
-	Name string
-	// BatchSize is the most rows claimed and published at once. Defaults to
-	// DefaultBatchSize.
+// Options tunes the relay a client runs to publish its outbox. Both clients
+// take it as their Config.Relay.
+type Options struct {
+	// BatchSize is the most outbox rows published at once. Defaults to
+	// DefaultBatchSize (200).
 	BatchSize int
 	// Workers is how many batches are in flight at once. Defaults to
-	// DefaultWorkers.
+	// DefaultWorkers (2).
 	Workers int
-	// PollInterval is the longest a relay sleeps before looking for rows that
-	// no wake-up announced. Defaults to DefaultPollInterval.
+	// PollInterval is the longest the relay waits before looking for rows
+	// no wake-up announced: rows the client writes itself are published at
+	// once. Defaults to DefaultPollInterval (1s).
 	PollInterval time.Duration
-	// Lease is how long claimed rows belong to this relay. It must exceed
-	// PublishTimeout. It is also how long the rows of a relay that crashed
-	// between claim and publish wait before another relay publishes them,
-	// and, since rows of one ordering key go out in order, how long later
-	// rows of the same keys wait behind them. Defaults to DefaultLease.
-	Lease time.Duration
-	// PublishTimeout bounds the wait for broker confirms of one batch.
-	// Defaults to DefaultPublishTimeout.
-	PublishTimeout time.Duration
-	// MinBackoff and MaxBackoff bound the wait after a failed batch (broker or
-	// database down). Defaults to DefaultMinBackoff and DefaultMaxBackoff.
-	MinBackoff, MaxBackoff time.Duration
-	// Listen also wakes the relay on NOTIFY from other processes over a
-	// dedicated connection. Defaults to false: writers in this process wake
-	// the relay directly, and NOTIFY would serialise their commits.
+	// Listen also wakes the relay on NOTIFY from other processes that write
+	// to the same outbox (see Notify), over a connection of its own.
+	// Defaults to false.
 	Listen bool
-	// Logger receives the relay's logs. Defaults to slog.Default().
-	Logger *slog.Logger
-	// Observer is told about every batch (metrics). Optional.
-	Observer Observer
-	// Telemetry, when set, traces every publish as a producer span that is a
-	// child of the span that wrote the row. Optional.
-	Telemetry *telemetry.Telemetry
+	// Notify makes the messages this client writes in its callers'
+	// transactions (orchestrator.Start, participant.Client.Publish) wake
+	// the relays of other processes that Listen, with a NOTIFY in the same
+	// transaction: for a process that writes but runs no relay of its own
+	// (a web process that starts sagas). NOTIFY serialises the commits of
+	// the transactions that send it. Defaults to false.
+	Notify bool
+	// Lease is how long rows claimed by a relay belong to it: after a crash
+	// of its process, another relay publishes them once the lease ends, and,
+	// since rows of one ordering key go out in order, later rows of the same
+	// keys wait behind them. It must exceed PublishTimeout. Defaults to
+	// DefaultLease (10s).
+	Lease time.Duration
+	// PublishTimeout bounds the wait for the broker's confirms of one batch.
+	// Defaults to DefaultPublishTimeout (5s).
+	PublishTimeout time.Duration
 }
 
-// Observer receives the outcome of each published batch.
-type Observer interface {
-	// Published is called after a batch was sent: confirmed[i] says whether
-	// msgs[i] was confirmed by the broker, err is the publish error (nil when
-	// all were), elapsed the time the publish took.
-	Published(ctx context.Context, msgs []message.Message, confirmed []bool, err error, elapsed time.Duration)
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
+	if o.BatchSize == 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.Workers == 0 {
+		o.Workers = DefaultWorkers
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.Lease == 0 {
+		o.Lease = DefaultLease
+	}
+	if o.PublishTimeout == 0 {
+		o.PublishTimeout = DefaultPublishTimeout
+	}
+	return o
 }
 
-// WithDefaults returns a copy of c with defaults filled in.
-func (c Config) WithDefaults() Config {
-	if c.Name == "" {
-		host, _ := os.Hostname()
-		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+// Validate checks options that went through WithDefaults; its errors name
+// the field at fault, as name.Field (name is where the options sit, e.g.
+// "Relay").
+func (o Options) Validate(name string) error {
+	var errs []error
+	f := func(format string, args ...any) { errs = append(errs, fmt.Errorf(name+"."+format, args...)) }
+	if o.BatchSize < 1 {
+		f("BatchSize %d is less than 1", o.BatchSize)
 	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = DefaultBatchSize
+	if o.Workers < 1 {
+		f("Workers %d is less than 1", o.Workers)
 	}
-	if c.Workers <= 0 {
-		c.Workers = DefaultWorkers
+	if o.PollInterval < 0 {
+		f("PollInterval %s is negative", o.PollInterval)
 	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = DefaultPollInterval
+	if o.PublishTimeout < 0 {
+		f("PublishTimeout %s is negative", o.PublishTimeout)
 	}
-	if c.Lease <= 0 {
-		c.Lease = DefaultLease
+	if o.Lease <= o.PublishTimeout {
+		f("Lease %s must exceed PublishTimeout %s", o.Lease, o.PublishTimeout)
 	}
-	if c.PublishTimeout <= 0 {
-		c.PublishTimeout = DefaultPublishTimeout
-	}
-	if c.MinBackoff <= 0 {
-		c.MinBackoff = DefaultMinBackoff
-	}
-	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = DefaultMaxBackoff
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
-}
-
-func (c Config) validate() error {
-	switch {
-	case c.Store == nil:
-		return errors.New("relay: Config.Store is required")
-	case c.Publisher == nil:
-		return errors.New("relay: Config.Publisher is required")
-	case c.Lease <= c.PublishTimeout:
-		return fmt.Errorf("relay: Config.Lease (%s) must exceed Config.PublishTimeout (%s)", c.Lease, c.PublishTimeout)
-	case c.MaxBackoff < c.MinBackoff:
-		return fmt.Errorf("relay: Config.MaxBackoff (%s) is below Config.MinBackoff (%s)", c.MaxBackoff, c.MinBackoff)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Relay publishes one schema's outbox.
 type Relay struct {
-	cfg Config
-	log *slog.Logger
+	opts  Options
+	store *store.Store
+	pub   transport.Publisher
+	name  string
+	log   *slog.Logger
 	// wake hands a wake-up to one idle worker: one claim per wake-up, not a
 	// claim by every worker (which, at thousands of commits per second,
 	// costs more database time than the publishing itself).
@@ -154,16 +139,27 @@ type Relay struct {
 	testHookAfterPublish func(rows []store.OutboxRow) (crash bool)
 }
 
-// New returns a Relay for cfg.
-func New(cfg Config) (*Relay, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
+// New returns a Relay that publishes st's outbox with pub. Telemetry, if
+// any, is pub's: wrap it (telemetry.Telemetry.Publisher).
+func New(st *store.Store, pub transport.Publisher, opts Options, log *slog.Logger) (*Relay, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate("Options"); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
 	}
+	if st == nil || pub == nil {
+		return nil, errors.New("relay: a store and a publisher are required")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	host, _ := os.Hostname()
 	return &Relay{
-		cfg:  cfg,
-		log:  cfg.Logger.With("component", "relay", "schema", cfg.Store.Schema()),
-		wake: make(chan struct{}, 1),
+		opts:  opts,
+		store: st,
+		pub:   pub,
+		name:  fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
+		log:   log.With("component", "relay", "schema", st.Schema()),
+		wake:  make(chan struct{}, 1),
 	}, nil
 }
 
@@ -181,21 +177,21 @@ func (r *Relay) Wake() {
 // (marking what was confirmed) and returns nil.
 func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for range r.cfg.Workers {
+	for range r.opts.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r.work(ctx)
 		}()
 	}
-	if r.cfg.Listen {
+	if r.opts.Listen {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r.listen(ctx)
 		}()
 	}
-	r.log.Info("relay started", "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "listen", r.cfg.Listen)
+	r.log.Info("relay started", "workers", r.opts.Workers, "batch_size", r.opts.BatchSize, "listen", r.opts.Listen)
 	wg.Wait()
 	r.log.Info("relay stopped")
 	return nil
@@ -216,15 +212,15 @@ func (r *Relay) work(ctx context.Context) {
 			return
 		case err != nil:
 			failures++
-			wait = backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, failures)
+			wait = backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
 			r.log.Warn("relay batch failed; backing off", "err", err, "retry_in", wait, "failures", failures)
-		case n == r.cfg.BatchSize:
+		case n == r.opts.BatchSize:
 			failures = 0
 			r.Wake() // more rows are likely waiting: bring in another worker
 			continue
 		default:
 			failures = 0
-			wait = r.cfg.PollInterval
+			wait = r.opts.PollInterval
 		}
 		poll.Reset(wait)
 		select {
@@ -257,8 +253,8 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	// claim committed but reported as cancelled would leave its rows leased,
 	// unpublished, for a whole lease.
 	claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	rows, err := r.cfg.Store.OutboxClaim(claimCtx, store.OutboxClaimOpts{
-		Max: r.cfg.BatchSize, Lease: r.cfg.Lease, ClaimedBy: r.cfg.Name,
+	rows, err := r.store.OutboxClaim(claimCtx, store.OutboxClaimOpts{
+		Max: r.opts.BatchSize, Lease: r.opts.Lease, ClaimedBy: r.name,
 	})
 	cancelClaim()
 	if err != nil || len(rows) == 0 {
@@ -271,28 +267,10 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 
 	// Rows are claimed: from here on finish the batch even if ctx is
 	// cancelled, so a clean shutdown leaves nothing leased.
-	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.PublishTimeout)
 	defer cancel()
-	var spans []trace.Span
-	if r.cfg.Telemetry != nil {
-		spans = make([]trace.Span, len(msgs))
-		for i := range msgs {
-			spans[i] = r.cfg.Telemetry.StartPublish(ctx, &msgs[i])
-		}
-	}
-	start := time.Now()
-	pubErr := r.cfg.Publisher.Publish(pubCtx, msgs...)
+	pubErr := r.pub.Publish(pubCtx, msgs...)
 	confirmed := transport.Confirmed(len(msgs), pubErr)
-	for i, span := range spans {
-		var err error
-		if !confirmed[i] {
-			err = fmt.Errorf("not confirmed: %w", pubErr)
-		}
-		telemetry.EndPublish(span, err)
-	}
-	if r.cfg.Observer != nil {
-		r.cfg.Observer.Published(ctx, msgs, confirmed, pubErr, time.Since(start))
-	}
 	if r.testHookAfterPublish != nil && r.testHookAfterPublish(rows) {
 		return 0, errCrashed
 	}
@@ -301,23 +279,27 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	for i, row := range rows {
 		if confirmed[i] {
 			done = append(done, row.ID)
-			r.log.Debug("published", "message_id", row.Message.MessageID, "saga_id", row.Message.SagaID, "type", row.Message.Type)
 		} else {
 			failed = append(failed, row.ID)
 		}
 	}
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		for i, row := range rows {
+			if confirmed[i] {
+				r.log.Debug("published", "message_id", row.Message.MessageID, "saga_id", row.Message.SagaID, "type", row.Message.Type)
+			}
+		}
+	}
 	markCtx, cancelMark := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancelMark()
-	if err := r.cfg.Store.OutboxMarkPublished(markCtx, done); err != nil {
-		// The rows stay leased and are published again after the lease:
-		// a duplicate, never a loss.
+	// The rows that were not confirmed are claimable again after a backoff.
+	// When settling fails, every row stays leased and is published again
+	// after the lease: a duplicate, never a loss.
+	retry := backoff(DefaultMinBackoff, DefaultMaxBackoff, rows[0].PublishAttempts)
+	if err := r.store.OutboxDone(markCtx, done, failed, retry, pubErr); err != nil {
 		return len(rows), err
 	}
 	if len(failed) > 0 {
-		retry := backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, rows[0].PublishAttempts)
-		if err := r.cfg.Store.OutboxRelease(markCtx, failed, retry, pubErr); err != nil {
-			return len(rows), err
-		}
 		return len(rows), fmt.Errorf("%d of %d messages not confirmed: %w", len(failed), len(rows), pubErr)
 	}
 	return len(rows), nil
@@ -329,7 +311,7 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 func (r *Relay) listen(ctx context.Context) {
 	failures := 0
 	for {
-		err := r.cfg.Store.Listen(ctx, r.cfg.Store.NotifyChannel(), func() {
+		err := r.store.Listen(ctx, func() {
 			failures = 0
 			r.Wake()
 		})
@@ -337,7 +319,7 @@ func (r *Relay) listen(ctx context.Context) {
 			return
 		}
 		failures++
-		wait := backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, failures)
+		wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
 		r.log.Warn("relay listener lost its connection; reconnecting", "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():

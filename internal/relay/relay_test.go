@@ -115,7 +115,7 @@ func events(key string, from, n int) []message.Message {
 	return msgs
 }
 
-func writeCommitted(t *testing.T, s *store.Store, msgs []message.Message) []uuid.UUID {
+func writeCommitted(t *testing.T, s *dbtest.DB, msgs []message.Message) []uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }))
@@ -126,7 +126,7 @@ func writeCommitted(t *testing.T, s *store.Store, msgs []message.Message) []uuid
 	return ids
 }
 
-func tryWrite(s *store.Store, msgs []message.Message) ([]uuid.UUID, error) {
+func tryWrite(s *dbtest.DB, msgs []message.Message) ([]uuid.UUID, error) {
 	ctx := context.Background()
 	if err := s.InTx(ctx, func(tx pgx.Tx) error { return s.OutboxWrite(ctx, tx, msgs) }); err != nil {
 		return nil, err
@@ -138,16 +138,26 @@ func tryWrite(s *store.Store, msgs []message.Message) ([]uuid.UUID, error) {
 	return ids, nil
 }
 
-func runRelay(t *testing.T, cfg Config) (*Relay, func()) {
+// testConfig is what a test relay runs with.
+type testConfig struct {
+	Store     *dbtest.DB
+	Publisher transport.Publisher
+	Options
+	// Observer, when set, counts the messages the relay got confirmed.
+	Observer *countingPublisher
+}
+
+func runRelay(t *testing.T, cfg testConfig) (*Relay, func()) {
 	t.Helper()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 50 * time.Millisecond
 	}
-	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff, cfg.MaxBackoff = 20*time.Millisecond, 200*time.Millisecond
+	pub := cfg.Publisher
+	if cfg.Observer != nil {
+		cfg.Observer.Publisher = pub
+		pub = cfg.Observer
 	}
-	cfg.Logger = amqptest.Logger(t)
-	r, err := New(cfg)
+	r, err := New(cfg.Store.Store, pub, cfg.Options, amqptest.Logger(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -165,7 +175,7 @@ func runRelay(t *testing.T, cfg Config) (*Relay, func()) {
 	return r, stop
 }
 
-func waitBacklogZero(t *testing.T, s *store.Store) {
+func waitBacklogZero(t *testing.T, s *dbtest.DB) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		st, err := s.OutboxStats(context.Background())
@@ -173,16 +183,16 @@ func waitBacklogZero(t *testing.T, s *store.Store) {
 	}, waitFor, 20*time.Millisecond)
 }
 
-func TestConfigValidation(t *testing.T) {
+func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := New(Config{})
-	require.ErrorContains(t, err, "Config.Store is required")
 	s := dbtest.Store(t, store.LineMessaging)
-	_, err = New(Config{Store: s})
-	require.ErrorContains(t, err, "Config.Publisher is required")
+	_, err := New(nil, nil, Options{}, nil)
+	require.ErrorContains(t, err, "a store and a publisher are required")
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
-	_, err = New(Config{Store: s, Publisher: b, Lease: time.Second, PublishTimeout: 2 * time.Second})
-	require.ErrorContains(t, err, "Config.Lease (1s) must exceed Config.PublishTimeout (2s)")
+	_, err = New(s.Store, b, Options{Lease: time.Second, PublishTimeout: 2 * time.Second}, nil)
+	require.ErrorContains(t, err, "Options.Lease 1s must exceed PublishTimeout 2s")
+	_, err = New(s.Store, b, Options{BatchSize: -1}, nil)
+	require.ErrorContains(t, err, "Options.BatchSize -1 is less than 1")
 }
 
 func TestGuaranteeAtomicOutboxOnlyCommittedRowsPublished(t *testing.T) {
@@ -202,7 +212,7 @@ func TestGuaranteeAtomicOutboxOnlyCommittedRowsPublished(t *testing.T) {
 	require.ErrorContains(t, err, "abort")
 	committed := writeCommitted(t, s, events("ok", 0, 20))
 
-	r, _ := runRelay(t, Config{Store: s, Publisher: b})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b})
 	r.Wake()
 	snk.waitDistinct(t, len(committed))
 	waitBacklogZero(t, s)
@@ -228,8 +238,7 @@ func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 	ids := writeCommitted(t, s, events("k", 0, 30))
 
 	crashed := make(chan struct{})
-	cfg := Config{Store: s, Publisher: b, Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}
-	r, err := New(cfg.WithDefaults())
+	r, err := New(s.Store, b, Options{Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, amqptest.Logger(t))
 	require.NoError(t, err)
 	var once sync.Once
 	r.testHookAfterPublish = func([]store.OutboxRow) bool {
@@ -247,7 +256,7 @@ func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, len(ids), st.Backlog, "the crashed relay marked nothing")
 
-	_, _ = runRelay(t, Config{Store: s, Publisher: b, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second})
+	_, _ = runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}})
 	snk.waitDistinct(t, len(ids))
 	waitBacklogZero(t, s)
 	seen, order := snk.snapshot()
@@ -265,7 +274,7 @@ func TestGuaranteeNoLostMessageConnectionClosedMidStream(t *testing.T) {
 	cfg := amqptest.Config(t)
 	b := amqptest.NewBroker(t, cfg)
 	snk := newSink(t, b)
-	r, _ := runRelay(t, Config{Store: s, Publisher: b, BatchSize: 20})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{BatchSize: 20}})
 
 	var ids []uuid.UUID
 	for i := range 20 {
@@ -284,15 +293,20 @@ func TestGuaranteeNoLostMessageConnectionClosedMidStream(t *testing.T) {
 	require.IsIncreasing(t, order["k"])
 }
 
-// countingObserver counts confirmed publishes per relay.
-type countingObserver struct{ n atomic.Int64 }
+// countingPublisher counts the messages a relay got confirmed.
+type countingPublisher struct {
+	transport.Publisher
+	n atomic.Int64
+}
 
-func (o *countingObserver) Published(_ context.Context, _ []message.Message, confirmed []bool, _ error, _ time.Duration) {
-	for _, ok := range confirmed {
+func (p *countingPublisher) Publish(ctx context.Context, msgs ...message.Message) error {
+	err := p.Publisher.Publish(ctx, msgs...)
+	for _, ok := range transport.Confirmed(len(msgs), err) {
 		if ok {
-			o.n.Add(1)
+			p.n.Add(1)
 		}
 	}
+	return err
 }
 
 // Two relays drain one outbox: every row is published once in total (no row
@@ -315,9 +329,9 @@ func TestGuaranteeOrderingTwoRelaysKeepPerKeyOrder(t *testing.T) {
 		ids = append(ids, writeCommitted(t, s, batch)...)
 	}
 
-	var obsA, obsB countingObserver
-	ra, _ := runRelay(t, Config{Store: s, Publisher: b, Name: "relay-a", BatchSize: 7, Workers: 2, Observer: &obsA})
-	rb, _ := runRelay(t, Config{Store: s, Publisher: b, Name: "relay-b", BatchSize: 5, Workers: 2, Observer: &obsB})
+	var obsA, obsB countingPublisher
+	ra, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{BatchSize: 7, Workers: 2}, Observer: &obsA})
+	rb, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{BatchSize: 5, Workers: 2}, Observer: &obsB})
 	ra.Wake()
 	rb.Wake()
 
@@ -341,7 +355,7 @@ func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
 	snk := newSink(t, b)
 	// A poll interval far beyond the test's patience: only the NOTIFY can
 	// wake the relay in time.
-	_, _ = runRelay(t, Config{Store: s, Publisher: b, Listen: true, PollInterval: time.Hour})
+	_, _ = runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Listen: true, PollInterval: time.Hour}})
 	// The listener's first wake-up polls once; wait for the LISTEN to be in
 	// place by publishing a first message through it.
 	ctx := context.Background()
@@ -351,7 +365,7 @@ func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
 			if err := s.OutboxWrite(ctx, tx, events("probe", 0, 1)); err != nil {
 				return err
 			}
-			return s.OutboxNotify(ctx, tx, s.NotifyChannel())
+			return s.Notify(ctx, tx)
 		})
 		seen, _ := snk.snapshot()
 		return len(seen) > 0
@@ -360,7 +374,7 @@ func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
 		if err := s.OutboxWrite(ctx, tx, first); err != nil {
 			return err
 		}
-		return s.OutboxNotify(ctx, tx, s.NotifyChannel())
+		return s.Notify(ctx, tx)
 	}))
 	require.Eventually(t, func() bool {
 		seen, _ := snk.snapshot()

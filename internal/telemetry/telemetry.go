@@ -85,6 +85,7 @@ const (
 	CauseDatabase = "database" // Postgres was unreachable
 	CauseTimeout  = "timeout"  // the orchestrator re-sent a command after its step timed out
 	CauseOperator = "operator" // an operator asked for a retry
+	CauseShutdown = "shutdown" // the client stopped before the delivery was done
 )
 
 // Telemetry is the set of instruments one client uses.
@@ -394,30 +395,107 @@ func Fail(span trace.Span, err error) {
 	span.SetStatus(codes.Error, err.Error())
 }
 
-// RelayObserver returns a relay observer that counts published messages,
-// errors, batch sizes and publish durations for schema.
-func (t *Telemetry) RelayObserver(schema string) *RelayObserver {
-	return &RelayObserver{t: t, attrs: metric.WithAttributes(AttrSchema.String(schema))}
+// Handled is what became of one delivery: its outcome and why, for the
+// delivery's consumer span and the metrics.
+type Handled struct {
+	// Outcome is one of the Outcome constants.
+	Outcome string
+	// Inbox is InboxNew or InboxDuplicate once the inbox saw the message;
+	// empty before.
+	Inbox string
+	// Reason is the dead-letter reason class (a Reason constant) of a
+	// delivery dead-lettered.
+	Reason string
+	// Cause is the retry cause (a Cause constant) of a delivery retried.
+	Cause string
+	// Err is the failure behind a retry or a dead letter.
+	Err error
+	// Attrs are more attributes for the span (a saga's status after a
+	// reply).
+	Attrs []attribute.KeyValue
 }
 
-// RelayObserver records relay batches.
-type RelayObserver struct {
+// ConsumeFunc handles one delivery and says what became of it.
+type ConsumeFunc func(ctx context.Context, d *transport.Delivery) (transport.Outcome, Handled)
+
+// Consume returns h as the handler of one component's deliveries: each runs
+// in a consumer span, a child of the producer span that sent the message,
+// and is counted (sagabox.messages.handled by outcome; duplicates, dead
+// letters and retries with their reason) once h returns.
+func (t *Telemetry) Consume(component, schema string, h ConsumeFunc) func(ctx context.Context, d *transport.Delivery) transport.Outcome {
+	return func(ctx context.Context, d *transport.Delivery) transport.Outcome {
+		ctx, span := t.StartProcess(ctx, &d.Envelope, component)
+		defer span.End()
+		out, res := h(ctx, d)
+		if span.IsRecording() {
+			span.SetAttributes(AttrSchema.String(schema), AttrOutcome.String(res.Outcome))
+			if res.Inbox != "" {
+				span.SetAttributes(AttrInbox.String(res.Inbox))
+			}
+			if res.Reason != "" {
+				span.SetAttributes(AttrReason.String(res.Reason))
+			}
+			if res.Cause != "" {
+				span.SetAttributes(AttrCause.String(res.Cause))
+			}
+			span.SetAttributes(res.Attrs...)
+			if res.Err != nil {
+				Fail(span, res.Err)
+			}
+		}
+		if res.Inbox == InboxDuplicate {
+			t.Duplicate(ctx, schema, d.Type)
+		}
+		switch res.Outcome {
+		case OutcomeDeadLetter:
+			t.DeadLetter(ctx, schema, component, res.Reason)
+		case OutcomeRetry:
+			t.Retry(ctx, component, d.Type, res.Cause)
+		}
+		t.Handled(ctx, schema, component, d.Type, res.Outcome)
+		return out
+	}
+}
+
+// Publisher returns pub with every message it publishes traced and counted:
+// each gets a producer span, a child of the span that wrote it, whose
+// context the message then carries (so that the consumer's span is the
+// producer span's child), and each batch is counted for schema (messages
+// published and not confirmed, batch size, time to confirm).
+func (t *Telemetry) Publisher(schema string, pub transport.Publisher) transport.Publisher {
+	return &publisher{t: t, pub: pub, attrs: metric.WithAttributes(AttrSchema.String(schema))}
+}
+
+type publisher struct {
 	t     *Telemetry
+	pub   transport.Publisher
 	attrs metric.MeasurementOption
 }
 
-// Published implements relay.Observer.
-func (o *RelayObserver) Published(ctx context.Context, msgs []message.Message, confirmed []bool, _ error, elapsed time.Duration) {
+func (p *publisher) Publish(ctx context.Context, msgs ...message.Message) error {
+	spans := make([]trace.Span, len(msgs))
+	for i := range msgs {
+		spans[i] = p.t.StartPublish(ctx, &msgs[i])
+	}
+	start := time.Now()
+	err := p.pub.Publish(ctx, msgs...)
+	elapsed := time.Since(start)
+	confirmed := transport.Confirmed(len(msgs), err)
 	ok := 0
-	for _, c := range confirmed {
-		if c {
+	for i, span := range spans {
+		var spanErr error
+		if confirmed[i] {
 			ok++
+		} else {
+			spanErr = fmt.Errorf("not confirmed: %w", err)
 		}
+		EndPublish(span, spanErr)
 	}
-	o.t.batchSize.Record(ctx, int64(len(msgs)), o.attrs)
-	o.t.publishDuration.Record(ctx, elapsed.Seconds(), o.attrs)
-	o.t.published.Add(ctx, int64(ok), o.attrs)
+	p.t.batchSize.Record(ctx, int64(len(msgs)), p.attrs)
+	p.t.publishDuration.Record(ctx, elapsed.Seconds(), p.attrs)
+	p.t.published.Add(ctx, int64(ok), p.attrs)
 	if failed := len(msgs) - ok; failed > 0 {
-		o.t.publishErrors.Add(ctx, int64(failed), o.attrs)
+		p.t.publishErrors.Add(ctx, int64(failed), p.attrs)
 	}
+	return err
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -16,6 +15,7 @@ import (
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/transport"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -85,17 +85,34 @@ func TestPublishWithoutTracingKeepsTheWritersContext(t *testing.T) {
 	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", m.TraceParent)
 }
 
-// TestRelayObserverCounts: confirmed messages count as published, the others
-// as errors; each batch records its size.
-func TestRelayObserverCounts(t *testing.T) {
+// fakePublisher confirms every message but those it is told to fail.
+type fakePublisher struct{ fail map[int]bool }
+
+func (p fakePublisher) Publish(_ context.Context, msgs ...message.Message) error {
+	failed := map[int]error{}
+	for i := range msgs {
+		if p.fail[i] {
+			failed[i] = errors.New("nacked")
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &transport.PublishError{Failed: failed}
+}
+
+// TestPublisherCounts: the publisher decorator counts confirmed messages as
+// published and the others as errors, and records each batch's size and
+// time.
+func TestPublisherCounts(t *testing.T) {
 	t.Parallel()
 	meter := telemetrytest.NewMeter(t)
 	tel, err := telemetry.New(nil, meter.Provider)
 	require.NoError(t, err)
-	obs := tel.RelayObserver("svc")
 	msgs := []message.Message{command(), command(), command()}
-	obs.Published(context.Background(), msgs, []bool{true, false, true}, errors.New("nacked"), time.Millisecond)
-	obs.Published(context.Background(), msgs[:1], []bool{true}, nil, time.Millisecond)
+	err = tel.Publisher("svc", fakePublisher{fail: map[int]bool{1: true}}).Publish(context.Background(), msgs...)
+	require.Error(t, err)
+	require.NoError(t, tel.Publisher("svc", fakePublisher{}).Publish(context.Background(), msgs[:1]...))
 
 	m := meter.Collect(t)
 	schema := telemetry.AttrSchema.String("svc")

@@ -110,17 +110,14 @@ func setString(h amqp.Table, k, v string) {
 // Queue left empty). A message back from a retry queue gets its first
 // routing key (HeaderRoutingKey), its Retries count (HeaderRetries) and
 // Redelivered set. It rejects, with an error a person can act on: an empty
-// body, a body over maxBytes (when positive), a content type other than
+// body, a content type other than
 // application/json, a body that is not valid UTF-8 JSON, a missing or
 // malformed message id, a missing type, an envelope or retry header of the
 // wrong type, an unknown envelope version and an envelope that fails
 // transport.Envelope.Validate.
-func DecodeDelivery(d amqp.Delivery, maxBytes int) (*transport.Delivery, error) {
+func DecodeDelivery(d amqp.Delivery) (*transport.Delivery, error) {
 	if len(d.Body) == 0 {
 		return nil, errors.New("body is empty")
-	}
-	if maxBytes > 0 && len(d.Body) > maxBytes {
-		return nil, fmt.Errorf("body is %d bytes, over the limit of %d", len(d.Body), maxBytes)
 	}
 	if d.ContentType == "" {
 		return nil, fmt.Errorf("content_type is missing (want %s)", ContentType)

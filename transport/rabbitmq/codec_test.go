@@ -1,7 +1,6 @@
 package rabbitmq_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -44,7 +43,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	require.Equal(t, "acme", p.Headers["x-sagabox-header-tenant"])
 	require.NoError(t, p.Headers.Validate())
 
-	d, err := rabbitmq.DecodeDelivery(asDelivery(p, m.RoutingKey), 0)
+	d, err := rabbitmq.DecodeDelivery(asDelivery(p, m.RoutingKey))
 	require.NoError(t, err)
 	require.Equal(t, m, d.Message)
 }
@@ -60,7 +59,7 @@ func TestDecodeRetriedCopy(t *testing.T) {
 	p.Headers[rabbitmq.HeaderRetries] = int64(2)
 	p.Headers[rabbitmq.HeaderRoutingKey] = m.RoutingKey
 
-	d, err := rabbitmq.DecodeDelivery(asDelivery(p, "sagabox.inventory"), 0)
+	d, err := rabbitmq.DecodeDelivery(asDelivery(p, "sagabox.inventory"))
 	require.NoError(t, err)
 	require.Equal(t, m, d.Message)
 	require.True(t, d.Redelivered)
@@ -68,7 +67,7 @@ func TestDecodeRetriedCopy(t *testing.T) {
 
 	delete(p.Headers, rabbitmq.HeaderRetries)
 	delete(p.Headers, rabbitmq.HeaderRoutingKey)
-	first, err := rabbitmq.DecodeDelivery(asDelivery(p, m.RoutingKey), 0)
+	first, err := rabbitmq.DecodeDelivery(asDelivery(p, m.RoutingKey))
 	require.NoError(t, err)
 	require.False(t, first.Redelivered)
 	require.Zero(t, first.Retries)
@@ -101,7 +100,6 @@ func TestDecodeDeliveryErrors(t *testing.T) {
 		want string
 	}{
 		{"empty body", func(d *amqp.Delivery) { d.Body = nil }, "body is empty"},
-		{"oversized", func(d *amqp.Delivery) { d.Body = []byte(`"` + strings.Repeat("x", 2000) + `"`) }, "over the limit of 1024"},
 		{"content type", func(d *amqp.Delivery) { d.ContentType = "text/plain" }, `content_type "text/plain" is not application/json`},
 		{"no content type", func(d *amqp.Delivery) { d.ContentType = "" }, "content_type is missing"},
 		{"no message id", func(d *amqp.Delivery) { d.MessageId = "" }, "message_id is missing"},
@@ -121,7 +119,7 @@ func TestDecodeDeliveryErrors(t *testing.T) {
 	} {
 		d := good()
 		tc.mut(&d)
-		_, err := rabbitmq.DecodeDelivery(d, 1024)
+		_, err := rabbitmq.DecodeDelivery(d)
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
 	// The body is the receiver's to decode, once, into the type it
@@ -129,7 +127,7 @@ func TestDecodeDeliveryErrors(t *testing.T) {
 	for _, body := range []string{"{", "\"\xff\"", "lorem"} {
 		d := good()
 		d.ContentType, d.Body = "application/json; charset=utf-8", []byte(body)
-		got, err := rabbitmq.DecodeDelivery(d, 1024)
+		got, err := rabbitmq.DecodeDelivery(d)
 		require.NoError(t, err, "body %q", body)
 		require.Equal(t, body, string(got.Payload))
 	}
@@ -184,7 +182,7 @@ func FuzzDecodeDelivery(f *testing.F) {
 			h[rabbitmq.HeaderUserPrefix+userKey] = userVal
 		}
 		in := amqp.Delivery{Headers: h, ContentType: contentType, MessageId: messageID, Type: typ, RoutingKey: typ, Body: body}
-		d, err := rabbitmq.DecodeDelivery(in, 1<<16)
+		d, err := rabbitmq.DecodeDelivery(in)
 		if err != nil {
 			require.Nil(t, d)
 			require.NotEmpty(t, err.Error())
@@ -194,7 +192,7 @@ func FuzzDecodeDelivery(f *testing.F) {
 		p, err := rabbitmq.EncodeMessage(d.Message)
 		require.NoError(t, err)
 		require.NoError(t, p.Headers.Validate())
-		again, err := rabbitmq.DecodeDelivery(asDelivery(p, d.RoutingKey), 1<<16)
+		again, err := rabbitmq.DecodeDelivery(asDelivery(p, d.RoutingKey))
 		require.NoError(t, err)
 		require.True(t, d.CreatedAt.Equal(again.CreatedAt))
 		require.Equal(t, d.Message, again.Message)

@@ -31,7 +31,6 @@ const (
 	DefaultNamespace       = "sagabox"
 	DefaultQueueType       = QueueTypeQuorum
 	DefaultConfirmTimeout  = 15 * time.Second
-	DefaultMaxMessageBytes = 1 << 20 // 1 MiB
 	DefaultReconnectMin    = 100 * time.Millisecond
 	DefaultReconnectMax    = 10 * time.Second
 	DefaultDialTimeout     = 10 * time.Second
@@ -77,11 +76,6 @@ type Config struct {
 	// a batch. Messages not confirmed by then are reported as failed.
 	// Defaults to DefaultConfirmTimeout (15s).
 	ConfirmTimeout time.Duration
-
-	// MaxMessageBytes is the largest payload published or accepted. Larger
-	// payloads are refused by Publish and dead-lettered by Subscribe.
-	// Defaults to DefaultMaxMessageBytes (1 MiB).
-	MaxMessageBytes int
 
 	// ReconnectMin is the first delay before reconnecting after the
 	// connection is lost; the delay doubles (with jitter) on every failed
@@ -137,9 +131,6 @@ func (c Config) WithDefaults() Config {
 	if c.ConfirmTimeout == 0 {
 		c.ConfirmTimeout = DefaultConfirmTimeout
 	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = DefaultMaxMessageBytes
-	}
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = DefaultReconnectMin
 	}
@@ -187,9 +178,6 @@ func (c *Config) validate() error {
 	}
 	if c.ConfirmTimeout < 0 {
 		errs = append(errs, fmt.Errorf("ConfirmTimeout %s is negative", c.ConfirmTimeout))
-	}
-	if c.MaxMessageBytes < 0 {
-		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is negative", c.MaxMessageBytes))
 	}
 	if c.ReconnectMin < 0 {
 		errs = append(errs, fmt.Errorf("ReconnectMin %s is negative", c.ReconnectMin))

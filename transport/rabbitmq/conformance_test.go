@@ -31,7 +31,6 @@ type inspectable struct {
 	*rabbitmq.Broker
 	t    *testing.T
 	conn *amqp.Connection
-	max  int
 
 	mu  sync.Mutex
 	dls map[string]<-chan amqp.Delivery
@@ -45,12 +44,9 @@ func newInspectable(t *testing.T, cfg rabbitmq.Config) *inspectable {
 		Broker: b,
 		t:      t,
 		conn:   amqptest.Dial(t),
-		max:    cfg.WithDefaults().MaxMessageBytes,
 		dls:    map[string]<-chan amqp.Delivery{},
 	}
 }
-
-func (in *inspectable) MaxMessageBytes() int { return in.max }
 
 func (in *inspectable) PublishRaw(_ context.Context, raw transporttest.RawMessage) error {
 	p, err := rabbitmq.EncodeMessage(raw.Valid)

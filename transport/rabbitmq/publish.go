@@ -36,7 +36,7 @@ type pubResult struct {
 // pipelined on a confirm-mode channel, and waits for every confirm, at most
 // Config.ConfirmTimeout. It returns nil when all were confirmed and a
 // *transport.PublishError naming the failed ones otherwise: unroutable
-// (ErrUnroutable), refused (ErrNacked), invalid or oversized messages, and
+// (ErrUnroutable), refused (ErrNacked), messages that cannot be encoded, and
 // messages whose confirm did not arrive in time. While the publishing
 // connection is down or blocked by a broker alarm it fails at once with
 // ErrNotConnected or ErrBlocked: nothing was published. Consuming goes on
@@ -49,9 +49,6 @@ func (b *Broker) Publish(ctx context.Context, msgs ...message.Message) error {
 	items := make([]pubItem, 0, len(msgs))
 	for i, m := range msgs {
 		p, err := EncodeMessage(m)
-		if err == nil && len(m.Payload) > b.cfg.MaxMessageBytes {
-			err = fmt.Errorf("message %s: payload is %d bytes, over MaxMessageBytes %d", m.MessageID, len(m.Payload), b.cfg.MaxMessageBytes)
-		}
 		if err != nil {
 			failed[i] = fmt.Errorf("rabbitmq: %w", err)
 			continue

@@ -173,7 +173,7 @@ func (b *Broker) consume(ctx context.Context, sess *session, spec transport.Queu
 
 // handle decodes d, runs h and settles d according to its outcome.
 func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
-	del, err := DecodeDelivery(d, b.cfg.MaxMessageBytes)
+	del, err := DecodeDelivery(d)
 	if err != nil {
 		b.adapterDeadLetters.Add(ctx, 1, metric.WithAttributes(
 			attribute.String("sagabox.component", "rabbitmq"),

@@ -39,9 +39,6 @@ type Inspector interface {
 	// NextDeadLetter returns the next message of the dead-letter queue of
 	// the logical queue, waiting for one until ctx is done.
 	NextDeadLetter(ctx context.Context, queue string) (DeadLetter, error)
-	// MaxMessageBytes is the largest body the backend accepts; 0 for no
-	// limit.
-	MaxMessageBytes() int
 }
 
 // RawMessage describes malformed input: a valid message and what to break.
@@ -400,15 +397,6 @@ func (s suite) malformed(t *testing.T) {
 		{"empty body", func(m message.Message) RawMessage { return RawMessage{Valid: m, Body: []byte{}} }, "empty"},
 		{"wrong content type", func(m message.Message) RawMessage { return RawMessage{Valid: m, ContentType: "text/plain"} }, "content"},
 		{"missing message id", func(m message.Message) RawMessage { return RawMessage{Valid: m, OmitMessageID: true} }, "message"},
-	}
-	if max := in.MaxMessageBytes(); max > 0 {
-		cases = append(cases, struct {
-			name string
-			raw  func(m message.Message) RawMessage
-			want string
-		}{"oversized", func(m message.Message) RawMessage {
-			return RawMessage{Valid: m, Body: []byte(`{"pad":"` + strings.Repeat("x", max) + `"}`)}
-		}, "limit"})
 	}
 
 	handled := make(chan uuid.UUID, len(cases))

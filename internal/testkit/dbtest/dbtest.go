@@ -123,17 +123,30 @@ func DropSchemaOnCleanup(tb testing.TB, pool *pgxpool.Pool, schema string) {
 	})
 }
 
-// Store returns a Store on a fresh schema with the given migration lines
-// applied (all lines when none is given). The schema is dropped when the test
-// ends.
-func Store(tb testing.TB, lines ...store.Line) *store.Store {
+// DB is a migrated schema of the test database: its Store and the pool it
+// runs on.
+type DB struct {
+	*store.Store
+	Pool *pgxpool.Pool
+}
+
+// InTx runs fn in a transaction of the pool and commits it when fn returns
+// nil, as a caller of sagabox's API does.
+func (d *DB) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, d.Pool, fn)
+}
+
+// Store returns a fresh schema with the given migration lines applied (all
+// lines when none is given), on a pool of its own. The schema is dropped when
+// the test ends.
+func Store(tb testing.TB, lines ...store.Line) *DB {
 	tb.Helper()
 	pool := Pool(tb)
 	return StoreOnPool(tb, pool, lines...)
 }
 
 // StoreOnPool is Store on an existing pool.
-func StoreOnPool(tb testing.TB, pool *pgxpool.Pool, lines ...store.Line) *store.Store {
+func StoreOnPool(tb testing.TB, pool *pgxpool.Pool, lines ...store.Line) *DB {
 	tb.Helper()
 	schema := SchemaName(tb)
 	s, err := store.New(pool, schema)
@@ -146,5 +159,5 @@ func StoreOnPool(tb testing.TB, pool *pgxpool.Pool, lines ...store.Line) *store.
 	if _, err := s.MigrateUp(ctx, lines...); err != nil {
 		tb.Fatalf("dbtest: migrate schema %s: %v", schema, err)
 	}
-	return s
+	return &DB{Store: s, Pool: pool}
 }

@@ -79,30 +79,156 @@ func (q *Queries) InboxDeleteBefore(ctx context.Context, db DBTX, arg *InboxDele
 	return result.RowsAffected(), nil
 }
 
-const outboxNotify = `-- name: OutboxNotify :exec
-SELECT pg_notify($1::text, '')
+const inboxStats = `-- name: InboxStats :one
+SELECT
+    count(*)::bigint AS total,
+    coalesce(sum(duplicates), 0)::bigint AS duplicates,
+    count(*) FILTER (WHERE duplicates > 0)::bigint AS duplicated_messages,
+    count(*) FILTER (
+        WHERE last_duplicate_at > now() - make_interval(secs => $1::float8)
+    )::bigint AS recently_duplicated
+FROM /* TEMPLATE: schema */sagabox_inbox
 `
 
-// Wakes relays in other processes that LISTEN on @channel. Sent only when a
-// writer opts in: NOTIFY serialises commits.
-func (q *Queries) OutboxNotify(ctx context.Context, db DBTX, channel string) error {
-	_, err := db.Exec(ctx, outboxNotify, channel)
-	return err
+type InboxStatsRow struct {
+	Total              int64
+	Duplicates         int64
+	DuplicatedMessages int64
+	RecentlyDuplicated int64
 }
 
-const setLocalTimeouts = `-- name: SetLocalTimeouts :exec
-SELECT set_config('statement_timeout', $1::text, true),
-       set_config('lock_timeout', $2::text, true)
+// Totals of the inbox: messages processed, duplicate arrivals, and duplicate
+// arrivals of messages last duplicated within @recent_seconds.
+func (q *Queries) InboxStats(ctx context.Context, db DBTX, recentSeconds float64) (*InboxStatsRow, error) {
+	row := db.QueryRow(ctx, inboxStats, recentSeconds)
+	var i InboxStatsRow
+	err := row.Scan(
+		&i.Total,
+		&i.Duplicates,
+		&i.DuplicatedMessages,
+		&i.RecentlyDuplicated,
+	)
+	return &i, err
+}
+
+const outboxDeletePublished = `-- name: OutboxDeletePublished :execrows
+
+DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE id IN (
+    SELECT id FROM /* TEMPLATE: schema */sagabox_outbox
+    WHERE published_at < $1::timestamptz
+    ORDER BY published_at
+    LIMIT $2::integer
+)
 `
 
-type SetLocalTimeoutsParams struct {
-	StatementTimeout string
-	LockTimeout      string
+type OutboxDeletePublishedParams struct {
+	PublishedBefore time.Time
+	Max             int32
 }
 
-// Bounds the statements of a background transaction so that a stuck lock or a
-// slow plan cannot hold it forever.
-func (q *Queries) SetLocalTimeouts(ctx context.Context, db DBTX, arg *SetLocalTimeoutsParams) error {
-	_, err := db.Exec(ctx, setLocalTimeouts, arg.StatementTimeout, arg.LockTimeout)
-	return err
+// Retention and statistics: background queries, each bounded by the
+// statement and lock timeouts sent ahead of it.
+// Deletes at most @max rows published before @published_before.
+func (q *Queries) OutboxDeletePublished(ctx context.Context, db DBTX, arg *OutboxDeletePublishedParams) (int64, error) {
+	result, err := db.Exec(ctx, outboxDeletePublished, arg.PublishedBefore, arg.Max)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const outboxStats = `-- name: OutboxStats :one
+SELECT
+    count(*)::bigint AS backlog,
+    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds,
+    count(*) FILTER (WHERE publish_attempts > 1)::bigint AS retrying
+FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE published_at IS NULL
+`
+
+type OutboxStatsRow struct {
+	Backlog          int64
+	OldestAgeSeconds float64
+	Retrying         int64
+}
+
+// Backlog of unpublished rows and the age of the oldest one.
+func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (*OutboxStatsRow, error) {
+	row := db.QueryRow(ctx, outboxStats)
+	var i OutboxStatsRow
+	err := row.Scan(&i.Backlog, &i.OldestAgeSeconds, &i.Retrying)
+	return &i, err
+}
+
+const sagaCountByStatus = `-- name: SagaCountByStatus :many
+SELECT saga_type, status, count(*)::bigint AS count
+FROM /* TEMPLATE: schema */sagabox_saga
+GROUP BY saga_type, status
+ORDER BY saga_type, status
+`
+
+type SagaCountByStatusRow struct {
+	SagaType string
+	Status   string
+	Count    int64
+}
+
+func (q *Queries) SagaCountByStatus(ctx context.Context, db DBTX) ([]*SagaCountByStatusRow, error) {
+	rows, err := db.Query(ctx, sagaCountByStatus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaCountByStatusRow{}
+	for rows.Next() {
+		var i SagaCountByStatusRow
+		if err := rows.Scan(&i.SagaType, &i.Status, &i.Count); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaCountOverdue = `-- name: SagaCountOverdue :one
+SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
+WHERE deadline < $1::timestamptz AND status IN ('running', 'compensating')
+`
+
+// Running or compensating sagas whose deadline passed before @before: the
+// sweeper is behind or not running.
+func (q *Queries) SagaCountOverdue(ctx context.Context, db DBTX, before time.Time) (int64, error) {
+	row := db.QueryRow(ctx, sagaCountOverdue, before)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const sagaDeleteFinishedBefore = `-- name: SagaDeleteFinishedBefore :execrows
+DELETE FROM /* TEMPLATE: schema */sagabox_saga
+WHERE id IN (
+    SELECT id FROM /* TEMPLATE: schema */sagabox_saga
+    WHERE finished_at < $1::timestamptz
+    ORDER BY finished_at
+    LIMIT $2::integer
+)
+`
+
+type SagaDeleteFinishedBeforeParams struct {
+	FinishedBefore time.Time
+	Max            int32
+}
+
+// Deletes at most @max completed or compensated sagas (with their history)
+// that finished before @finished_before.
+func (q *Queries) SagaDeleteFinishedBefore(ctx context.Context, db DBTX, arg *SagaDeleteFinishedBeforeParams) (int64, error) {
+	result, err := db.Exec(ctx, sagaDeleteFinishedBefore, arg.FinishedBefore, arg.Max)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

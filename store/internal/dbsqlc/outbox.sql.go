@@ -96,66 +96,39 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimPara
 	return items, nil
 }
 
-const outboxDeletePublished = `-- name: OutboxDeletePublished :execrows
-DELETE FROM /* TEMPLATE: schema */sagabox_outbox
-WHERE id IN (
-    SELECT id FROM /* TEMPLATE: schema */sagabox_outbox
-    WHERE published_at < $1::timestamptz
-    ORDER BY published_at
-    LIMIT $2::integer
+const outboxDone = `-- name: OutboxDone :exec
+WITH published AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox
+    SET published_at = now(), claimed_until = NULL, last_error = ''
+    WHERE id = ANY($4::bigint[]) AND published_at IS NULL
 )
+UPDATE /* TEMPLATE: schema */sagabox_outbox
+SET claimed_until = now() + make_interval(secs => $1::float8),
+    last_error = $2::text
+WHERE id = ANY($3::bigint[]) AND published_at IS NULL
 `
 
-type OutboxDeletePublishedParams struct {
-	PublishedBefore time.Time
-	Max             int32
+type OutboxDoneParams struct {
+	RetryAfterSeconds float64
+	LastError         string
+	Failed            []int64
+	Published         []int64
 }
 
-// Deletes at most @max rows published before @published_before.
-func (q *Queries) OutboxDeletePublished(ctx context.Context, db DBTX, arg *OutboxDeletePublishedParams) (int64, error) {
-	result, err := db.Exec(ctx, outboxDeletePublished, arg.PublishedBefore, arg.Max)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const outboxGetByMessageID = `-- name: OutboxGetByMessageID :one
-SELECT id, message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step, step_index, attempt, reply_to, correlation_id, traceparent, tracestate, headers, payload, created_at, claimed_until, claimed_by, publish_attempts, last_error, published_at FROM /* TEMPLATE: schema */sagabox_outbox WHERE message_id = $1::uuid
-`
-
-func (q *Queries) OutboxGetByMessageID(ctx context.Context, db DBTX, messageID uuid.UUID) (*SagaboxOutbox, error) {
-	row := db.QueryRow(ctx, outboxGetByMessageID, messageID)
-	var i SagaboxOutbox
-	err := row.Scan(
-		&i.ID,
-		&i.MessageID,
-		&i.OrderingKey,
-		&i.Kind,
-		&i.Type,
-		&i.RoutingKey,
-		&i.SagaID,
-		&i.SagaType,
-		&i.Step,
-		&i.StepIndex,
-		&i.Attempt,
-		&i.ReplyTo,
-		&i.CorrelationID,
-		&i.Traceparent,
-		&i.Tracestate,
-		&i.Headers,
-		&i.Payload,
-		&i.CreatedAt,
-		&i.ClaimedUntil,
-		&i.ClaimedBy,
-		&i.PublishAttempts,
-		&i.LastError,
-		&i.PublishedAt,
+// Records the outcome of a published batch in one statement: the rows
+// @published were confirmed by the broker; the rows @failed were not and
+// become claimable again after @retry_after_seconds.
+func (q *Queries) OutboxDone(ctx context.Context, db DBTX, arg *OutboxDoneParams) error {
+	_, err := db.Exec(ctx, outboxDone,
+		arg.RetryAfterSeconds,
+		arg.LastError,
+		arg.Failed,
+		arg.Published,
 	)
-	return &i, err
+	return err
 }
 
-const outboxInsertBatch = `-- name: OutboxInsertBatch :execrows
+const outboxInsert = `-- name: OutboxInsert :exec
 INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
     message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
     step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
@@ -181,7 +154,7 @@ SELECT
     unnest($17::timestamptz[])
 `
 
-type OutboxInsertBatchParams struct {
+type OutboxInsertParams struct {
 	MessageID     []uuid.UUID
 	OrderingKey   []string
 	Kind          []string
@@ -201,10 +174,10 @@ type OutboxInsertBatchParams struct {
 	CreatedAt     []time.Time
 }
 
-// Inserts messages in the caller's transaction, in slice order (which becomes
-// the publish order of rows sharing an ordering key).
-func (q *Queries) OutboxInsertBatch(ctx context.Context, db DBTX, arg *OutboxInsertBatchParams) (int64, error) {
-	result, err := db.Exec(ctx, outboxInsertBatch,
+// Inserts messages in the caller's transaction, in array order (which
+// becomes the publish order of rows sharing an ordering key).
+func (q *Queries) OutboxInsert(ctx context.Context, db DBTX, arg *OutboxInsertParams) error {
+	_, err := db.Exec(ctx, outboxInsert,
 		arg.MessageID,
 		arg.OrderingKey,
 		arg.Kind,
@@ -223,68 +196,17 @@ func (q *Queries) OutboxInsertBatch(ctx context.Context, db DBTX, arg *OutboxIns
 		arg.Payload,
 		arg.CreatedAt,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	return err
 }
 
-const outboxMarkPublished = `-- name: OutboxMarkPublished :execrows
-UPDATE /* TEMPLATE: schema */sagabox_outbox
-SET published_at = now(), claimed_until = NULL, last_error = ''
-WHERE id = ANY($1::bigint[]) AND published_at IS NULL
+const outboxNotify = `-- name: OutboxNotify :exec
+SELECT pg_notify($1::text, '')
 `
 
-func (q *Queries) OutboxMarkPublished(ctx context.Context, db DBTX, id []int64) (int64, error) {
-	result, err := db.Exec(ctx, outboxMarkPublished, id)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const outboxRelease = `-- name: OutboxRelease :execrows
-UPDATE /* TEMPLATE: schema */sagabox_outbox
-SET claimed_until = now() + make_interval(secs => $1::float8),
-    last_error = $2::text
-WHERE id = ANY($3::bigint[]) AND published_at IS NULL
-`
-
-type OutboxReleaseParams struct {
-	RetryAfterSeconds float64
-	LastError         string
-	ID                []int64
-}
-
-// Gives claimed rows back after a failed publish; they become claimable again
-// after @retry_after_seconds.
-func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg *OutboxReleaseParams) (int64, error) {
-	result, err := db.Exec(ctx, outboxRelease, arg.RetryAfterSeconds, arg.LastError, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const outboxStats = `-- name: OutboxStats :one
-SELECT
-    count(*)::bigint AS backlog,
-    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds,
-    count(*) FILTER (WHERE publish_attempts > 0)::bigint AS retrying
-FROM /* TEMPLATE: schema */sagabox_outbox
-WHERE published_at IS NULL
-`
-
-type OutboxStatsRow struct {
-	Backlog          int64
-	OldestAgeSeconds float64
-	Retrying         int64
-}
-
-// Backlog of unpublished rows and the age of the oldest one.
-func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (*OutboxStatsRow, error) {
-	row := db.QueryRow(ctx, outboxStats)
-	var i OutboxStatsRow
-	err := row.Scan(&i.Backlog, &i.OldestAgeSeconds, &i.Retrying)
-	return &i, err
+// Wakes relays in other processes that LISTEN on @channel, when the
+// transaction commits. Sent only when a client opts in: NOTIFY serialises
+// commits.
+func (q *Queries) OutboxNotify(ctx context.Context, db DBTX, channel string) error {
+	_, err := db.Exec(ctx, outboxNotify, channel)
+	return err
 }

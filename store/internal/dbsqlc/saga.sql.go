@@ -10,66 +10,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const sagaClaimDue = `-- name: SagaClaimDue :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
-WHERE deadline <= $1::timestamptz
-  AND deadline IS NOT NULL
-  AND status IN ('running', 'compensating')
-ORDER BY deadline
-LIMIT $2::integer
-FOR UPDATE SKIP LOCKED
-`
-
-type SagaClaimDueParams struct {
-	Now time.Time
-	Max int32
-}
-
-// Locks up to @max sagas whose deadline has passed, skipping sagas another
-// orchestrator is working on. The caller applies their timers in the same
-// transaction, so each deadline fires once.
-func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDueParams) ([]*SagaboxSaga, error) {
-	rows, err := db.Query(ctx, sagaClaimDue, arg.Now, arg.Max)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []*SagaboxSaga{}
-	for rows.Next() {
-		var i SagaboxSaga
-		if err := rows.Scan(
-			&i.ID,
-			&i.SagaType,
-			&i.Version,
-			&i.Status,
-			&i.StartKey,
-			&i.Data,
-			&i.Steps,
-			&i.CurrentStep,
-			&i.Phase,
-			&i.Revision,
-			&i.Deadline,
-			&i.Attempts,
-			&i.LastError,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.FinishedAt,
-			&i.Traceparent,
-			&i.Tracestate,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const sagaClaimDueOf = `-- name: SagaClaimDueOf :many
 SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= $1::timestamptz
   AND s.deadline IS NOT NULL
@@ -82,18 +26,19 @@ LIMIT $4::integer
 FOR UPDATE OF s SKIP LOCKED
 `
 
-type SagaClaimDueOfParams struct {
+type SagaClaimDueParams struct {
 	Now       time.Time
 	SagaTypes []string
 	Versions  []int32
 	Max       int32
 }
 
-// SagaClaimDue restricted to the definitions (type, version pairs) the
-// caller can run: an orchestrator never claims, and so never starves on,
-// sagas of a definition it does not know.
-func (q *Queries) SagaClaimDueOf(ctx context.Context, db DBTX, arg *SagaClaimDueOfParams) ([]*SagaboxSaga, error) {
-	rows, err := db.Query(ctx, sagaClaimDueOf,
+// Locks up to @max running or compensating sagas whose deadline is at or
+// before @now, skipping sagas another orchestrator (or reply) holds. Only
+// sagas of the definitions (type, version pairs) the caller runs are
+// claimed: an orchestrator never starves on sagas it cannot run.
+func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDueParams) ([]*SagaboxSaga, error) {
+	rows, err := db.Query(ctx, sagaClaimDue,
 		arg.Now,
 		arg.SagaTypes,
 		arg.Versions,
@@ -134,76 +79,6 @@ func (q *Queries) SagaClaimDueOf(ctx context.Context, db DBTX, arg *SagaClaimDue
 		return nil, err
 	}
 	return items, nil
-}
-
-const sagaCountByStatus = `-- name: SagaCountByStatus :many
-SELECT saga_type, status, count(*)::bigint AS count
-FROM /* TEMPLATE: schema */sagabox_saga
-GROUP BY saga_type, status
-ORDER BY saga_type, status
-`
-
-type SagaCountByStatusRow struct {
-	SagaType string
-	Status   string
-	Count    int64
-}
-
-func (q *Queries) SagaCountByStatus(ctx context.Context, db DBTX) ([]*SagaCountByStatusRow, error) {
-	rows, err := db.Query(ctx, sagaCountByStatus)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []*SagaCountByStatusRow{}
-	for rows.Next() {
-		var i SagaCountByStatusRow
-		if err := rows.Scan(&i.SagaType, &i.Status, &i.Count); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const sagaCountOverdue = `-- name: SagaCountOverdue :one
-SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
-WHERE deadline < $1::timestamptz AND status IN ('running', 'compensating')
-`
-
-// Sagas whose deadline passed more than @grace ago: the sweeper is behind or
-// not running.
-func (q *Queries) SagaCountOverdue(ctx context.Context, db DBTX, before time.Time) (int64, error) {
-	row := db.QueryRow(ctx, sagaCountOverdue, before)
-	var column_1 int64
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
-const sagaDeleteFinishedBefore = `-- name: SagaDeleteFinishedBefore :execrows
-DELETE FROM /* TEMPLATE: schema */sagabox_saga
-WHERE id IN (
-    SELECT id FROM /* TEMPLATE: schema */sagabox_saga
-    WHERE finished_at < $1::timestamptz
-    ORDER BY finished_at
-    LIMIT $2::integer
-)
-`
-
-type SagaDeleteFinishedBeforeParams struct {
-	FinishedBefore time.Time
-	Max            int32
-}
-
-func (q *Queries) SagaDeleteFinishedBefore(ctx context.Context, db DBTX, arg *SagaDeleteFinishedBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, sagaDeleteFinishedBefore, arg.FinishedBefore, arg.Max)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const sagaGet = `-- name: SagaGet :one
@@ -272,82 +147,6 @@ func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetBy
 	return &i, err
 }
 
-const sagaGetForUpdate = `-- name: SagaGetForUpdate :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid FOR UPDATE
-`
-
-// Locks one saga so that its events are applied one at a time.
-func (q *Queries) SagaGetForUpdate(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxSaga, error) {
-	row := db.QueryRow(ctx, sagaGetForUpdate, id)
-	var i SagaboxSaga
-	err := row.Scan(
-		&i.ID,
-		&i.SagaType,
-		&i.Version,
-		&i.Status,
-		&i.StartKey,
-		&i.Data,
-		&i.Steps,
-		&i.CurrentStep,
-		&i.Phase,
-		&i.Revision,
-		&i.Deadline,
-		&i.Attempts,
-		&i.LastError,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.FinishedAt,
-		&i.Traceparent,
-		&i.Tracestate,
-	)
-	return &i, err
-}
-
-const sagaHistoryInsert = `-- name: SagaHistoryInsert :exec
-INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
-    saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
-)
-SELECT $1::uuid,
-       unnest($2::timestamptz[]),
-       unnest($3::text[]),
-       unnest($4::text[]),
-       unnest($5::integer[]),
-       unnest($6::text[]),
-       unnest($7::integer[]),
-       unnest($8::text[]),
-       unnest($9::text[]),
-       nullif(unnest($10::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
-`
-
-type SagaHistoryInsertParams struct {
-	SagaID    uuid.UUID
-	At        []time.Time
-	Event     []string
-	Step      []string
-	StepIndex []int32
-	Phase     []string
-	Attempt   []int32
-	Detail    []string
-	Actor     []string
-	MessageID []uuid.UUID
-}
-
-func (q *Queries) SagaHistoryInsert(ctx context.Context, db DBTX, arg *SagaHistoryInsertParams) error {
-	_, err := db.Exec(ctx, sagaHistoryInsert,
-		arg.SagaID,
-		arg.At,
-		arg.Event,
-		arg.Step,
-		arg.StepIndex,
-		arg.Phase,
-		arg.Attempt,
-		arg.Detail,
-		arg.Actor,
-		arg.MessageID,
-	)
-	return err
-}
-
 const sagaHistoryList = `-- name: SagaHistoryList :many
 SELECT id, saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id FROM /* TEMPLATE: schema */sagabox_saga_history
 WHERE saga_id = $1::uuid
@@ -384,85 +183,6 @@ func (q *Queries) SagaHistoryList(ctx context.Context, db DBTX, sagaID uuid.UUID
 		return nil, err
 	}
 	return items, nil
-}
-
-const sagaInsert = `-- name: SagaInsert :one
-INSERT INTO /* TEMPLATE: schema */sagabox_saga (
-    id, saga_type, version, status, start_key, data, steps, current_step, phase,
-    deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
-) VALUES (
-    $1::uuid, $2::text, $3::integer, $4::text, $5::text,
-    $6::jsonb, $7::jsonb, $8::integer, $9::text,
-    $10::timestamptz, $11::integer, $12::text,
-    $13::timestamptz, $13::timestamptz, $14::timestamptz,
-    $15::text, $16::text
-)
-ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
-RETURNING id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
-`
-
-type SagaInsertParams struct {
-	ID          uuid.UUID
-	SagaType    string
-	Version     int32
-	Status      string
-	StartKey    *string
-	Data        []byte
-	Steps       []byte
-	CurrentStep int32
-	Phase       string
-	Deadline    *time.Time
-	Attempts    int32
-	LastError   string
-	Now         time.Time
-	FinishedAt  *time.Time
-	Traceparent string
-	Tracestate  string
-}
-
-// Inserts a saga in the caller's transaction. With a start key that already
-// exists for the saga type nothing is inserted and no row is returned.
-func (q *Queries) SagaInsert(ctx context.Context, db DBTX, arg *SagaInsertParams) (*SagaboxSaga, error) {
-	row := db.QueryRow(ctx, sagaInsert,
-		arg.ID,
-		arg.SagaType,
-		arg.Version,
-		arg.Status,
-		arg.StartKey,
-		arg.Data,
-		arg.Steps,
-		arg.CurrentStep,
-		arg.Phase,
-		arg.Deadline,
-		arg.Attempts,
-		arg.LastError,
-		arg.Now,
-		arg.FinishedAt,
-		arg.Traceparent,
-		arg.Tracestate,
-	)
-	var i SagaboxSaga
-	err := row.Scan(
-		&i.ID,
-		&i.SagaType,
-		&i.Version,
-		&i.Status,
-		&i.StartKey,
-		&i.Data,
-		&i.Steps,
-		&i.CurrentStep,
-		&i.Phase,
-		&i.Revision,
-		&i.Deadline,
-		&i.Attempts,
-		&i.LastError,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.FinishedAt,
-		&i.Traceparent,
-		&i.Tracestate,
-	)
-	return &i, err
 }
 
 const sagaList = `-- name: SagaList :many
@@ -533,47 +253,43 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 	return items, nil
 }
 
-const sagaOperationClaimPending = `-- name: SagaOperationClaimPending :many
-SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error FROM /* TEMPLATE: schema */sagabox_saga_operation o
-LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
-WHERE o.applied_at IS NULL
-  AND (s.id IS NULL OR (s.saga_type, s.version) IN (
-      SELECT unnest($1::text[]), unnest($2::integer[])
-  ))
-ORDER BY o.id
-LIMIT $3::integer
-FOR UPDATE OF o SKIP LOCKED
+const sagaLock = `-- name: SagaLock :many
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
+WHERE id = ANY($1::uuid[])
+ORDER BY id
+FOR UPDATE
 `
 
-type SagaOperationClaimPendingParams struct {
-	SagaTypes []string
-	Versions  []int32
-	Max       int32
-}
-
-// Locks up to @max pending operator requests, oldest first, skipping those
-// another orchestrator is applying. Only requests for sagas of the
-// definitions (type, version pairs) the caller runs, or for sagas that do
-// not exist (to be refused), are claimed: requests left for another
-// orchestrator never hide the caller's own behind them.
-func (q *Queries) SagaOperationClaimPending(ctx context.Context, db DBTX, arg *SagaOperationClaimPendingParams) ([]*SagaboxSagaOperation, error) {
-	rows, err := db.Query(ctx, sagaOperationClaimPending, arg.SagaTypes, arg.Versions, arg.Max)
+// Locks the sagas @ids, in id order, so that their events are applied one at
+// a time.
+func (q *Queries) SagaLock(ctx context.Context, db DBTX, ids []uuid.UUID) ([]*SagaboxSaga, error) {
+	rows, err := db.Query(ctx, sagaLock, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []*SagaboxSagaOperation{}
+	items := []*SagaboxSaga{}
 	for rows.Next() {
-		var i SagaboxSagaOperation
+		var i SagaboxSaga
 		if err := rows.Scan(
 			&i.ID,
-			&i.SagaID,
-			&i.Action,
-			&i.Actor,
-			&i.Reason,
-			&i.RequestedAt,
-			&i.AppliedAt,
-			&i.Error,
+			&i.SagaType,
+			&i.Version,
+			&i.Status,
+			&i.StartKey,
+			&i.Data,
+			&i.Steps,
+			&i.CurrentStep,
+			&i.Phase,
+			&i.Revision,
+			&i.Deadline,
+			&i.Attempts,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FinishedAt,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
@@ -585,114 +301,224 @@ func (q *Queries) SagaOperationClaimPending(ctx context.Context, db DBTX, arg *S
 	return items, nil
 }
 
-const sagaOperationGet = `-- name: SagaOperationGet :one
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = $1::bigint
+const sagaReceive = `-- name: SagaReceive :many
+WITH inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
+    SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
+           unnest($4::uuid[]), unnest($5::text[])
+    ON CONFLICT (message_id) DO UPDATE
+    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+    RETURNING i.message_id, i.saga_id, (xmax = 0) AS fresh
+), locked AS (
+    SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate
+    FROM /* TEMPLATE: schema */sagabox_saga s
+    WHERE s.id IN (SELECT inbox.saga_id FROM inbox WHERE inbox.fresh)
+    ORDER BY s.id
+    FOR UPDATE
+)
+SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate
+FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh
 `
 
-func (q *Queries) SagaOperationGet(ctx context.Context, db DBTX, id int64) (*SagaboxSagaOperation, error) {
-	row := db.QueryRow(ctx, sagaOperationGet, id)
-	var i SagaboxSagaOperation
-	err := row.Scan(
-		&i.ID,
-		&i.SagaID,
-		&i.Action,
-		&i.Actor,
-		&i.Reason,
-		&i.RequestedAt,
-		&i.AppliedAt,
-		&i.Error,
-	)
-	return &i, err
+type SagaReceiveParams struct {
+	MessageID []uuid.UUID
+	Kind      []string
+	Type      []string
+	SagaID    []uuid.UUID
+	Step      []string
 }
 
-const sagaOperationInsert = `-- name: SagaOperationInsert :one
-INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
-VALUES ($1::uuid, $2::text, $3::text, $4::text)
-RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error
-`
-
-type SagaOperationInsertParams struct {
-	SagaID uuid.UUID
-	Action string
-	Actor  string
-	Reason string
-}
-
-// Requests an operator action on a saga; an orchestrator applies it.
-func (q *Queries) SagaOperationInsert(ctx context.Context, db DBTX, arg *SagaOperationInsertParams) (*SagaboxSagaOperation, error) {
-	row := db.QueryRow(ctx, sagaOperationInsert,
-		arg.SagaID,
-		arg.Action,
-		arg.Actor,
-		arg.Reason,
-	)
-	var i SagaboxSagaOperation
-	err := row.Scan(
-		&i.ID,
-		&i.SagaID,
-		&i.Action,
-		&i.Actor,
-		&i.Reason,
-		&i.RequestedAt,
-		&i.AppliedAt,
-		&i.Error,
-	)
-	return &i, err
-}
-
-const sagaOperationMarkApplied = `-- name: SagaOperationMarkApplied :exec
-UPDATE /* TEMPLATE: schema */sagabox_saga_operation
-SET applied_at = $1::timestamptz, error = $2::text
-WHERE id = $3::bigint
-`
-
-type SagaOperationMarkAppliedParams struct {
-	AppliedAt time.Time
-	Error     string
-	ID        int64
-}
-
-func (q *Queries) SagaOperationMarkApplied(ctx context.Context, db DBTX, arg *SagaOperationMarkAppliedParams) error {
-	_, err := db.Exec(ctx, sagaOperationMarkApplied, arg.AppliedAt, arg.Error, arg.ID)
-	return err
-}
-
-const sagaUpdate = `-- name: SagaUpdate :execrows
-UPDATE /* TEMPLATE: schema */sagabox_saga
-SET status = $1::text,
-    data = $2::jsonb,
-    steps = $3::jsonb,
-    current_step = $4::integer,
-    phase = $5::text,
-    deadline = $6::timestamptz,
-    attempts = $7::integer,
-    last_error = $8::text,
-    revision = revision + 1,
-    updated_at = $9::timestamptz,
-    finished_at = $10::timestamptz
-WHERE id = $11::uuid AND revision = $12::bigint
-`
-
-type SagaUpdateParams struct {
-	Status      string
+type SagaReceiveRow struct {
+	MessageID   uuid.UUID
+	Fresh       bool
+	ID          uuid.NullUUID
+	SagaType    *string
+	Version     pgtype.Int4
+	Status      *string
+	StartKey    *string
 	Data        []byte
 	Steps       []byte
-	CurrentStep int32
-	Phase       string
+	CurrentStep pgtype.Int4
+	Phase       *string
+	Revision    pgtype.Int8
 	Deadline    *time.Time
-	Attempts    int32
-	LastError   string
-	Now         time.Time
+	Attempts    pgtype.Int4
+	LastError   *string
+	CreatedAt   *time.Time
+	UpdatedAt   *time.Time
 	FinishedAt  *time.Time
-	ID          uuid.UUID
-	Revision    int64
+	Traceparent *string
+	Tracestate  *string
 }
 
-// Writes a transition. The revision check makes a lost update impossible even
-// if a caller forgot the row lock.
-func (q *Queries) SagaUpdate(ctx context.Context, db DBTX, arg *SagaUpdateParams) (int64, error) {
-	result, err := db.Exec(ctx, sagaUpdate,
+// Receives replies: records each in the inbox (a duplicate counts itself
+// instead) and locks, in id order, the sagas of those seen for the first
+// time. One row per message; the saga columns are null for a duplicate and
+// for a saga that does not exist here.
+func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceiveParams) ([]*SagaReceiveRow, error) {
+	rows, err := db.Query(ctx, sagaReceive,
+		arg.MessageID,
+		arg.Kind,
+		arg.Type,
+		arg.SagaID,
+		arg.Step,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaReceiveRow{}
+	for rows.Next() {
+		var i SagaReceiveRow
+		if err := rows.Scan(
+			&i.MessageID,
+			&i.Fresh,
+			&i.ID,
+			&i.SagaType,
+			&i.Version,
+			&i.Status,
+			&i.StartKey,
+			&i.Data,
+			&i.Steps,
+			&i.CurrentStep,
+			&i.Phase,
+			&i.Revision,
+			&i.Deadline,
+			&i.Attempts,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FinishedAt,
+			&i.Traceparent,
+			&i.Tracestate,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaStart = `-- name: SagaStart :one
+
+WITH saga AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga (
+        id, saga_type, version, status, start_key, data, steps, current_step, phase,
+        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
+    ) VALUES (
+        $1::uuid, $2::text, $3::integer, $4::text, $5::text,
+        $6::jsonb, $7::jsonb, $8::integer, $9::text,
+        $10::timestamptz, $11::integer, $12::text,
+        $13::timestamptz, $13::timestamptz, $14::timestamptz,
+        $15::text, $16::text
+    )
+    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
+    RETURNING id
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
+        saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
+    )
+    SELECT saga.id,
+           unnest($17::timestamptz[]),
+           unnest($18::text[]),
+           unnest($19::text[]),
+           unnest($20::integer[]),
+           unnest($21::text[]),
+           unnest($22::integer[]),
+           unnest($23::text[]),
+           unnest($24::text[]),
+           nullif(unnest($25::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+    FROM saga
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at
+    )
+    SELECT unnest($26::uuid[]),
+           unnest($27::text[]),
+           unnest($28::text[]),
+           unnest($29::text[]),
+           unnest($30::text[]),
+           saga.id,
+           unnest($31::text[]),
+           unnest($32::text[]),
+           unnest($33::integer[]),
+           unnest($34::integer[]),
+           unnest($35::text[]),
+           unnest($36::text[]),
+           unnest($37::text[]),
+           unnest($38::text[]),
+           unnest($39::jsonb[]),
+           unnest($40::bytea[]),
+           unnest($41::timestamptz[])
+    FROM saga
+)
+SELECT (count(*) > 0)::boolean AS inserted FROM saga
+`
+
+type SagaStartParams struct {
+	ID             uuid.UUID
+	SagaType       string
+	Version        int32
+	Status         string
+	StartKey       *string
+	Data           []byte
+	Steps          []byte
+	CurrentStep    int32
+	Phase          string
+	Deadline       *time.Time
+	Attempts       int32
+	LastError      string
+	Now            time.Time
+	FinishedAt     *time.Time
+	Traceparent    string
+	Tracestate     string
+	HAt            []time.Time
+	HEvent         []string
+	HStep          []string
+	HStepIndex     []int32
+	HPhase         []string
+	HAttempt       []int32
+	HDetail        []string
+	HActor         []string
+	HMessageID     []uuid.UUID
+	OMessageID     []uuid.UUID
+	OOrderingKey   []string
+	OKind          []string
+	OType          []string
+	ORoutingKey    []string
+	OSagaType      []string
+	OStep          []string
+	OStepIndex     []int32
+	OAttempt       []int32
+	OReplyTo       []string
+	OCorrelationID []string
+	OTraceparent   []string
+	OTracestate    []string
+	OHeaders       [][]byte
+	OPayload       [][]byte
+	OCreatedAt     []time.Time
+}
+
+// The orchestrator's transactions. A start is one statement in the caller's
+// transaction; a reply, a sweep and an operator action each read (and lock)
+// their sagas in one statement sent with BEGIN, and write every transition
+// in one statement sent with COMMIT.
+// Starts a saga in the caller's transaction: its row, its history and its
+// first messages. With a start key that a saga of the same type already has,
+// nothing at all is written and inserted is false (a concurrent start with
+// the same key waits here for the other transaction to end).
+func (q *Queries) SagaStart(ctx context.Context, db DBTX, arg *SagaStartParams) (bool, error) {
+	row := db.QueryRow(ctx, sagaStart,
+		arg.ID,
+		arg.SagaType,
+		arg.Version,
 		arg.Status,
+		arg.StartKey,
 		arg.Data,
 		arg.Steps,
 		arg.CurrentStep,
@@ -702,11 +528,203 @@ func (q *Queries) SagaUpdate(ctx context.Context, db DBTX, arg *SagaUpdateParams
 		arg.LastError,
 		arg.Now,
 		arg.FinishedAt,
-		arg.ID,
-		arg.Revision,
+		arg.Traceparent,
+		arg.Tracestate,
+		arg.HAt,
+		arg.HEvent,
+		arg.HStep,
+		arg.HStepIndex,
+		arg.HPhase,
+		arg.HAttempt,
+		arg.HDetail,
+		arg.HActor,
+		arg.HMessageID,
+		arg.OMessageID,
+		arg.OOrderingKey,
+		arg.OKind,
+		arg.OType,
+		arg.ORoutingKey,
+		arg.OSagaType,
+		arg.OStep,
+		arg.OStepIndex,
+		arg.OAttempt,
+		arg.OReplyTo,
+		arg.OCorrelationID,
+		arg.OTraceparent,
+		arg.OTracestate,
+		arg.OHeaders,
+		arg.OPayload,
+		arg.OCreatedAt,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var inserted bool
+	err := row.Scan(&inserted)
+	return inserted, err
+}
+
+const sagaWrite = `-- name: SagaWrite :one
+WITH updated AS (
+    UPDATE /* TEMPLATE: schema */sagabox_saga AS s
+    SET status = u.status,
+        data = u.data,
+        steps = u.steps,
+        current_step = u.current_step,
+        phase = u.phase,
+        deadline = nullif(u.deadline, '0001-01-01 00:00:00+00'::timestamptz),
+        attempts = u.attempts,
+        last_error = u.last_error,
+        revision = s.revision + 1,
+        updated_at = $2::timestamptz,
+        finished_at = nullif(u.finished_at, '0001-01-01 00:00:00+00'::timestamptz)
+    FROM (
+        SELECT unnest($1::uuid[]) AS id,
+               unnest($3::bigint[]) AS revision,
+               unnest($4::text[]) AS status,
+               unnest($5::jsonb[]) AS data,
+               unnest($6::jsonb[]) AS steps,
+               unnest($7::integer[]) AS current_step,
+               unnest($8::text[]) AS phase,
+               unnest($9::timestamptz[]) AS deadline,
+               unnest($10::integer[]) AS attempts,
+               unnest($11::text[]) AS last_error,
+               unnest($12::timestamptz[]) AS finished_at
+    ) AS u
+    WHERE s.id = u.id AND s.revision = u.revision
+    RETURNING s.id
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
+        saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
+    )
+    SELECT unnest($13::uuid[]),
+           unnest($14::timestamptz[]),
+           unnest($15::text[]),
+           unnest($16::text[]),
+           unnest($17::integer[]),
+           unnest($18::text[]),
+           unnest($19::integer[]),
+           unnest($20::text[]),
+           unnest($21::text[]),
+           nullif(unnest($22::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at
+    )
+    SELECT unnest($23::uuid[]),
+           unnest($24::text[]),
+           unnest($25::text[]),
+           unnest($26::text[]),
+           unnest($27::text[]),
+           unnest($28::uuid[]),
+           unnest($29::text[]),
+           unnest($30::text[]),
+           unnest($31::integer[]),
+           unnest($32::integer[]),
+           unnest($33::text[]),
+           unnest($34::text[]),
+           unnest($35::text[]),
+           unnest($36::text[]),
+           unnest($37::jsonb[]),
+           unnest($38::bytea[]),
+           unnest($39::timestamptz[])
+)
+SELECT /* TEMPLATE: schema */sagabox_check(
+    (SELECT count(*) FROM updated) = cardinality($1::uuid[]),
+    '40001',
+    'sagabox: a saga changed since its transition was computed; the transaction is run again'
+)::boolean AS ok
+`
+
+type SagaWriteParams struct {
+	ID             []uuid.UUID
+	Now            time.Time
+	Revision       []int64
+	Status         []string
+	Data           [][]byte
+	Steps          [][]byte
+	CurrentStep    []int32
+	Phase          []string
+	Deadline       []time.Time
+	Attempts       []int32
+	LastError      []string
+	FinishedAt     []time.Time
+	HSagaID        []uuid.UUID
+	HAt            []time.Time
+	HEvent         []string
+	HStep          []string
+	HStepIndex     []int32
+	HPhase         []string
+	HAttempt       []int32
+	HDetail        []string
+	HActor         []string
+	HMessageID     []uuid.UUID
+	OMessageID     []uuid.UUID
+	OOrderingKey   []string
+	OKind          []string
+	OType          []string
+	ORoutingKey    []string
+	OSagaID        []uuid.UUID
+	OSagaType      []string
+	OStep          []string
+	OStepIndex     []int32
+	OAttempt       []int32
+	OReplyTo       []string
+	OCorrelationID []string
+	OTraceparent   []string
+	OTracestate    []string
+	OHeaders       [][]byte
+	OPayload       [][]byte
+	OCreatedAt     []time.Time
+}
+
+// Writes transitions: the new state of the sagas @id (each checked against
+// the revision it was read at: a saga changed meanwhile fails the whole
+// statement with a serialization failure, so that it is not committed and
+// the transaction is run again), their history and their outgoing messages.
+// A zero deadline or finished_at is stored as null.
+func (q *Queries) SagaWrite(ctx context.Context, db DBTX, arg *SagaWriteParams) (bool, error) {
+	row := db.QueryRow(ctx, sagaWrite,
+		arg.ID,
+		arg.Now,
+		arg.Revision,
+		arg.Status,
+		arg.Data,
+		arg.Steps,
+		arg.CurrentStep,
+		arg.Phase,
+		arg.Deadline,
+		arg.Attempts,
+		arg.LastError,
+		arg.FinishedAt,
+		arg.HSagaID,
+		arg.HAt,
+		arg.HEvent,
+		arg.HStep,
+		arg.HStepIndex,
+		arg.HPhase,
+		arg.HAttempt,
+		arg.HDetail,
+		arg.HActor,
+		arg.HMessageID,
+		arg.OMessageID,
+		arg.OOrderingKey,
+		arg.OKind,
+		arg.OType,
+		arg.ORoutingKey,
+		arg.OSagaID,
+		arg.OSagaType,
+		arg.OStep,
+		arg.OStepIndex,
+		arg.OAttempt,
+		arg.OReplyTo,
+		arg.OCorrelationID,
+		arg.OTraceparent,
+		arg.OTracestate,
+		arg.OHeaders,
+		arg.OPayload,
+		arg.OCreatedAt,
+	)
+	var ok bool
+	err := row.Scan(&ok)
+	return ok, err
 }

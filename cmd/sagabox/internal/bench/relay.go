@@ -182,7 +182,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 
 	// 2. Raw single-row insert commit rate (no relay running).
 	logf("raw commits: %d writers for %s", cfg.CommitWriters, cfg.Duration)
-	if rep.RawCommitPerSec, err = rawCommits(ctx, st, cfg.CommitWriters, cfg.Duration); err != nil {
+	if rep.RawCommitPerSec, err = rawCommits(ctx, pool, st, cfg.CommitWriters, cfg.Duration); err != nil {
 		return nil, err
 	}
 
@@ -196,7 +196,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
 		return nil, err
 	}
-	rl, err := relay.New(relay.Config{Store: st, Publisher: broker, BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond, Logger: quiet})
+	rl, err := relay.New(st, broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, quiet)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +235,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if rep.RawHop, err = measureRawHop(ctx, broker, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
 		return nil, err
 	}
-	if rep.Latency, err = measureLatency(ctx, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+	if rep.Latency, err = measureLatency(ctx, pool, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
 		return nil, err
 	}
 
@@ -251,7 +251,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
 		return nil, err
 	}
-	if rep.LatencyOldRows, err = measureLatency(ctx, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+	if rep.LatencyOldRows, err = measureLatency(ctx, pool, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
 		return nil, err
 	}
 	return rep, nil
@@ -277,11 +277,11 @@ func measureRawHop(ctx context.Context, broker transport.Publisher, arrivals <-c
 // measureLatency commits single-row transactions at rate for d, waking the
 // relay after each commit as sagabox's own writers do, and returns the
 // commit→consume latency distribution.
-func measureLatency(ctx context.Context, st *store.Store, rl *relay.Relay, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
+func measureLatency(ctx context.Context, pool *pgxpool.Pool, st *store.Store, rl *relay.Relay, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
 	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
 		msg := []message.Message{benchMessage(i)}
 		msg[0].MessageID = uuid.Must(uuid.NewV7())
-		if err := st.InTx(ctx, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) }); err != nil {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) }); err != nil {
 			return uuid.Nil, time.Time{}, err
 		}
 		committed := time.Now()

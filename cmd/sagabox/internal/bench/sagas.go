@@ -94,7 +94,7 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 
 	rep := &SagaReport{TxPerSaga: 7} // start + 3 × (participant + reply)
 	logf("raw commits: 16 writers for 3s")
-	if rep.RawCommitPerSec, err = rawCommits(ctx, stores["orch"], 16, 3*time.Second); err != nil {
+	if rep.RawCommitPerSec, err = rawCommits(ctx, pool, stores["orch"], 16, 3*time.Second); err != nil {
 		return nil, err
 	}
 
@@ -252,7 +252,7 @@ func waitCompleted(ctx context.Context, st *store.Store, n int, timeout time.Dur
 }
 
 // rawCommits measures single-row outbox insert commits from writers.
-func rawCommits(ctx context.Context, st *store.Store, writers int, d time.Duration) (float64, error) {
+func rawCommits(ctx context.Context, pool *pgxpool.Pool, st *store.Store, writers int, d time.Duration) (float64, error) {
 	var mu sync.Mutex
 	commits := 0
 	cctx, cancel := context.WithTimeout(ctx, d)
@@ -261,7 +261,7 @@ func rawCommits(ctx context.Context, st *store.Store, writers int, d time.Durati
 	for range writers {
 		wg.Go(func() {
 			for cctx.Err() == nil {
-				if err := st.InTx(cctx, func(tx pgx.Tx) error {
+				if err := pgx.BeginFunc(cctx, pool, func(tx pgx.Tx) error {
 					return st.OutboxWrite(cctx, tx, []message.Message{benchMessage(0)})
 				}); err == nil {
 					mu.Lock()
@@ -272,7 +272,7 @@ func rawCommits(ctx context.Context, st *store.Store, writers int, d time.Durati
 		})
 	}
 	wg.Wait()
-	_, err := st.Pool().Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{st.Schema()}.Sanitize()))
+	_, err := pool.Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{st.Schema()}.Sanitize()))
 	return float64(commits) / d.Seconds(), err
 }
 

@@ -144,8 +144,8 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// openStore connects and returns the store of --schema.
-func (a *app) openStore(ctx context.Context) (*store.Store, func(), error) {
+// openStore connects and returns the store of --schema and its pool.
+func (a *app) openStore(ctx context.Context) (*store.Store, *pgxpool.Pool, error) {
 	pool, err := a.connect(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -155,7 +155,7 @@ func (a *app) openStore(ctx context.Context) (*store.Store, func(), error) {
 		pool.Close()
 		return nil, nil, withCode(ExitUsage, err)
 	}
-	return st, pool.Close, nil
+	return st, pool, nil
 }
 
 // print writes v as JSON with --json, else calls table with a tab writer.

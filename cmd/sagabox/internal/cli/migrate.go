@@ -32,11 +32,11 @@ func (a *app) migrateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, closeDB, err := a.openStore(cmd.Context())
+			st, pool, err := a.openStore(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer pool.Close()
 			applied, err := st.MigrateUp(cmd.Context(), ls...)
 			if err != nil {
 				return err
@@ -59,11 +59,11 @@ func (a *app) migrateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, closeDB, err := a.openStore(cmd.Context())
+			st, pool, err := a.openStore(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer pool.Close()
 			reverted, err := st.MigrateDown(cmd.Context(), ls[0], steps)
 			if err != nil {
 				return err
@@ -79,11 +79,11 @@ func (a *app) migrateCommand() *cobra.Command {
 		Short: "List migrations and whether each is applied",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, closeDB, err := a.openStore(cmd.Context())
+			st, pool, err := a.openStore(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer pool.Close()
 			states, err := st.MigrationStates(cmd.Context())
 			if err != nil {
 				return err
@@ -129,7 +129,7 @@ func (a *app) migrateCommand() *cobra.Command {
 			if err != nil {
 				return withCode(ExitUsage, fmt.Errorf("version %q is not a number", args[1]))
 			}
-			st, err := store.NewOffline(a.schema)
+			st, err := store.New(nil, a.schema)
 			if err != nil {
 				return withCode(ExitUsage, err)
 			}

@@ -32,20 +32,20 @@ func (a *app) sagaCommand() *cobra.Command {
 // client returns an orchestrator client without a broker: it reads sagas
 // and records operator requests.
 func (a *app) client(ctx context.Context) (*orchestrator.Client, *store.Store, func(), error) {
-	st, closeDB, err := a.openStore(ctx)
+	st, pool, err := a.openStore(ctx)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	c, err := orchestrator.NewClient(orchestrator.Config{Pool: st.Pool(), Schema: a.schema, Service: "sagabox-cli"})
+	c, err := orchestrator.NewClient(orchestrator.Config{Pool: pool, Schema: a.schema, Service: "sagabox-cli"})
 	if err != nil {
-		closeDB()
+		pool.Close()
 		return nil, nil, nil, err
 	}
 	if err := st.CheckSchema(ctx, store.LineMessaging, store.LineSaga); err != nil {
-		closeDB()
+		pool.Close()
 		return nil, nil, nil, err
 	}
-	return c, st, closeDB, nil
+	return c, st, pool.Close, nil
 }
 
 // sagaRow is the JSON and table shape of a saga in a listing.
@@ -222,7 +222,7 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			} else if err != nil {
 				return err
 			}
-			op, err := st.SagaOperationRequest(ctx, id, action, actor, reason)
+			op, err := st.RequestOperation(ctx, id, action, actor, reason)
 			if err != nil {
 				return err
 			}
@@ -230,7 +230,7 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if op.AppliedAt == nil {
+			if op.AppliedAt.IsZero() {
 				return withCode(ExitPending, fmt.Errorf("%s of saga %s requested (request %d), but no orchestrator applied it within %s; is an orchestrator running for schema %s? It will be applied when one runs",
 					action, id, op.ID, wait, a.schema))
 			}
@@ -252,11 +252,11 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 	return cmd
 }
 
-func waitApplied(ctx context.Context, st *store.Store, id int64, wait time.Duration) (store.SagaOperation, error) {
+func waitApplied(ctx context.Context, st *store.Store, id int64, wait time.Duration) (store.Operation, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		op, err := st.SagaOperationGet(ctx, id)
-		if err != nil || op.AppliedAt != nil || time.Now().After(deadline) {
+		op, err := st.Operation(ctx, id)
+		if err != nil || !op.AppliedAt.IsZero() || time.Now().After(deadline) {
 			return op, err
 		}
 		select {

@@ -1,5 +1,4 @@
-// Package lifecycle holds the shutdown plumbing shared by sagabox's clients.
-package lifecycle
+package engine
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package maintenance
+package store_test
 
 import (
 	"context"
@@ -7,25 +7,20 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/store"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
-}
-
-// Each table keeps its rows for its own period; unpublished outbox rows are
-// never deleted, whatever their age.
+// Each table keeps its rows for its own period; unpublished outbox rows and
+// unfinished sagas are never deleted, whatever their age.
 func TestPruneRespectsEachRetention(t *testing.T) {
 	t.Parallel()
-	s := dbtest.Store(t, store.LineMessaging)
+	s := dbtest.Store(t)
 	ctx := context.Background()
 	exec := func(sql string) {
 		t.Helper()
-		_, err := s.Pool().Exec(ctx, fmt.Sprintf(sql, s.Schema()))
+		_, err := s.Pool.Exec(ctx, fmt.Sprintf(sql, s.Schema()))
 		require.NoError(t, err)
 	}
 	// 10 days old: past inbox (7d) retention, within barrier (30d) retention.
@@ -40,20 +35,31 @@ func TestPruneRespectsEachRetention(t *testing.T) {
 	exec(`INSERT INTO %q.sagabox_barrier (saga_id, step, phase, message_id, outcome, created_at)
 		VALUES (gen_random_uuid(), 's', 'action', gen_random_uuid(), 'applied', now() - interval '10 days'),
 		       (gen_random_uuid(), 's', 'action', gen_random_uuid(), 'applied', now() - interval '40 days')`)
+	exec(`INSERT INTO %q.sagabox_saga (id, saga_type, version, status, data, steps, finished_at)
+		VALUES (gen_random_uuid(), 'x', 1, 'completed', '{}', '[]', now() - interval '40 days'),
+		       (gen_random_uuid(), 'x', 1, 'failed', '{}', '[]', NULL)`)
 
-	r, err := NewRetention(RetentionConfig{Store: s, BatchSize: 10})
+	now := time.Now()
+	r := store.Retention{
+		Outbox: now.Add(-24 * time.Hour), Inbox: now.Add(-7 * 24 * time.Hour), Barrier: now.Add(-30 * 24 * time.Hour),
+		Sagas: now.Add(-30 * 24 * time.Hour), Batch: 10,
+	}
+	p, err := s.Prune(ctx, r)
 	require.NoError(t, err)
-	deleted, err := r.Prune(ctx, time.Now())
-	require.NoError(t, err)
-	require.EqualValues(t, 25, deleted[store.RetentionOutbox], "published rows past 24h, in batches of 10")
-	require.EqualValues(t, 7, deleted[store.RetentionInbox])
-	require.EqualValues(t, 1, deleted[store.RetentionBarrier], "only the mark past 30 days")
+	require.EqualValues(t, 25, p.Outbox, "published rows past 24h, in batches of 10")
+	require.EqualValues(t, 7, p.Inbox)
+	require.EqualValues(t, 1, p.Barrier, "only the mark past 30 days")
+	require.EqualValues(t, 1, p.Sagas, "the finished saga; the failed one waits for an operator")
 
 	stats, err := s.OutboxStats(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stats.Backlog, "an unpublished row is never pruned")
 
-	again, err := r.Prune(ctx, time.Now())
+	again, err := s.Prune(ctx, r)
 	require.NoError(t, err)
-	require.Zero(t, again[store.RetentionOutbox]+again[store.RetentionInbox]+again[store.RetentionBarrier])
+	require.Zero(t, again.Total())
+
+	none, err := s.Prune(ctx, store.Retention{Batch: 10})
+	require.NoError(t, err)
+	require.Zero(t, none.Total(), "a zero cutoff keeps a table as it is")
 }

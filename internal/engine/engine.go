@@ -1,0 +1,389 @@
+// Package engine is the delivery engine under both of sagabox's clients.
+// It owns what they share: consuming a queue and the pipeline each delivery
+// takes (its span, the payload limit, processing with conflict retries,
+// retries with backoff counted in the database, giving up and
+// dead-lettering, waking the relay, acknowledging), the relay that publishes
+// the outbox, retention, the outbox gauges and the Run/drain lifecycle.
+//
+// A client supplies what is its own as a Processor: the orchestrator applies
+// a reply to its saga, a participant runs a handler behind the barrier.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+)
+
+// ConflictRetries is how many times a delivery's transaction is run again
+// at once after a serialization failure or a deadlock (store.IsRetryable).
+const ConflictRetries = 5
+
+// DefaultMaxPayloadBytes is the largest payload a client accepts (1 MiB).
+const DefaultMaxPayloadBytes = 1 << 20
+
+// Failure codes (saga.Failure.Code) of the failure replies the engine sends
+// on its own.
+const (
+	// CodeDeadLettered: processing kept failing and the message was given
+	// up on after its bounded attempts.
+	CodeDeadLettered = saga.CodeDeadLettered
+	// CodePayloadTooLarge: the payload is over the client's limit.
+	CodePayloadTooLarge = saga.CodePayloadTooLarge
+)
+
+// Processor is what a client supplies: how one delivery is applied.
+type Processor interface {
+	// Process applies d in one transaction of its own and commits it.
+	// attempt is 1 the first time d is processed and n after n-1 failed
+	// attempts. An error that is a *Poison gives d up at once; an error for
+	// which store.IsRetryable is true runs Process again at once (up to
+	// ConflictRetries times); any other error is retried with backoff.
+	Process(ctx context.Context, d *transport.Delivery, attempt int) (Result, error)
+	// GiveUp records that d is given up on, for p's reason, in a
+	// transaction of its own, and answers d if the client answers messages.
+	// It reports a duplicate when the inbox already had d.
+	GiveUp(ctx context.Context, d *transport.Delivery, p *Poison) (Result, error)
+}
+
+// Result is what processing one delivery did.
+type Result struct {
+	// Outcome is the telemetry outcome: applied, rejected, duplicate,
+	// ignored or unknown_saga.
+	Outcome string
+	// Note says what happened, for the debug log.
+	Note string
+	// Wrote is true when the transaction wrote to the outbox: the relay is
+	// woken.
+	Wrote bool
+	// SpanAttrs are more attributes for the delivery's span (a saga's
+	// status after a reply).
+	SpanAttrs []attribute.KeyValue
+}
+
+// Poison is a failure that no retry can cure: the delivery is given up on at
+// once, answered (by GiveUp) and dead-lettered.
+type Poison struct {
+	// Class is the metric's reason class (a telemetry.Reason constant).
+	Class string
+	// Code is the failure reply's code (saga.Failure.Code).
+	Code string
+	// Reason says why, for people: the dead letter's reason and the failure
+	// reply's.
+	Reason string
+}
+
+func (p *Poison) Error() string { return p.Reason }
+
+// Config configures an Engine.
+type Config struct {
+	// Store is the client's schema. Required.
+	Store *store.Store
+	// Broker consumes the queue and publishes the outbox. Required.
+	Broker transport.Broker
+	// Component names the client in logs, spans and metrics.
+	Component string
+	// Workers and Prefetch tune the subscription.
+	Workers, Prefetch int
+	// StopTimeout bounds the drain of deliveries in flight at shutdown.
+	StopTimeout time.Duration
+	// MaxPayloadBytes is the largest payload accepted.
+	MaxPayloadBytes int
+	// Retry says how a delivery whose processing failed is retried, and
+	// after how many attempts it is given up on.
+	Retry saga.RetryPolicy
+	// Relay tunes the relay.
+	Relay relay.Options
+	// Retention says how long processed rows are kept.
+	Retention RetentionConfig
+	// KeepsSagas is true for a schema with saga tables (the orchestrator's):
+	// retention also prunes finished sagas.
+	KeepsSagas bool
+	// Clock is the client's clock (finished sagas are pruned by it).
+	Clock func() time.Time
+	// Logger receives the engine's logs.
+	Logger *slog.Logger
+	// Telemetry traces and counts deliveries and publishing.
+	Telemetry *telemetry.Telemetry
+}
+
+// Engine runs one client's deliveries, relay and retention.
+type Engine struct {
+	cfg   Config
+	proc  Processor
+	relay *relay.Relay
+	log   *slog.Logger
+
+	// infraFailures counts consecutive deliveries that could not reach the
+	// database; it paces their retries.
+	infraFailures atomic.Int64
+}
+
+// New returns an Engine for cfg that applies deliveries with p.
+func New(cfg Config, p Processor) (*Engine, error) {
+	r, err := relay.New(cfg.Store, cfg.Telemetry.Publisher(cfg.Store.Schema(), cfg.Broker), cfg.Relay, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{
+		cfg:   cfg,
+		proc:  p,
+		relay: r,
+		log:   cfg.Logger.With("component", cfg.Component),
+	}, nil
+}
+
+// Wake makes the relay look for outbox rows now. It never blocks.
+func (e *Engine) Wake() { e.relay.Wake() }
+
+// Loop is a client's own background work (the orchestrator's deadline
+// sweeper): it runs until ctx is done, running its transactions on workCtx,
+// which outlives ctx by at most the stop timeout.
+type Loop func(ctx, workCtx context.Context)
+
+// Run registers the outbox gauges, starts the relay, retention and loops,
+// and consumes queue until ctx is cancelled. It then stops taking
+// deliveries, waits up to the stop timeout for those in flight (and for the
+// loops), stops the relay and returns nil; or it returns the subscription's
+// error if the broker gives up on it.
+func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Loop) error {
+	gauges, err := e.cfg.Telemetry.RegisterOutboxGauges(e.cfg.Store)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = gauges.Unregister() }()
+
+	// Deliveries and loops run on workCtx, which outlives ctx by at most
+	// StopTimeout so that a shutdown lets transactions in flight finish.
+	workCtx, releaseWork := DrainContext(ctx, e.cfg.StopTimeout, func() {
+		e.log.Warn("stop timeout reached; cancelling work in flight (deliveries will be redelivered)", "stop_timeout", e.cfg.StopTimeout)
+	})
+	defer releaseWork()
+
+	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRelay()
+	var background sync.WaitGroup
+	background.Go(func() { _ = e.relay.Run(relayCtx) })
+
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	defer stopLoops()
+	var wg sync.WaitGroup
+	wg.Go(func() { e.retain(loopCtx) })
+	for _, loop := range loops {
+		wg.Go(func() { loop(loopCtx, workCtx) })
+	}
+
+	handle := e.cfg.Telemetry.Consume(e.cfg.Component, e.cfg.Store.Schema(), e.handle)
+	err = e.cfg.Broker.Subscribe(ctx, queue, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+		return handle(workCtx, d)
+	}), &transport.SubscribeOpts{Concurrency: e.cfg.Workers, Prefetch: e.cfg.Prefetch})
+	stopLoops()
+	wg.Wait()
+	releaseWork()
+	stopRelay()
+	background.Wait()
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", queue.Name, err)
+	}
+	return nil
+}
+
+// handle is the pipeline of one delivery. ctx is the engine's work context.
+func (e *Engine) handle(ctx context.Context, d *transport.Delivery) (transport.Outcome, telemetry.Handled) {
+	if len(d.Payload) > e.cfg.MaxPayloadBytes {
+		return e.giveUp(ctx, d, &Poison{Class: telemetry.ReasonPayloadTooLarge, Code: CodePayloadTooLarge, Reason: fmt.Sprintf(
+			"payload of %s %q is %d bytes, over the limit of %d bytes (MaxPayloadBytes)", d.Kind, d.Type, len(d.Payload), e.cfg.MaxPayloadBytes)})
+	}
+	failures := 0
+	if d.Redelivered {
+		// Only a redelivered message can have failed before: the first
+		// delivery costs no lookup.
+		a, err := e.cfg.Store.AttemptGet(ctx, d.MessageID)
+		switch {
+		case err == nil:
+			failures = a.Attempts
+			if failures >= e.cfg.Retry.MaxAttempts {
+				return e.giveUp(ctx, d, &Poison{Class: telemetry.ReasonRetriesExhausted, Code: CodeDeadLettered,
+					Reason: fmt.Sprintf("gave up after %d attempts: %s", failures, a.LastError)})
+			}
+		case !errors.Is(err, message.ErrNotFound):
+			return e.infraRetry(ctx, d, err)
+		}
+	}
+	res, err := e.process(ctx, d, failures+1)
+	var poison *Poison
+	switch {
+	case err == nil:
+		e.infraFailures.Store(0)
+		return e.done(ctx, d, res)
+	case errors.As(err, &poison):
+		return e.giveUp(ctx, d, poison)
+	case ctx.Err() != nil:
+		// Shutting down past the stop timeout: not the message's fault.
+		e.log.Info("delivery cancelled by shutdown; it will be redelivered", logAttrs(d)...)
+		return transport.Retry(0), telemetry.Handled{Outcome: telemetry.OutcomeRetry, Cause: telemetry.CauseShutdown, Err: err}
+	case store.IsConnectionError(err):
+		// The database is restarting or unreachable: not the message's
+		// fault, so it does not count against its attempts.
+		return e.infraRetry(ctx, d, err)
+	}
+	return e.failed(ctx, d, err)
+}
+
+// process runs Process, again at once while it fails with a serialization
+// failure or a deadlock.
+func (e *Engine) process(ctx context.Context, d *transport.Delivery, attempt int) (res Result, err error) {
+	err = Retrying(ctx, func() error {
+		res, err = e.proc.Process(ctx, d, attempt)
+		return err
+	})
+	return res, err
+}
+
+// Retrying runs fn, a transaction, and again at once, up to ConflictRetries
+// more times, while it fails with a serialization failure or a deadlock
+// (store.IsRetryable) and ctx is not done. fn must be safe to run again: its
+// transaction was rolled back.
+func Retrying(ctx context.Context, fn func() error) error {
+	for try := 0; ; try++ {
+		err := fn()
+		if err == nil || !store.IsRetryable(err) || try >= ConflictRetries || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// done finishes a delivery whose transaction committed.
+func (e *Engine) done(ctx context.Context, d *transport.Delivery, res Result) (transport.Outcome, telemetry.Handled) {
+	h := telemetry.Handled{Outcome: res.Outcome, Inbox: telemetry.InboxNew, Attrs: res.SpanAttrs}
+	if res.Outcome == telemetry.OutcomeDuplicate {
+		h.Inbox = telemetry.InboxDuplicate
+		e.log.Info("duplicate message ignored", logAttrs(d)...)
+		return transport.Ack(), h
+	}
+	if res.Wrote {
+		e.relay.Wake()
+	}
+	if e.log.Enabled(ctx, slog.LevelDebug) {
+		e.log.Debug("message processed", append(logAttrs(d), "outcome", res.Outcome, "note", res.Note)...)
+	}
+	return transport.Ack(), h
+}
+
+// failed handles a processing transaction that failed: the failure is
+// counted in a statement of its own and the message retried with backoff,
+// or given up on once its attempts are used up.
+func (e *Engine) failed(ctx context.Context, d *transport.Delivery, cause error) (transport.Outcome, telemetry.Handled) {
+	n, err := e.cfg.Store.RecordAttempt(ctx, &d.Envelope, cause.Error())
+	if err != nil {
+		e.log.Warn("processing failed and its attempt could not be recorded", append(logAttrs(d), "err", cause, "record_err", err)...)
+		return e.infraRetry(ctx, d, nil)
+	}
+	if n >= e.cfg.Retry.MaxAttempts {
+		return e.giveUp(ctx, d, &Poison{Class: telemetry.ReasonRetriesExhausted, Code: CodeDeadLettered,
+			Reason: fmt.Sprintf("gave up after %d attempts: %v", n, cause)})
+	}
+	delay := retryDelay(e.cfg.Retry, n)
+	e.log.Warn("processing failed; retrying", append(logAttrs(d), "delivery_attempt", n, "retry_in", delay, "err", cause)...)
+	return transport.Retry(delay), telemetry.Handled{Outcome: telemetry.OutcomeRetry, Cause: telemetry.CauseHandler, Err: cause}
+}
+
+// giveUp gives d up on: the processor records and answers it, then it is
+// dead-lettered. A message that another delivery processed meanwhile (a
+// concurrent copy, or a commit reported as failed that went through) is
+// acknowledged as the duplicate it is.
+func (e *Engine) giveUp(ctx context.Context, d *transport.Delivery, p *Poison) (transport.Outcome, telemetry.Handled) {
+	attrs := logAttrs(d)
+	res, err := e.proc.GiveUp(ctx, d, p)
+	switch {
+	case err == nil && res.Outcome == telemetry.OutcomeDuplicate && !e.wasDeadLettered(ctx, d):
+		e.log.Info("message given up on was processed by another delivery; acknowledged", attrs...)
+		return transport.Ack(), telemetry.Handled{Outcome: telemetry.OutcomeDuplicate, Inbox: telemetry.InboxDuplicate}
+	case err == nil:
+		if res.Wrote {
+			e.relay.Wake()
+		}
+	case store.IsDataError(err) && ctx.Err() == nil:
+		// Postgres refuses the message's own data (text it cannot hold, a
+		// step too long for the barrier's key): every retry would fail the
+		// same way. It cannot be recorded nor answered, only dead-lettered.
+		p = &Poison{Class: p.Class, Code: p.Code, Reason: p.Reason + " (not recorded nor answered: the database refuses the message)"}
+		attrs = append(attrs, "err", err)
+	default:
+		return e.infraRetry(ctx, d, err)
+	}
+	e.log.Error("message dead-lettered", append(attrs, "reason", p.Reason, "reason_class", p.Class, "code", p.Code)...)
+	h := telemetry.Handled{Outcome: telemetry.OutcomeDeadLetter, Reason: p.Class, Err: p}
+	if err == nil {
+		h.Inbox = telemetry.InboxNew
+		if res.Outcome == telemetry.OutcomeDuplicate {
+			h.Inbox = telemetry.InboxDuplicate
+		}
+	}
+	return transport.DeadLetter(p.Reason), h
+}
+
+// wasDeadLettered reports whether an earlier delivery of d was given up on;
+// a failure to read says yes, so that the message is dead-lettered again
+// rather than dropped.
+func (e *Engine) wasDeadLettered(ctx context.Context, d *transport.Delivery) bool {
+	a, err := e.cfg.Store.AttemptGet(ctx, d.MessageID)
+	if errors.Is(err, message.ErrNotFound) {
+		return false
+	}
+	return err != nil || !a.DeadLetteredAt.IsZero()
+}
+
+// infraRetry retries a delivery that failed for want of the database,
+// pacing such retries by the number of consecutive ones.
+func (e *Engine) infraRetry(ctx context.Context, d *transport.Delivery, err error) (transport.Outcome, telemetry.Handled) {
+	h := telemetry.Handled{Outcome: telemetry.OutcomeRetry, Cause: telemetry.CauseDatabase, Err: err}
+	if ctx.Err() != nil {
+		return transport.Retry(0), h
+	}
+	n := e.infraFailures.Add(1)
+	delay := retryDelay(e.cfg.Retry, int(min(n, 64)))
+	if err != nil {
+		e.log.Warn("cannot process message; retrying", append(logAttrs(d), "retry_in", delay, "err", err)...)
+	}
+	// The database is down for every message: hold this one (and the
+	// worker) for the delay, then put it back, rather than cycling the
+	// whole backlog through the broker's retry queues.
+	Pause(ctx, delay)
+	return transport.Retry(0), h
+}
+
+// retryDelay is the delay before processing a message again after its
+// failures-th failed attempt: the policy's exponential backoff, with jitter
+// drawn uniformly from its upper half so that messages that failed together
+// do not come back together.
+func retryDelay(p saga.RetryPolicy, failures int) time.Duration {
+	full := p.Backoff(max(failures, 1))
+	half := full / 2
+	if half <= 0 {
+		return full
+	}
+	return half + rand.N(full-half+1)
+}
+
+func logAttrs(d *transport.Delivery) []any {
+	if d.SagaType == "" {
+		return []any{"message_id", d.MessageID.String(), "type", d.Type, "kind", string(d.Kind)}
+	}
+	return []any{"message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "saga_type", d.SagaType,
+		"type", d.Type, "kind", string(d.Kind), "step", d.Step, "attempt", d.Attempt}
+}

@@ -1,0 +1,126 @@
+-- The participant's deliveries. Each is one transaction of two round trips:
+-- a Begin statement sent with BEGIN (and the handler's savepoint), the
+-- handler's own statements, and a Finish statement sent with COMMIT.
+
+-- name: InboxRecord :one
+-- Records a message in the inbox: how a plain event's delivery begins, and how
+-- a delivery given up on is recorded. fresh is false for a message processed
+-- before, which counts itself as a duplicate instead. A concurrent delivery of
+-- the same message waits here for the first one's transaction to end.
+INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
+VALUES (
+    @message_id::uuid, @kind::text, @type::text,
+    nullif(@saga_id::uuid, '00000000-0000-0000-0000-000000000000'::uuid), @step::text
+)
+ON CONFLICT (message_id) DO UPDATE
+SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+RETURNING (xmax = 0)::boolean AS fresh;
+
+-- name: DeliveryBeginAction :one
+-- Begins the delivery of a step's action: records the message in the inbox
+-- (as InboxRecord) and, for a message seen for the first time, leaves
+-- the action's barrier mark of (saga, step). marked is false when an earlier
+-- message of the step left the mark (a re-send after a timeout, or the mark a
+-- compensation left first); outcome and reply are then that mark's. A
+-- concurrent action or compensation of the same step waits here for the
+-- other's transaction to end, then sees its mark.
+WITH inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
+    VALUES (@message_id::uuid, 'command', @type::text, @saga_id::uuid, @step::text)
+    ON CONFLICT (message_id) DO UPDATE
+    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+    RETURNING (xmax = 0) AS fresh
+), mark AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome)
+    SELECT @saga_id::uuid, @step::text, 'action', @message_id::uuid, 'applied'
+    FROM inbox WHERE inbox.fresh
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
+)
+SELECT inbox.fresh::boolean AS fresh,
+       coalesce(mark.inserted, false)::boolean AS marked,
+       coalesce(mark.outcome, '')::text AS outcome,
+       coalesce(mark.reply_kind, '')::text AS reply_kind,
+       mark.reply_payload
+FROM inbox LEFT JOIN mark ON true;
+
+-- name: DeliveryBeginCompensation :one
+-- Begins the delivery of a step's compensation: records the message in the
+-- inbox and, for a message seen for the first time, leaves the compensation's
+-- barrier mark (marked false: an earlier compensation of the step left it;
+-- outcome and reply are then its). A new mark also leaves the action's mark
+-- "blocked" with @blocked_reply unless the action left its own:
+-- action_blocked says the action never ran here (it will not be applied
+-- should it arrive), action_outcome is the action's outcome otherwise.
+WITH inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
+    VALUES (@message_id::uuid, 'compensation', @type::text, @saga_id::uuid, @step::text)
+    ON CONFLICT (message_id) DO UPDATE
+    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+    RETURNING (xmax = 0) AS fresh
+), mark AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT @saga_id::uuid, @step::text, 'compensation', @message_id::uuid, 'applied', 'reply-success', '{}'::bytea
+    FROM inbox WHERE inbox.fresh
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
+), action AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT @saga_id::uuid, @step::text, 'action', @message_id::uuid, 'blocked', 'reply-failure', @blocked_reply::bytea
+    FROM mark WHERE mark.inserted
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING (xmax = 0) AS inserted, b.outcome
+)
+SELECT inbox.fresh::boolean AS fresh,
+       coalesce(mark.inserted, false)::boolean AS marked,
+       coalesce(mark.outcome, '')::text AS outcome,
+       coalesce(mark.reply_kind, '')::text AS reply_kind,
+       mark.reply_payload,
+       coalesce(action.inserted, false)::boolean AS action_blocked,
+       coalesce(action.outcome, '')::text AS action_outcome
+FROM inbox LEFT JOIN mark ON true LEFT JOIN action ON true;
+
+-- name: DeliveryFinish :exec
+-- Finishes a delivery: sets the outcome and reply of the barrier mark it left
+-- (when @set_mark) and writes its reply to the outbox (an empty @message_id
+-- array writes none). Sent with COMMIT.
+WITH mark AS (
+    UPDATE /* TEMPLATE: schema */sagabox_barrier
+    SET outcome = @outcome::text, reply_kind = @reply_kind::text, reply_payload = @reply_payload::bytea
+    WHERE @set_mark::boolean AND saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text
+)
+INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+    message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+    step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+    headers, payload, created_at
+)
+SELECT
+    unnest(@message_id::uuid[]),
+    unnest(@ordering_key::text[]),
+    unnest(@kind::text[]),
+    unnest(@type::text[]),
+    unnest(@routing_key::text[]),
+    nullif(unnest(@reply_saga_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid),
+    unnest(@saga_type::text[]),
+    unnest(@reply_step::text[]),
+    unnest(@step_index::integer[]),
+    unnest(@attempt::integer[]),
+    unnest(@reply_to::text[]),
+    unnest(@correlation_id::text[]),
+    unnest(@traceparent::text[]),
+    unnest(@tracestate::text[]),
+    unnest(@headers::jsonb[]),
+    unnest(@payload::bytea[]),
+    unnest(@created_at::timestamptz[]);
+
+-- name: BarrierGet :one
+-- The mark of (saga, step, phase), for a delivery given up on.
+SELECT * FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text;
+
+-- name: BarrierInsert :execrows
+-- Leaves a mark of (saga, step, phase) with its final outcome and reply, for a
+-- delivery given up on. Zero rows means a mark was there already.
+INSERT INTO /* TEMPLATE: schema */sagabox_barrier (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+VALUES (@saga_id::uuid, @step::text, @phase::text, @message_id::uuid, @outcome::text, @reply_kind::text, @reply_payload::bytea)
+ON CONFLICT (saga_id, step, phase) DO NOTHING;

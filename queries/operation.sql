@@ -1,0 +1,32 @@
+-- Operator actions requested from outside an orchestrator (the sagabox CLI),
+-- which a running orchestrator applies.
+
+-- name: SagaOperationInsert :one
+-- Requests an operator action on a saga; an orchestrator applies it.
+INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
+VALUES (@saga_id::uuid, @action::text, @actor::text, @reason::text)
+RETURNING *;
+
+-- name: SagaOperationClaim :one
+-- Locks the oldest pending operator request, skipping those another
+-- orchestrator is applying. Only requests for sagas of the definitions
+-- (type, version pairs) the caller runs, or for sagas that do not exist (to
+-- be refused), are claimed: requests left for another orchestrator never
+-- hide the caller's own behind them.
+SELECT o.* FROM /* TEMPLATE: schema */sagabox_saga_operation o
+LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
+WHERE o.applied_at IS NULL
+  AND (s.id IS NULL OR (s.saga_type, s.version) IN (
+      SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
+  ))
+ORDER BY o.id
+LIMIT 1
+FOR UPDATE OF o SKIP LOCKED;
+
+-- name: SagaOperationMarkApplied :exec
+UPDATE /* TEMPLATE: schema */sagabox_saga_operation
+SET applied_at = @applied_at::timestamptz, error = @error::text
+WHERE id = @id::bigint;
+
+-- name: SagaOperationGet :one
+SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = @id::bigint;

@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/store/internal/dbsqlc"
+)
+
+// Attempt is the record of a message's failed processing attempts.
+type Attempt struct {
+	MessageID uuid.UUID
+	Kind      message.Kind
+	Type      string
+	SagaID    uuid.UUID
+	// Attempts counts the failed processing attempts.
+	Attempts int
+	// LastError is the error of the last failed attempt, or the reason the
+	// message was dead-lettered.
+	LastError string
+	// DeadLetteredAt is when the message was dead-lettered; zero if it was
+	// not.
+	DeadLetteredAt time.Time
+	UpdatedAt      time.Time
+}
+
+// RecordAttempt counts one failed processing attempt of env, with its cause,
+// in a statement of its own (the processing transaction was rolled back),
+// and returns the number of failed attempts so far. A cause that is not
+// valid UTF-8 or holds NUL bytes is stored with those replaced.
+func (s *Store) RecordAttempt(ctx context.Context, env *message.Envelope, cause string) (int, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.queries.InboxAttemptRecord(ctx, db, &dbsqlc.InboxAttemptRecordParams{
+		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, LastError: storableText(cause),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("record failed attempt of message %s in schema %q: %w", env.MessageID, s.schema, err)
+	}
+	return int(n), nil
+}
+
+// MarkDeadLettered records that env was dead-lettered for reason: in t
+// (with the rest of the delivery that gives it up), or on its own when t is
+// nil.
+func (s *Store) MarkDeadLettered(ctx context.Context, t *Tx, env *message.Envelope, reason string) error {
+	var db dbsqlc.DBTX
+	if t != nil {
+		db = t.exec(ctx, false)
+	} else {
+		var err error
+		if db, err = s.pooled(); err != nil {
+			return err
+		}
+	}
+	if err := s.queries.InboxAttemptMarkDeadLettered(ctx, db, &dbsqlc.InboxAttemptMarkDeadLetteredParams{
+		MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Reason: storableText(reason),
+	}); err != nil {
+		return fmt.Errorf("mark message %s dead-lettered in schema %q: %w", env.MessageID, s.schema, err)
+	}
+	return nil
+}
+
+// AttemptGet returns the attempt record of message id, or an error wrapping
+// message.ErrNotFound when it never failed.
+func (s *Store) AttemptGet(ctx context.Context, id uuid.UUID) (Attempt, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return Attempt{}, err
+	}
+	r, err := s.queries.InboxAttemptGet(ctx, db, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Attempt{}, fmt.Errorf("attempts of message %s: %w", id, message.ErrNotFound)
+	}
+	if err != nil {
+		return Attempt{}, fmt.Errorf("get attempts of message %s in schema %q: %w", id, s.schema, err)
+	}
+	return attempt(r), nil
+}
+
+// AttemptList lists up to max attempt records, most recently updated first;
+// only those of dead-lettered messages with deadLetteredOnly.
+func (s *Store) AttemptList(ctx context.Context, deadLetteredOnly bool, max int) ([]Attempt, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.InboxAttemptList(ctx, db, &dbsqlc.InboxAttemptListParams{DeadLetteredOnly: deadLetteredOnly, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("list inbox attempts of schema %q: %w", s.schema, err)
+	}
+	out := make([]Attempt, len(rows))
+	for i, r := range rows {
+		out[i] = attempt(r)
+	}
+	return out, nil
+}
+
+func attempt(r *dbsqlc.SagaboxInboxAttempt) Attempt {
+	a := Attempt{
+		MessageID: r.MessageID, Kind: message.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),
+		Attempts: int(r.Attempts), LastError: r.LastError, UpdatedAt: r.UpdatedAt,
+	}
+	if r.DeadLetteredAt != nil {
+		a.DeadLetteredAt = *r.DeadLetteredAt
+	}
+	return a
+}

@@ -1,0 +1,72 @@
+package store
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// IsRetryable reports whether err is a Postgres error that running the
+// whole transaction again may cure: a serialization failure (40001; also
+// what a transition written against a saga that changed meanwhile fails
+// with) or a deadlock (40P01). Classification is by SQLSTATE, never by
+// message text.
+func IsRetryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01":
+			return true
+		}
+	}
+	return false
+}
+
+// IsConnectionError reports whether err says the database could not be
+// reached or the connection was lost (a restart, a network fault), as
+// opposed to an error of the statement itself. Receivers retry such errors
+// without counting them against a message's attempts. Only pgx's own errors
+// count (a handler's network errors do not), classified by type and
+// SQLSTATE, never by message text.
+func IsConnectionError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash
+		// shutdown, cannot connect now.
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	// A failed connect, or a statement on a connection pgx had closed (a dead
+	// pooled connection). Not pgconn.SafeToRetry: pgx also calls "safe to
+	// retry" a statement on a connection still busy with an unclosed result
+	// and one on a context that was already done, both failures of the
+	// caller that a retry repeats for ever.
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed)
+}
+
+// IsDataError reports whether err is Postgres refusing the data of a
+// statement: a data exception (class 22, e.g. a NUL byte or invalid UTF-8 in
+// text) or a program limit exceeded (class 54, e.g. a key too long for its
+// index). Running the statement again with the same data fails the same way.
+func IsDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
+}
+
+// isUndefined reports whether err says a table or schema does not exist
+// (42P01, 3F000), which for sagabox means migrations have not been applied.
+func isUndefined(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42883")
+}
+
+// storableText returns s as Postgres text can hold it: valid UTF-8 without
+// NUL bytes. Error texts come from handlers and from the messages they
+// handle, and a failure that cannot be recorded could never be counted.
+func storableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00")
+}

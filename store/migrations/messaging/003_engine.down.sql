@@ -1,0 +1,1 @@
+DROP FUNCTION /* TEMPLATE: schema */sagabox_check(boolean, text, text);

@@ -1,0 +1,292 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/store/internal/dbsqlc"
+)
+
+// Tx is one of the engine's own transactions (a delivery, a reply, a sweep,
+// an operator action) on a connection of the pool. It costs no round trip
+// of its own: BEGIN goes out in one batch with the first operation's
+// statement, and COMMIT with the last one's. Operations that end a
+// transaction (they say so) commit it; Rollback ends it otherwise. A Tx is
+// used by one goroutine at a time.
+type Tx struct {
+	s    *Store
+	conn *pgxpool.Conn
+	// tx is the connection's transaction once BEGIN was sent.
+	tx pgx.Tx
+	// pending are statements without arguments sent ahead of the next
+	// operation's (a savepoint rolled back, a statement timeout).
+	pending []string
+	done    bool
+}
+
+// Begin returns a transaction that begins with its first operation. It
+// acquires a connection then, not now.
+func (s *Store) Begin() *Tx { return &Tx{s: s} }
+
+// Rollback ends t without committing what it did and gives its connection
+// back. It is a no-op on a transaction that is over (committed, rolled back,
+// or never begun), so it can be deferred.
+func (t *Tx) Rollback(ctx context.Context) {
+	if t.done {
+		return
+	}
+	t.done = true
+	if t.conn == nil {
+		return
+	}
+	if t.conn.Conn().PgConn().TxStatus() != 'I' && !t.conn.Conn().IsClosed() {
+		if _, err := t.conn.Exec(context.WithoutCancel(ctx), "rollback"); err != nil {
+			// The connection is broken; the pool destroys it on release.
+			_ = t.conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}
+	t.conn.Release()
+	t.conn = nil
+}
+
+// Savepoint returns a savepoint of t, as pgx.Tx, for code that does its own
+// writes in t (a local step): its Commit releases the savepoint, its
+// Rollback rolls back to it, and it cannot end t.
+func (t *Tx) Savepoint(ctx context.Context) (pgx.Tx, error) {
+	if t.done {
+		return nil, pgx.ErrTxClosed
+	}
+	if t.tx == nil {
+		if err := t.begin(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return t.tx.Begin(ctx)
+}
+
+// Commit sends the statements t has pending and COMMIT in one round trip,
+// for a transaction that has nothing more to write (a duplicate). A
+// transaction that never began commits nothing, and costs nothing.
+func (t *Tx) Commit(ctx context.Context) error {
+	if t.done {
+		return pgx.ErrTxClosed
+	}
+	if t.tx == nil {
+		t.Rollback(ctx)
+		return nil
+	}
+	b := &pgx.Batch{}
+	for _, s := range t.pending {
+		b.Queue(s)
+	}
+	t.pending = nil
+	b.Queue("commit")
+	br := t.conn.SendBatch(ctx, b)
+	p := &pipe{t: t, commit: true}
+	for range b.Len() - 1 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return err
+		}
+	}
+	return p.end(br, nil)
+}
+
+// begin sends BEGIN (and the pending statements) on their own, for a caller
+// that needs the transaction before any operation.
+func (t *Tx) begin(ctx context.Context) error {
+	_, err := t.exec(ctx, false).Exec(ctx, "select 1")
+	return err
+}
+
+// queue adds sql to the statements sent ahead of the next operation.
+func (t *Tx) queue(sql string) { t.pending = append(t.pending, sql) }
+
+// exec returns the executor of t's next statement: it sends that statement
+// in one round trip with BEGIN (the first time), the pending statements
+// and, with commit, COMMIT, and writes the schema into it.
+func (t *Tx) exec(ctx context.Context, commit bool) dbsqlc.DBTX {
+	return &pipe{t: t, commit: commit}
+}
+
+// execThen is exec with statements without arguments sent right after the
+// statement, in the same round trip (a savepoint for a handler).
+func (t *Tx) execThen(then ...string) dbsqlc.DBTX {
+	return &pipe{t: t, then: then}
+}
+
+// pipe is the executor of one statement of a Tx. It implements dbsqlc.DBTX
+// so that the sqlc-generated code runs through it unchanged.
+type pipe struct {
+	t      *Tx
+	then   []string
+	commit bool
+}
+
+// send sends sql in a batch with what must go with it and returns the batch
+// results positioned at sql's result.
+func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	t := p.t
+	if t.done {
+		return nil, pgx.ErrTxClosed
+	}
+	b := &pgx.Batch{}
+	if t.tx == nil {
+		if t.conn == nil {
+			conn, err := t.s.pool.Acquire(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("acquire connection: %w", err)
+			}
+			t.conn = conn
+		}
+		b.BeginTx(pgx.TxOptions{})
+	}
+	for _, s := range t.pending {
+		b.Queue(s)
+	}
+	b.Queue(t.s.render(sql), args...)
+	for _, s := range p.then {
+		b.Queue(s)
+	}
+	if p.commit {
+		b.Queue("commit")
+	}
+	br := t.conn.SendBatch(ctx, b)
+	if t.tx == nil {
+		t.tx = br.Tx()
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("begin: %w", err)
+		}
+	}
+	pending := t.pending
+	t.pending = nil
+	for _, s := range pending {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return br, nil
+}
+
+// end reads the rest of a batch (COMMIT) after the statement's result, and
+// closes it. A failed commit, or a statement that failed on its own, leaves
+// the transaction to Rollback.
+func (p *pipe) end(br pgx.BatchResults, stmtErr error) error {
+	err := stmtErr
+	for _, s := range p.then {
+		if err != nil {
+			break
+		}
+		if _, err = br.Exec(); err != nil {
+			err = fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	if p.commit && err == nil {
+		var tag pgconn.CommandTag
+		tag, err = br.Exec()
+		if err == nil && tag.String() == "ROLLBACK" {
+			err = pgx.ErrTxCommitRollback
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if p.commit && err == nil {
+		p.t.done = true
+		p.t.conn.Release()
+		p.t.conn = nil
+	}
+	return err
+}
+
+// Exec implements dbsqlc.DBTX.
+func (p *pipe) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br, err := p.send(ctx, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	return tag, p.end(br, err)
+}
+
+// Query implements dbsqlc.DBTX.
+func (p *pipe) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br, err := p.send(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, p.end(br, err)
+	}
+	return &pipeRows{Rows: rows, p: p, br: br}, nil
+}
+
+// QueryRow implements dbsqlc.DBTX.
+func (p *pipe) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := p.Query(ctx, sql, args...)
+	if err != nil {
+		return errRow{err}
+	}
+	return &pipeRow{rows: rows.(*pipeRows)}
+}
+
+// pipeRows are the rows of a pipe's statement; closing them reads the rest
+// of the batch.
+type pipeRows struct {
+	pgx.Rows
+	p      *pipe
+	br     pgx.BatchResults
+	closed bool
+	err    error
+}
+
+func (r *pipeRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.p.end(r.br, r.Rows.Err())
+}
+
+func (r *pipeRows) Err() error {
+	if !r.closed {
+		return r.Rows.Err()
+	}
+	return r.err
+}
+
+// pipeRow is the single row of a pipe's statement.
+type pipeRow struct{ rows *pipeRows }
+
+func (r *pipeRow) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		r.rows.Close()
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		r.rows.Close()
+		if cerr := r.rows.Err(); cerr != nil && !errors.Is(cerr, err) {
+			return errors.Join(err, cerr)
+		}
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
