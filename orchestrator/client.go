@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
@@ -38,6 +39,7 @@ var startWakeDelays = []time.Duration{5 * time.Millisecond, 25 * time.Millisecon
 type Client struct {
 	cfg      Config
 	store    *store.Store
+	db       driver.Executor
 	engine   *engine.Engine // nil without a Broker
 	tel      *telemetry.Telemetry
 	log      *slog.Logger
@@ -80,6 +82,7 @@ func NewClient(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:       cfg,
 		store:     st,
+		db:        st.Executor(),
 		tel:       tel,
 		log:       cfg.Logger.With("component", componentName, "service", cfg.Service),
 		registry:  reg,
@@ -88,7 +91,7 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	if cfg.Broker != nil {
 		c.engine, err = engine.New(engine.Config{
-			Store: st, Broker: cfg.Broker, Component: componentName,
+			DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
 			Workers: cfg.Workers, Prefetch: cfg.Prefetch, StopTimeout: cfg.StopTimeout,
 			MaxPayloadBytes: engine.DefaultMaxPayloadBytes, Retry: cfg.ReplyRetry, Relay: cfg.Relay,
 			Retention: cfg.Retention, KeepsSagas: true, Clock: cfg.Clock,
@@ -173,7 +176,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("orchestrator: declare reply queue %s: %w", spec.Name, err)
 	}
-	overdue, err := c.tel.RegisterOverdueGauge(c.store, OverdueGrace, c.now)
+	overdue, err := c.tel.RegisterOverdueGauge(c.db, OverdueGrace, c.now)
 	if err != nil {
 		return fmt.Errorf("orchestrator: %w", err)
 	}

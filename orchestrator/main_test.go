@@ -13,5 +13,10 @@ func TestMain(m *testing.M) {
 		// an orchestrator until killed.
 		os.Exit(runChildOrchestrator())
 	}
+	if os.Getenv(starterSchemaEnv) != "" {
+		// Re-executed by TestNotifyWakesTheRelayOfAnotherProcess: start one
+		// saga and exit.
+		os.Exit(runChildStarter())
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
 }

@@ -11,16 +11,16 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 )
 
 // Get returns the saga id, or an error wrapping ErrNotFound.
 func (c *Client) Get(ctx context.Context, id uuid.UUID) (*Saga, error) {
-	rec, err := c.store.SagaGet(ctx, id)
+	rec, err := c.db.SagaGet(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
@@ -38,12 +38,12 @@ func (c *Client) Get(ctx context.Context, id uuid.UUID) (*Saga, error) {
 // (HistoryReplyDeadLettered). It returns an error wrapping ErrNotFound if
 // the saga does not exist.
 func (c *Client) History(ctx context.Context, id uuid.UUID) ([]saga.HistoryEntry, error) {
-	recs, err := c.store.SagaHistory(ctx, id)
+	recs, err := c.db.SagaHistory(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
 	if len(recs) == 0 {
-		if _, err := c.store.SagaGet(ctx, id); err != nil {
+		if _, err := c.db.SagaGet(ctx, id); err != nil {
 			return nil, fmt.Errorf("orchestrator: %w", err)
 		}
 	}
@@ -95,7 +95,7 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	if opts.Limit < 0 {
 		return nil, fmt.Errorf("orchestrator: list: ListOpts.Limit %d is negative", opts.Limit)
 	}
-	f := store.SagaFilter{Type: opts.Type, Limit: opts.Limit}
+	f := driver.SagaFilter{Type: opts.Type, Limit: opts.Limit}
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
 	}
@@ -115,7 +115,7 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 		}
 		f.After = after
 	}
-	recs, err := c.store.SagaList(ctx, f)
+	recs, err := c.db.SagaList(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
@@ -136,7 +136,7 @@ func encodeCursor(at time.Time, id uuid.UUID) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id.String()))
 }
 
-func decodeCursor(s string) (*store.SagaRecord, error) {
+func decodeCursor(s string) (*driver.SagaRecord, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
 		return nil, fmt.Errorf("cursor %q is not valid: %w", s, err)
@@ -153,7 +153,7 @@ func decodeCursor(s string) (*store.SagaRecord, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cursor %q is not valid: %w", s, err)
 	}
-	return &store.SagaRecord{ID: u, UpdatedAt: t}, nil
+	return &driver.SagaRecord{ID: u, UpdatedAt: t}, nil
 }
 
 // Retry asks saga id to re-send what is in flight, with the next attempt
@@ -191,13 +191,13 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 	}
 	var tr transition
 	err = engine.Retrying(ctx, func() error {
-		t := c.store.Begin()
+		t := c.db.Begin()
 		defer t.Rollback(ctx)
 		var err error
 		if tr, err = c.operateTx(ctx, t, id, kind, actor, reason); err != nil {
 			return err
 		}
-		return c.store.WriteTransitions(ctx, t, writes(tr), tr.at, true)
+		return c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
@@ -224,8 +224,8 @@ func (c *Client) startOperation(ctx context.Context, id uuid.UUID, kind saga.Eve
 
 // operateTx locks saga id in t and applies operator action kind to it. The
 // transition is the caller's to write.
-func (c *Client) operateTx(ctx context.Context, t *store.Tx, id uuid.UUID, kind saga.EventKind, actor, reason string) (transition, error) {
-	recs, err := c.store.LockSagas(ctx, t, []uuid.UUID{id})
+func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind saga.EventKind, actor, reason string) (transition, error) {
+	recs, err := c.db.LockSagas(ctx, t, []uuid.UUID{id})
 	if err != nil {
 		return transition{}, err
 	}

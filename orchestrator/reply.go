@@ -6,11 +6,11 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -48,9 +48,9 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
 			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}
 	}
-	t := c.store.Begin()
+	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	rcpts, err := c.store.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
+	rcpts, err := c.db.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
 	if err != nil {
 		return engine.Result{}, err
 	}
@@ -65,7 +65,7 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 	if err != nil {
 		return engine.Result{}, err
 	}
-	if err := c.store.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
+	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
 		return engine.Result{}, err
 	}
 	res := engine.Result{Outcome: telemetry.OutcomeIgnored, Note: tr.res.IgnoreReason}
@@ -87,7 +87,7 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 // A reply that no retry can apply (its definition is not registered here,
 // its payload breaks the command's contract, the stored saga is corrupt) is
 // poison.
-func (c *Client) applyReply(ctx context.Context, t *store.Tx, d *transport.Delivery, rec store.SagaRecord) (transition, error) {
+func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Delivery, rec driver.SagaRecord) (transition, error) {
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
 		return transition{}, &engine.Poison{Class: telemetry.ReasonUnknownDefinition, Reason: fmt.Sprintf(
@@ -126,11 +126,11 @@ func (c *Client) applyReply(ctx context.Context, t *store.Tx, d *transport.Deliv
 // transaction was rolled back), so it can be replayed.
 func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *engine.Poison) (engine.Result, error) {
 	c := p.c
-	if err := c.store.MarkDeadLettered(ctx, nil, &d.Envelope, poison.Reason); err != nil {
+	if err := c.db.MarkDeadLettered(ctx, nil, &d.Envelope, poison.Reason); err != nil {
 		return engine.Result{}, err
 	}
 	if d.Kind.IsReply() {
-		c.recordOnSaga(ctx, d.SagaID, store.HistoryRecord{
+		c.recordOnSaga(ctx, d.SagaID, driver.HistoryRecord{
 			Event: string(HistoryReplyDeadLettered), Step: d.Step, StepIndex: d.StepIndex, Attempt: d.Attempt,
 			Detail: poison.Reason, MessageID: d.MessageID,
 		})
@@ -141,11 +141,11 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 // recordOnSaga appends h to the history of saga id and makes its detail the
 // saga's LastError, in a transaction of its own. A saga that does not exist
 // is left alone.
-func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h store.HistoryRecord) {
+func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h driver.HistoryRecord) {
 	err := engine.Retrying(ctx, func() error {
-		t := c.store.Begin()
+		t := c.db.Begin()
 		defer t.Rollback(ctx)
-		recs, err := c.store.LockSagas(ctx, t, []uuid.UUID{id})
+		recs, err := c.db.LockSagas(ctx, t, []uuid.UUID{id})
 		if err != nil || len(recs) == 0 {
 			return err
 		}
@@ -153,7 +153,7 @@ func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h store.History
 		now := c.now()
 		h.SagaID, h.At, h.Phase = id, now, rec.Phase
 		rec.LastError = h.Detail
-		return c.store.WriteTransitions(ctx, t, []store.Transition{{Saga: &rec, History: []store.HistoryRecord{h}}}, now, true)
+		return c.db.WriteTransitions(ctx, t, []driver.Transition{{Saga: &rec, History: []driver.HistoryRecord{h}}}, now, true)
 	})
 	if err != nil {
 		c.log.Warn("could not record on its saga that a reply was dead-lettered", "saga_id", id.String(), "message_id", h.MessageID.String(), "err", err)

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 )
 
 // requestBatch is the most operator requests one pass applies.
@@ -34,16 +34,16 @@ func (c *Client) applyRequests(ctx context.Context) error {
 // with Retry or Abort and marks it with its outcome, all in one
 // transaction: the action is applied if and only if its request is marked,
 // so a request is never applied twice. It reports whether it found one.
-func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found bool, err error) {
-	var op *store.Operation
+func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found bool, err error) {
+	var op *driver.Operation
 	var kind saga.EventKind
 	var tr transition
 	var refusal error
 	err = engine.Retrying(ctx, func() error {
-		t := c.store.Begin()
+		t := c.db.Begin()
 		defer t.Rollback(ctx)
 		var err error
-		if op, err = c.store.ClaimOperation(ctx, t, keys); err != nil || op == nil {
+		if op, err = c.db.ClaimOperation(ctx, t, keys); err != nil || op == nil {
 			return err
 		}
 		kind, refusal = saga.EventRetry, nil
@@ -65,7 +65,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found 
 			if err := sp.Commit(ctx); err != nil {
 				return err
 			}
-			if err := c.store.WriteTransitions(ctx, t, writes(tr), tr.at, false); err != nil {
+			if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, false); err != nil {
 				return err
 			}
 		case refused(refusal):
@@ -82,7 +82,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []store.SagaKey) (found 
 		if refusal != nil {
 			reason = fmt.Sprintf("%s saga %s: %v", kind, op.SagaID, refusal)
 		}
-		return c.store.MarkOperation(ctx, t, op.ID, c.now(), reason)
+		return c.db.MarkOperation(ctx, t, op.ID, c.now(), reason)
 	})
 	if op == nil {
 		return false, err
@@ -115,11 +115,11 @@ func refused(err error) bool {
 }
 
 // sagaKeys names the definitions the Client runs.
-func (c *Client) sagaKeys() []store.SagaKey {
+func (c *Client) sagaKeys() []driver.SagaKey {
 	runners := c.registry.Runners()
-	keys := make([]store.SagaKey, 0, len(runners))
+	keys := make([]driver.SagaKey, 0, len(runners))
 	for _, r := range runners {
-		keys = append(keys, store.SagaKey{Type: r.Name(), Version: r.Version()})
+		keys = append(keys, driver.SagaKey{Type: r.Name(), Version: r.Version()})
 	}
 	return keys
 }

@@ -10,10 +10,10 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 )
 
 // Saga is the stored state of one saga instance, as Get and List return it.
@@ -62,7 +62,7 @@ func (s *Saga) Instance() saga.Instance {
 	}
 }
 
-func sagaFromRecord(rec *store.SagaRecord) (*Saga, error) {
+func sagaFromRecord(rec *driver.SagaRecord) (*Saga, error) {
 	s := &Saga{
 		ID: rec.ID, Type: rec.Type, Version: rec.Version, Status: saga.Status(rec.Status), Phase: saga.Phase(rec.Phase),
 		CurrentStep: rec.CurrentStep, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
@@ -76,7 +76,7 @@ func sagaFromRecord(rec *store.SagaRecord) (*Saga, error) {
 }
 
 // applyToRecord writes inst into rec, the row it came from (or a new one).
-func applyToRecord(rec *store.SagaRecord, inst *saga.Instance, now time.Time) error {
+func applyToRecord(rec *driver.SagaRecord, inst *saga.Instance, now time.Time) error {
 	steps, err := json.Marshal(inst.Steps)
 	if err != nil {
 		return fmt.Errorf("encode step states of saga %s: %w", inst.ID, err)
@@ -103,10 +103,10 @@ func applyToRecord(rec *store.SagaRecord, inst *saga.Instance, now time.Time) er
 	return nil
 }
 
-func historyRecords(id uuid.UUID, entries []saga.HistoryEntry) []store.HistoryRecord {
-	out := make([]store.HistoryRecord, len(entries))
+func historyRecords(id uuid.UUID, entries []saga.HistoryEntry) []driver.HistoryRecord {
+	out := make([]driver.HistoryRecord, len(entries))
 	for i, e := range entries {
-		out[i] = store.HistoryRecord{
+		out[i] = driver.HistoryRecord{
 			SagaID: id, At: e.At, Event: string(e.Event), Step: e.Step, StepIndex: e.StepIndex, Phase: string(e.Phase),
 			Attempt: e.Attempt, Detail: e.Detail, Actor: e.Actor, MessageID: e.MessageID,
 		}
@@ -155,15 +155,15 @@ type transition struct {
 	at time.Time
 	// deadlineFailed marks the record of a timer the core refused.
 	deadlineFailed bool
-	rec            store.SagaRecord
+	rec            driver.SagaRecord
 	res            saga.Result
-	write          store.Transition
+	write          driver.Transition
 }
 
 // transition turns res, the outcome of applying an event to the saga rec,
 // into what is written: the new state (revision-checked), its history and
 // its outgoing messages. An ignored result writes only its history.
-func (c *Client) transition(ctx context.Context, rec store.SagaRecord, res saga.Result, now time.Time) (transition, error) {
+func (c *Client) transition(ctx context.Context, rec driver.SagaRecord, res saga.Result, now time.Time) (transition, error) {
 	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res, rec: rec}
 	tr.write.History = historyRecords(rec.ID, res.History)
 	if res.Ignored {
@@ -181,8 +181,8 @@ func (c *Client) transition(ctx context.Context, rec store.SagaRecord, res saga.
 }
 
 // writes returns what trs write.
-func writes(trs ...transition) []store.Transition {
-	out := make([]store.Transition, len(trs))
+func writes(trs ...transition) []driver.Transition {
+	out := make([]driver.Transition, len(trs))
 	for i := range trs {
 		out[i] = trs[i].write
 	}

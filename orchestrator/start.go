@@ -12,10 +12,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 )
 
 // StartOpts tunes one Start. A nil *StartOpts uses defaults.
@@ -68,7 +68,7 @@ func withTx(ctx context.Context, tx pgx.Tx) context.Context {
 // localScope returns ctx carrying t, one of the Client's own transactions,
 // for the saga core's local steps, each of which runs under a savepoint of
 // t.
-func (c *Client) localScope(ctx context.Context, t *store.Tx) context.Context {
+func (c *Client) localScope(ctx context.Context, t driver.Tx) context.Context {
 	return saga.WithLocalScope(ctx, func(ctx context.Context, run func(ctx context.Context) error) error {
 		sp, err := t.Savepoint(ctx)
 		if err != nil {
@@ -165,7 +165,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	// first and runs under a savepoint that losing the race rolls back.
 	local := hasLocalStep(runner)
 	if opts.StartKey != "" && local {
-		existing, err := c.store.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		switch {
 		case err == nil:
 			return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
@@ -187,7 +187,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	}
 	if !inserted {
 		// The deferred rollback undoes the local steps' writes.
-		existing, err := c.store.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
@@ -222,19 +222,19 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uu
 	if err != nil {
 		return saga.Result{}, false, err
 	}
-	rec := store.SagaRecord{StartKey: startKey}
+	rec := driver.SagaRecord{StartKey: startKey}
 	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
 		return saga.Result{}, false, err
 	}
-	inserted, err := c.store.StartSaga(ctx, tx, &store.SagaStart{
+	inserted, err := c.db.StartSaga(ctx, tx, &driver.SagaStart{
 		Saga: rec, History: historyRecords(id, res.History), Messages: c.messages(ctx, &res.Instance, res.Emit),
 	}, now)
 	if err != nil || !inserted {
 		return res, false, err
 	}
 	if c.cfg.Relay.Notify {
-		if err := c.store.Notify(ctx, tx); err != nil {
+		if err := c.db.Notify(ctx, tx); err != nil {
 			return res, false, err
 		}
 	}

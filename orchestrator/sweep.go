@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 )
 
 // noteDeadline tells the sweeper about a deadline just written; it wakes the
@@ -104,10 +104,10 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 	var trs []transition
 	err = engine.Retrying(ctx, func() error {
 		trs, failed = trs[:0], 0
-		t := c.store.Begin()
+		t := c.db.Begin()
 		defer t.Rollback(ctx)
 		now := c.now()
-		recs, err := c.store.ClaimDueSagas(ctx, t, now, c.cfg.SweepBatch, keys)
+		recs, err := c.db.ClaimDueSagas(ctx, t, now, c.cfg.SweepBatch, keys)
 		if err != nil {
 			return err
 		}
@@ -130,7 +130,7 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 				c.log.Error("deadline not applied; will try again", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", err)
 			}
 		}
-		return c.store.WriteTransitions(ctx, t, writes(trs...), now, true)
+		return c.db.WriteTransitions(ctx, t, writes(trs...), now, true)
 	})
 	if err != nil {
 		return 0, 0, err
@@ -160,14 +160,14 @@ func (e *timerRefusedError) Unwrap() error { return e.err }
 // rec, why its timer was not applied (history and LastError), and clears its
 // deadline so that it is not claimed again: the saga stays as it is,
 // visibly, for an operator.
-func (c *Client) deadlineFailed(rec store.SagaRecord, now time.Time, cause error) transition {
+func (c *Client) deadlineFailed(rec driver.SagaRecord, now time.Time, cause error) transition {
 	reason := fmt.Sprintf("deadline %s not applied: %v", rec.Deadline.UTC().Format(time.RFC3339Nano), cause)
 	c.log.Error("deadline cannot be applied; recorded on the saga and cleared", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", cause)
 	next := rec
 	next.LastError, next.Deadline = reason, time.Time{}
-	return transition{rec: next, deadlineFailed: true, res: saga.Result{Ignored: true}, write: store.Transition{
+	return transition{rec: next, deadlineFailed: true, res: saga.Result{Ignored: true}, write: driver.Transition{
 		Saga: &next,
-		History: []store.HistoryRecord{{
+		History: []driver.HistoryRecord{{
 			SagaID: rec.ID, At: now, Event: string(HistoryDeadlineFailed), StepIndex: rec.CurrentStep, Phase: rec.Phase,
 			Attempt: rec.Attempts, Detail: reason,
 		}},
@@ -188,7 +188,7 @@ func (c *Client) countResends(ctx context.Context, tr transition, cause string) 
 // (re-sends, compensations) stay in the saga's trace. A definition with
 // local steps runs under a savepoint of t, so that a failing saga leaves
 // none of its steps' writes behind.
-func (c *Client) fire(ctx context.Context, t *store.Tx, rec store.SagaRecord, now time.Time) (_ transition, err error) {
+func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time) (_ transition, err error) {
 	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
 	ctx, span := c.tel.Tracer().Start(ctx, "saga deadline "+rec.Type, trace.WithAttributes(
 		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))

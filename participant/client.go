@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
@@ -25,6 +26,7 @@ import (
 type Client struct {
 	cfg    Config
 	store  *store.Store
+	db     driver.Executor
 	engine *engine.Engine
 	log    *slog.Logger
 
@@ -55,11 +57,12 @@ func NewClient(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:      cfg,
 		store:    st,
+		db:       st.Executor(),
 		log:      cfg.Logger.With("component", componentName, "service", cfg.Service),
 		handlers: make(map[handlerKey]*handler),
 	}
 	c.engine, err = engine.New(engine.Config{
-		Store: st, Broker: cfg.Broker, Component: componentName,
+		DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
 		Workers: cfg.Workers, Prefetch: cfg.Prefetch, StopTimeout: cfg.StopTimeout,
 		MaxPayloadBytes: cfg.MaxPayloadBytes, Retry: cfg.Retry, Relay: cfg.Relay, Retention: cfg.Retention,
 		Logger: cfg.Logger.With("service", cfg.Service), Telemetry: tel,
@@ -130,11 +133,11 @@ func (c *Client) Publish(ctx context.Context, tx pgx.Tx, msgs ...message.Message
 			msgs[i].TraceParent, msgs[i].TraceState = tp, ts
 		}
 	}
-	if err := c.store.OutboxWrite(ctx, tx, msgs); err != nil {
+	if err := c.db.OutboxWrite(ctx, tx, msgs); err != nil {
 		return fmt.Errorf("participant: publish: %w", err)
 	}
 	if c.cfg.Relay.Notify {
-		if err := c.store.Notify(ctx, tx); err != nil {
+		if err := c.db.Notify(ctx, tx); err != nil {
 			return fmt.Errorf("participant: publish: %w", err)
 		}
 	}

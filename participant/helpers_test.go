@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -314,15 +315,15 @@ func eventually(t *testing.T, cond func() bool, msg string, args ...any) {
 }
 
 // barrier returns the barrier marks of saga id by phase: their outcomes.
-func (e *env) barrier(id uuid.UUID) map[message.Phase]store.BarrierOutcome {
+func (e *env) barrier(id uuid.UUID) map[message.Phase]driver.BarrierOutcome {
 	e.t.Helper()
 	rows, err := e.store.Pool.Query(context.Background(), "SELECT phase, outcome FROM "+e.table("sagabox_barrier")+" WHERE saga_id = $1", id)
 	require.NoError(e.t, err)
-	out := map[message.Phase]store.BarrierOutcome{}
+	out := map[message.Phase]driver.BarrierOutcome{}
 	for rows.Next() {
 		var phase, outcome string
 		require.NoError(e.t, rows.Scan(&phase, &outcome))
-		out[message.Phase(phase)] = store.BarrierOutcome(outcome)
+		out[message.Phase(phase)] = driver.BarrierOutcome(outcome)
 	}
 	require.NoError(e.t, rows.Err())
 	return out

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
@@ -149,8 +150,8 @@ func TestGuaranteeCompensationBarrier(t *testing.T) {
 
 		outcomes := e.barrier(sagaID)
 		require.Len(t, outcomes, 2)
-		require.Equal(t, store.BarrierBlocked, outcomes[message.PhaseAction])
-		require.Equal(t, store.BarrierSkipped, outcomes[message.PhaseCompensation])
+		require.Equal(t, driver.BarrierBlocked, outcomes[message.PhaseAction])
+		require.Equal(t, driver.BarrierSkipped, outcomes[message.PhaseCompensation])
 	})
 
 	t.Run("repeated compensation runs once", func(t *testing.T) {

@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -36,14 +36,14 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 	if poison != nil {
 		return engine.Result{}, poison
 	}
-	t := c.store.Begin()
+	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	del, err := c.store.BeginDelivery(ctx, t, &d.Envelope, blockedReply(d))
+	del, err := c.db.BeginDelivery(ctx, t, &d.Envelope, blockedReply(d))
 	if err != nil {
 		return engine.Result{}, err
 	}
 	if del.Duplicate {
-		return c.finish(ctx, t, d, del, store.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
+		return c.finish(ctx, t, d, del, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
 	}
 	switch d.Kind {
 	case message.KindCommand:
@@ -54,7 +54,7 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 	if err := c.callErr(ctx, del, h, d, data, attempt); err != nil {
 		return engine.Result{}, err
 	}
-	return c.finish(ctx, t, d, del, store.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeApplied, Note: "event handled"})
+	return c.finish(ctx, t, d, del, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeApplied, Note: "event handled"})
 }
 
 // dispatch finds the handler of d and decodes its payload, or says why d is
@@ -81,8 +81,8 @@ func (c *Client) dispatch(d *transport.Delivery) (*handler, any, *engine.Poison)
 
 // finish ends the delivery begun in t and, once it committed, runs the test
 // hook.
-func (c *Client) finish(ctx context.Context, t *store.Tx, d *transport.Delivery, del *store.Delivery, end store.DeliveryEnd, res engine.Result) (engine.Result, error) {
-	if err := c.store.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
+func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, end driver.DeliveryEnd, res engine.Result) (engine.Result, error) {
+	if err := c.db.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
 		return engine.Result{}, err
 	}
 	res.Wrote = end.Reply != nil
@@ -96,27 +96,27 @@ func (c *Client) finish(ctx context.Context, t *store.Tx, d *transport.Delivery,
 // message of a (saga, step) runs the handler; every later one (a re-send
 // after a timeout, or an action arriving after its compensation) gets the
 // reply recorded in the barrier and runs nothing.
-func (c *Client) action(ctx context.Context, t *store.Tx, d *transport.Delivery, del *store.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
+func (c *Client) action(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
 	if !del.Marked {
 		note := "action already handled for this saga step; answered with the first reply"
-		if del.Prior.Outcome == store.BarrierBlocked {
+		if del.Prior.Outcome == driver.BarrierBlocked {
 			note = "action arrived after its compensation; not applied"
 		}
-		return c.finish(ctx, t, d, del, store.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
+		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
 			engine.Result{Outcome: telemetry.OutcomeApplied, Note: note})
 	}
 	reply, err := c.call(ctx, del.Tx, h, d, data, attempt)
 	switch {
 	case err == nil:
-		mark := &store.BarrierMark{Outcome: store.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: reply}
-		return c.finish(ctx, t, d, del, store.DeliveryEnd{Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, reply)},
+		mark := &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: reply}
+		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, reply)},
 			engine.Result{Outcome: telemetry.OutcomeApplied, Note: "applied"})
 	case errors.Is(err, saga.ErrRejected):
 		// The rejection keeps the inbox record and the barrier mark but none
 		// of the handler's writes.
 		failure := encodeFailure(failureOf(err))
-		mark := &store.BarrierMark{Outcome: store.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure}
-		return c.finish(ctx, t, d, del, store.DeliveryEnd{Discard: true, Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, failure)},
+		mark := &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure}
+		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Discard: true, Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, failure)},
 			engine.Result{Outcome: telemetry.OutcomeRejected, Note: "rejected"})
 	}
 	return engine.Result{}, err
@@ -127,24 +127,24 @@ func (c *Client) action(ctx context.Context, t *store.Tx, d *transport.Delivery,
 // per (saga, step). When the action never arrived the barrier left the
 // action's mark itself ("blocked"), so that a late action is not applied,
 // and the compensation succeeds: there is nothing to undo.
-func (c *Client) compensation(ctx context.Context, t *store.Tx, d *transport.Delivery, del *store.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
+func (c *Client) compensation(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
 	if !del.Marked {
-		return c.finish(ctx, t, d, del, store.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
+		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
 			engine.Result{Outcome: telemetry.OutcomeApplied, Note: "compensation already done; answered with its reply"})
 	}
 	success := []byte("{}")
-	end := store.DeliveryEnd{Reply: c.reply(ctx, d, message.KindReplySuccess, success)}
+	end := driver.DeliveryEnd{Reply: c.reply(ctx, d, message.KindReplySuccess, success)}
 	note := "compensated"
 	switch del.Action {
-	case store.BarrierApplied:
+	case driver.BarrierApplied:
 		if err := c.callErr(ctx, del, h, d, data, attempt); err != nil {
 			return engine.Result{}, err
 		}
-	case store.BarrierBlocked:
-		end.Mark, note = &store.BarrierMark{Outcome: store.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
+	case driver.BarrierBlocked:
+		end.Mark, note = &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
 			"null compensation: the action never ran here"
 	default:
-		end.Mark, note = &store.BarrierMark{Outcome: store.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
+		end.Mark, note = &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
 			"nothing to compensate: the action was "+string(del.Action)
 	}
 	return c.finish(ctx, t, d, del, end, engine.Result{Outcome: telemetry.OutcomeApplied, Note: note})
@@ -152,7 +152,7 @@ func (c *Client) compensation(ctx context.Context, t *store.Tx, d *transport.Del
 
 // callErr runs a compensation or event handler; only a command can reject,
 // so a rejection is a transient error here.
-func (c *Client) callErr(ctx context.Context, del *store.Delivery, h *handler, d *transport.Delivery, data any, attempt int) error {
+func (c *Client) callErr(ctx context.Context, del *driver.Delivery, h *handler, d *transport.Delivery, data any, attempt int) error {
 	_, err := c.call(ctx, del.Tx, h, d, data, attempt)
 	if errors.Is(err, saga.ErrRejected) {
 		return fmt.Errorf("a %s cannot reject, retrying it: %w", d.Kind, err)
@@ -165,29 +165,29 @@ func (c *Client) callErr(ctx context.Context, del *store.Delivery, h *handler, d
 // already holds), so that the saga does not wait for it.
 func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *engine.Poison) (engine.Result, error) {
 	c := p.c
-	t := c.store.Begin()
+	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	fresh, err := c.store.RecordInbox(ctx, t, &d.Envelope)
+	fresh, err := c.db.RecordInbox(ctx, t, &d.Envelope)
 	if err != nil {
 		return engine.Result{}, err
 	}
 	if !fresh {
-		return c.finish(ctx, t, d, nil, store.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
+		return c.finish(ctx, t, d, nil, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
 	}
-	if err := c.store.MarkDeadLettered(ctx, t, &d.Envelope, poison.Reason); err != nil {
+	if err := c.db.MarkDeadLettered(ctx, t, &d.Envelope, poison.Reason); err != nil {
 		return engine.Result{}, err
 	}
 	failure := encodeFailure(saga.Failure{Reason: poison.Reason, Code: poison.Code})
-	var end store.DeliveryEnd
+	var end driver.DeliveryEnd
 	switch d.Kind {
 	case message.KindCommand:
-		left, err := c.store.LeaveBarrier(ctx, t, &d.Envelope, store.BarrierMark{Outcome: store.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure})
+		left, err := c.db.LeaveBarrier(ctx, t, &d.Envelope, driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure})
 		if err != nil {
 			return engine.Result{}, err
 		}
 		end.Reply = c.reply(ctx, d, message.KindReplyFailure, failure)
 		if !left {
-			prior, err := c.store.Barrier(ctx, t, &d.Envelope, message.PhaseAction)
+			prior, err := c.db.Barrier(ctx, t, &d.Envelope, message.PhaseAction)
 			if err != nil {
 				return engine.Result{}, err
 			}
@@ -197,7 +197,7 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 		// A compensation that failed for good leaves no mark, so that an
 		// operator's retry runs it again, unless one succeeded already.
 		end.Reply = c.reply(ctx, d, message.KindReplyFailure, failure)
-		prior, err := c.store.Barrier(ctx, t, &d.Envelope, message.PhaseCompensation)
+		prior, err := c.db.Barrier(ctx, t, &d.Envelope, message.PhaseCompensation)
 		switch {
 		case err == nil:
 			end.Reply = c.reply(ctx, d, prior.ReplyKind, prior.ReplyPayload)

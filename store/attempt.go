@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
+
+	"github.com/sagabox/sagabox/internal/driver"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -13,28 +14,11 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// Attempt is the record of a message's failed processing attempts.
-type Attempt struct {
-	MessageID uuid.UUID
-	Kind      message.Kind
-	Type      string
-	SagaID    uuid.UUID
-	// Attempts counts the failed processing attempts.
-	Attempts int
-	// LastError is the error of the last failed attempt, or the reason the
-	// message was dead-lettered.
-	LastError string
-	// DeadLetteredAt is when the message was dead-lettered; zero if it was
-	// not.
-	DeadLetteredAt time.Time
-	UpdatedAt      time.Time
-}
-
 // RecordAttempt counts one failed processing attempt of env, with its cause,
 // in a statement of its own (the processing transaction was rolled back),
 // and returns the number of failed attempts so far. A cause that is not
 // valid UTF-8 or holds NUL bytes is stored with those replaced.
-func (s *Store) RecordAttempt(ctx context.Context, env *message.Envelope, cause string) (int, error) {
+func (s *executor) RecordAttempt(ctx context.Context, env *message.Envelope, cause string) (int, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return 0, err
@@ -51,10 +35,10 @@ func (s *Store) RecordAttempt(ctx context.Context, env *message.Envelope, cause 
 // MarkDeadLettered records that env was dead-lettered for reason: in t
 // (with the rest of the delivery that gives it up), or on its own when t is
 // nil.
-func (s *Store) MarkDeadLettered(ctx context.Context, t *Tx, env *message.Envelope, reason string) error {
+func (s *executor) MarkDeadLettered(ctx context.Context, t driver.Tx, env *message.Envelope, reason string) error {
 	var db dbsqlc.DBTX
 	if t != nil {
-		db = t.exec(ctx, false)
+		db = txOf(t).exec(ctx, false)
 	} else {
 		var err error
 		if db, err = s.pooled(); err != nil {
@@ -71,24 +55,24 @@ func (s *Store) MarkDeadLettered(ctx context.Context, t *Tx, env *message.Envelo
 
 // AttemptGet returns the attempt record of message id, or an error wrapping
 // message.ErrNotFound when it never failed.
-func (s *Store) AttemptGet(ctx context.Context, id uuid.UUID) (Attempt, error) {
+func (s *executor) AttemptGet(ctx context.Context, id uuid.UUID) (driver.Attempt, error) {
 	db, err := s.pooled()
 	if err != nil {
-		return Attempt{}, err
+		return driver.Attempt{}, err
 	}
 	r, err := s.queries.InboxAttemptGet(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Attempt{}, fmt.Errorf("attempts of message %s: %w", id, message.ErrNotFound)
+		return driver.Attempt{}, fmt.Errorf("attempts of message %s: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
-		return Attempt{}, fmt.Errorf("get attempts of message %s in schema %q: %w", id, s.schema, err)
+		return driver.Attempt{}, fmt.Errorf("get attempts of message %s in schema %q: %w", id, s.schema, err)
 	}
 	return attempt(r), nil
 }
 
 // AttemptList lists up to max attempt records, most recently updated first;
 // only those of dead-lettered messages with deadLetteredOnly.
-func (s *Store) AttemptList(ctx context.Context, deadLetteredOnly bool, max int) ([]Attempt, error) {
+func (s *executor) AttemptList(ctx context.Context, deadLetteredOnly bool, max int) ([]driver.Attempt, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
@@ -97,15 +81,15 @@ func (s *Store) AttemptList(ctx context.Context, deadLetteredOnly bool, max int)
 	if err != nil {
 		return nil, fmt.Errorf("list inbox attempts of schema %q: %w", s.schema, err)
 	}
-	out := make([]Attempt, len(rows))
+	out := make([]driver.Attempt, len(rows))
 	for i, r := range rows {
 		out[i] = attempt(r)
 	}
 	return out, nil
 }
 
-func attempt(r *dbsqlc.SagaboxInboxAttempt) Attempt {
-	a := Attempt{
+func attempt(r *dbsqlc.SagaboxInboxAttempt) driver.Attempt {
+	a := driver.Attempt{
 		MessageID: r.MessageID, Kind: message.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),
 		Attempts: int(r.Attempts), LastError: r.LastError, UpdatedAt: r.UpdatedAt,
 	}

@@ -6,62 +6,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/driver"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
-
-// BarrierOutcome is what happened to one phase of a saga step at a
-// participant, as its barrier mark records it.
-type BarrierOutcome string
-
-// The barrier outcomes.
-const (
-	// BarrierApplied: the handler ran and its effect committed.
-	BarrierApplied BarrierOutcome = "applied"
-	// BarrierRejected: the action was rejected (or given up on); it had no
-	// effect.
-	BarrierRejected BarrierOutcome = "rejected"
-	// BarrierSkipped: a compensation with nothing to undo (the action never
-	// ran or was rejected), answered with success.
-	BarrierSkipped BarrierOutcome = "skipped"
-	// BarrierBlocked: an action mark left by a compensation that came first;
-	// the action, should it arrive, is not applied.
-	BarrierBlocked BarrierOutcome = "blocked"
-)
-
-// Delivery is what BeginDelivery found for one message at a participant.
-type Delivery struct {
-	// Duplicate is true when the inbox had the message: it counted itself
-	// and nothing else may change.
-	Duplicate bool
-	// Marked is true when this message left the barrier mark of its saga
-	// step and phase: the handler runs (for a compensation, if Action says
-	// so). Otherwise Prior is the mark an earlier message left, and its
-	// reply is this message's too.
-	Marked bool
-	Prior  BarrierMark
-	// Action is, for a compensation that left its mark, the outcome of the
-	// step's action here: BarrierBlocked when the action never arrived (the
-	// compensation left the action's mark itself, so that a late action is
-	// not applied).
-	Action BarrierOutcome
-	// Tx is the transaction the handler runs in: a savepoint of the
-	// delivery's, begun in the same round trip. Its Commit and Rollback end
-	// the savepoint, never the delivery.
-	Tx pgx.Tx
-}
-
-// BarrierMark is the record of one phase of one saga step at a participant,
-// with the reply every later message of that phase gets.
-type BarrierMark struct {
-	Outcome BarrierOutcome
-	// ReplyKind and ReplyPayload are the reply sent for the phase.
-	ReplyKind    message.Kind
-	ReplyPayload []byte
-}
 
 // handlerSavepoint is the savepoint a handler runs under.
 const handlerSavepoint = "sagabox_handler"
@@ -74,9 +26,9 @@ const handlerSavepoint = "sagabox_handler"
 // with the savepoint the handler runs in. A concurrent delivery of the same
 // message, or of the same step's action and compensation, waits for the
 // other's transaction to end.
-func (s *Store) BeginDelivery(ctx context.Context, t *Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error) {
-	db := t.execThen("savepoint " + handlerSavepoint)
-	d := &Delivery{}
+func (s *executor) BeginDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
+	db := txOf(t).execThen("savepoint " + handlerSavepoint)
+	d := &driver.Delivery{}
 	var err error
 	switch env.Kind {
 	case message.KindCommand:
@@ -86,7 +38,7 @@ func (s *Store) BeginDelivery(ctx context.Context, t *Tx, env *message.Envelope,
 		})
 		if err == nil {
 			d.Duplicate, d.Marked = !r.Fresh, r.Marked
-			d.Prior = BarrierMark{Outcome: BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}
+			d.Prior = driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}
 		}
 	case message.KindCompensation:
 		var r *dbsqlc.DeliveryBeginCompensationRow
@@ -95,10 +47,10 @@ func (s *Store) BeginDelivery(ctx context.Context, t *Tx, env *message.Envelope,
 		})
 		if err == nil {
 			d.Duplicate, d.Marked = !r.Fresh, r.Marked
-			d.Prior = BarrierMark{Outcome: BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}
-			d.Action = BarrierOutcome(r.ActionOutcome)
+			d.Prior = driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}
+			d.Action = driver.BarrierOutcome(r.ActionOutcome)
 			if r.ActionBlocked {
-				d.Action = BarrierBlocked
+				d.Action = driver.BarrierBlocked
 			}
 		}
 	default:
@@ -110,9 +62,9 @@ func (s *Store) BeginDelivery(ctx context.Context, t *Tx, env *message.Envelope,
 		return nil, fmt.Errorf("begin delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}
 	if d.Marked {
-		d.Prior = BarrierMark{}
+		d.Prior = driver.BarrierMark{}
 	}
-	d.Tx = &handlerTx{Tx: t.tx, t: t}
+	d.Tx = &handlerTx{Tx: txOf(t).tx, t: txOf(t)}
 	return d, nil
 }
 
@@ -120,20 +72,9 @@ func inboxParams(env *message.Envelope) *dbsqlc.InboxRecordParams {
 	return &dbsqlc.InboxRecordParams{MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Step: env.Step}
 }
 
-// DeliveryEnd is how a delivery ends.
-type DeliveryEnd struct {
-	// Discard rolls the handler's writes back (a rejection).
-	Discard bool
-	// Mark, when set, is the outcome and reply of the barrier mark this
-	// delivery left.
-	Mark *BarrierMark
-	// Reply, when set, is written to the outbox (it is prepared in place).
-	Reply *message.Message
-}
-
 // FinishDelivery ends d, the delivery begun in t (nil: one given up on,
 // recorded with RecordInbox), as end says, and commits t, in one round trip.
-func (s *Store) FinishDelivery(ctx context.Context, t *Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error {
+func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, d *driver.Delivery, end driver.DeliveryEnd) error {
 	if d != nil {
 		h := d.Tx.(*handlerTx)
 		if end.Discard {
@@ -141,7 +82,7 @@ func (s *Store) FinishDelivery(ctx context.Context, t *Tx, env *message.Envelope
 				return errors.New("finish delivery: the handler released its savepoint (Commit) before rejecting, so its writes cannot be discarded")
 			}
 			if !h.closed {
-				t.queue("rollback to savepoint " + handlerSavepoint)
+				txOf(t).queue("rollback to savepoint " + handlerSavepoint)
 			}
 		}
 		h.closed = true
@@ -170,7 +111,7 @@ func (s *Store) FinishDelivery(ctx context.Context, t *Tx, env *message.Envelope
 		p.ReplyTo, p.CorrelationID, p.Traceparent, p.Tracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 		p.Headers, p.Payload, p.CreatedAt = o.headers, o.payload, o.createdAt
 	}
-	if err := s.queries.DeliveryFinish(ctx, t.exec(ctx, true), p); err != nil {
+	if err := s.queries.DeliveryFinish(ctx, txOf(t).exec(ctx, true), p); err != nil {
 		return fmt.Errorf("finish delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}
 	return nil
@@ -179,8 +120,8 @@ func (s *Store) FinishDelivery(ctx context.Context, t *Tx, env *message.Envelope
 // RecordInbox records env in the inbox in t (the first statement of a
 // delivery given up on) and reports whether it is new there; a duplicate
 // counts itself.
-func (s *Store) RecordInbox(ctx context.Context, t *Tx, env *message.Envelope) (bool, error) {
-	fresh, err := s.queries.InboxRecord(ctx, t.exec(ctx, false), inboxParams(env))
+func (s *executor) RecordInbox(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
+	fresh, err := s.queries.InboxRecord(ctx, txOf(t).exec(ctx, false), inboxParams(env))
 	if err != nil {
 		return false, fmt.Errorf("record message %s in inbox of schema %q: %w", env.MessageID, s.schema, err)
 	}
@@ -189,21 +130,21 @@ func (s *Store) RecordInbox(ctx context.Context, t *Tx, env *message.Envelope) (
 
 // Barrier returns, read in t, the mark of env's saga step in phase, or an
 // error wrapping message.ErrNotFound.
-func (s *Store) Barrier(ctx context.Context, t *Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error) {
-	r, err := s.queries.BarrierGet(ctx, t.exec(ctx, false), &dbsqlc.BarrierGetParams{SagaID: env.SagaID, Step: env.Step, Phase: string(phase)})
+func (s *executor) Barrier(ctx context.Context, t driver.Tx, env *message.Envelope, phase message.Phase) (driver.BarrierMark, error) {
+	r, err := s.queries.BarrierGet(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierGetParams{SagaID: env.SagaID, Step: env.Step, Phase: string(phase)})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return BarrierMark{}, fmt.Errorf("%s barrier of saga %s step %q: %w", phase, env.SagaID, env.Step, message.ErrNotFound)
+		return driver.BarrierMark{}, fmt.Errorf("%s barrier of saga %s step %q: %w", phase, env.SagaID, env.Step, message.ErrNotFound)
 	}
 	if err != nil {
-		return BarrierMark{}, fmt.Errorf("get %s barrier of saga %s step %q in schema %q: %w", phase, env.SagaID, env.Step, s.schema, err)
+		return driver.BarrierMark{}, fmt.Errorf("get %s barrier of saga %s step %q in schema %q: %w", phase, env.SagaID, env.Step, s.schema, err)
 	}
-	return BarrierMark{Outcome: BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}, nil
+	return driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}, nil
 }
 
 // LeaveBarrier leaves, in t, the final mark of env's saga step in env's
 // phase unless one is there, and reports whether it did.
-func (s *Store) LeaveBarrier(ctx context.Context, t *Tx, env *message.Envelope, mark BarrierMark) (bool, error) {
-	n, err := s.queries.BarrierInsert(ctx, t.exec(ctx, false), &dbsqlc.BarrierInsertParams{
+func (s *executor) LeaveBarrier(ctx context.Context, t driver.Tx, env *message.Envelope, mark driver.BarrierMark) (bool, error) {
+	n, err := s.queries.BarrierInsert(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierInsertParams{
 		SagaID: env.SagaID, Step: env.Step, Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
 		Outcome: string(mark.Outcome), ReplyKind: string(mark.ReplyKind), ReplyPayload: mark.ReplyPayload,
 	})

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
@@ -31,14 +32,14 @@ func reply(env *message.Envelope, kind message.Kind, payload string) *message.Me
 
 // deliver runs one delivery of env to its end: applied with reply payload
 // when the handler runs.
-func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx pgx.Tx) error) *store.Delivery {
+func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx pgx.Tx) error) *driver.Delivery {
 	t.Helper()
 	ctx := context.Background()
 	tx := s.Begin()
 	defer tx.Rollback(ctx)
 	d, err := s.BeginDelivery(ctx, tx, env, []byte(`{"reason":"blocked"}`))
 	require.NoError(t, err)
-	end := store.DeliveryEnd{}
+	end := driver.DeliveryEnd{}
 	switch {
 	case d.Duplicate:
 	case env.Kind == message.KindEvent:
@@ -48,11 +49,11 @@ func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx 
 	case !d.Marked:
 		end.Reply = reply(env, d.Prior.ReplyKind, string(d.Prior.ReplyPayload))
 	default:
-		if handler != nil && (env.Kind != message.KindCompensation || d.Action == store.BarrierApplied) {
+		if handler != nil && (env.Kind != message.KindCompensation || d.Action == driver.BarrierApplied) {
 			require.NoError(t, handler(d.Tx))
 		}
 		if env.Kind == message.KindCommand {
-			end.Mark = &store.BarrierMark{Outcome: store.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{"ok":1}`)}
+			end.Mark = &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{"ok":1}`)}
 		}
 		end.Reply = reply(env, message.KindReplySuccess, `{"ok":1}`)
 	}
@@ -93,7 +94,7 @@ func TestDeliveryInboxCountsDuplicates(t *testing.T) {
 	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "one reply: the event got none")
 	stats, err := s.InboxStats(ctx, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, store.InboxStats{Total: 2, Duplicates: 4, DuplicatedMessages: 2, RecentlyDuplicated: 2}, stats)
+	require.Equal(t, driver.InboxStats{Total: 2, Duplicates: 4, DuplicatedMessages: 2, RecentlyDuplicated: 2}, stats)
 }
 
 // A delivery rolled back leaves nothing: no inbox row, no mark, no reply.
@@ -127,9 +128,9 @@ func TestDeliveryDiscardRollsBackTheHandler(t *testing.T) {
 	require.NoError(t, err)
 	_, err = d.Tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.stock VALUES (1)`, s.Schema()))
 	require.NoError(t, err)
-	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, store.DeliveryEnd{
+	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, driver.DeliveryEnd{
 		Discard: true,
-		Mark:    &store.BarrierMark{Outcome: store.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{"reason":"no"}`)},
+		Mark:    &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{"reason":"no"}`)},
 		Reply:   reply(env, message.KindReplyFailure, `{"reason":"no"}`),
 	}))
 	require.Zero(t, count.n(t, s, `SELECT count(*) FROM %q.stock`), "the handler's write is gone")
@@ -142,7 +143,7 @@ func TestDeliveryDiscardRollsBackTheHandler(t *testing.T) {
 	again.MessageID = uuid.New()
 	d = deliver(t, s, &again, func(pgx.Tx) error { t.Fatal("a re-sent action must not run"); return nil })
 	require.False(t, d.Marked)
-	require.Equal(t, store.BarrierRejected, d.Prior.Outcome)
+	require.Equal(t, driver.BarrierRejected, d.Prior.Outcome)
 	require.JSONEq(t, `{"reason":"no"}`, string(d.Prior.ReplyPayload))
 }
 
@@ -157,10 +158,10 @@ func TestDeliveryBarrier(t *testing.T) {
 	early := uuid.New()
 	comp := deliver(t, s, command(early, message.KindCompensation), nil)
 	require.True(t, comp.Marked)
-	require.Equal(t, store.BarrierBlocked, comp.Action, "the action never arrived")
+	require.Equal(t, driver.BarrierBlocked, comp.Action, "the action never arrived")
 	late := deliver(t, s, command(early, message.KindCommand), func(pgx.Tx) error { t.Fatal("a hanging action must not run"); return nil })
 	require.False(t, late.Marked)
-	require.Equal(t, store.BarrierBlocked, late.Prior.Outcome)
+	require.Equal(t, driver.BarrierBlocked, late.Prior.Outcome)
 	require.JSONEq(t, `{"reason":"blocked"}`, string(late.Prior.ReplyPayload))
 
 	normal := uuid.New()
@@ -168,7 +169,7 @@ func TestDeliveryBarrier(t *testing.T) {
 	runs := 0
 	h := func(pgx.Tx) error { runs++; return nil }
 	first := deliver(t, s, command(normal, message.KindCompensation), h)
-	require.Equal(t, store.BarrierApplied, first.Action)
+	require.Equal(t, driver.BarrierApplied, first.Action)
 	second := deliver(t, s, command(normal, message.KindCompensation), h)
 	require.False(t, second.Marked, "one compensation mark per saga step")
 	require.Equal(t, message.KindReplySuccess, second.Prior.ReplyKind)
@@ -272,7 +273,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			require.True(t, ad.Marked)
 
 			type begun struct {
-				d   *store.Delivery
+				d   *driver.Delivery
 				err error
 			}
 			compEnv := command(sagaID, message.KindCompensation)
@@ -291,8 +292,8 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			}, 10*time.Second, 10*time.Millisecond, "the compensation waits for the action's transaction")
 
 			if actionCommits {
-				require.NoError(t, s.FinishDelivery(ctx, action, actionEnv, ad, store.DeliveryEnd{
-					Mark: &store.BarrierMark{Outcome: store.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
+				require.NoError(t, s.FinishDelivery(ctx, action, actionEnv, ad, driver.DeliveryEnd{
+					Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
 				}))
 			} else {
 				action.Rollback(ctx)
@@ -305,12 +306,12 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			}
 			require.NoError(t, r.err)
 			require.True(t, r.d.Marked)
-			want := store.BarrierBlocked
+			want := driver.BarrierBlocked
 			if actionCommits {
-				want = store.BarrierApplied
+				want = driver.BarrierApplied
 			}
 			require.Equal(t, want, r.d.Action, "the compensation sees the winner's mark")
-			require.NoError(t, s.FinishDelivery(ctx, comp, compEnv, r.d, store.DeliveryEnd{}))
+			require.NoError(t, s.FinishDelivery(ctx, comp, compEnv, r.d, driver.DeliveryEnd{}))
 		})
 	}
 }

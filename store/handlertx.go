@@ -16,7 +16,7 @@ import (
 // starts a savepoint inside it.
 type handlerTx struct {
 	pgx.Tx
-	t *Tx
+	t *engineTx
 	// closed is set once the savepoint is released or rolled back, or the
 	// delivery finished; released once the handler released it.
 	closed, released bool

@@ -16,7 +16,7 @@ func (s *Store) notifyChannel() string { return "sagabox_outbox_" + s.schema }
 // outbox from a process whose own relay does not run (a web process that
 // starts sagas). NOTIFY serialises the commits of the transactions that
 // send it, so it is opt-in.
-func (s *Store) Notify(ctx context.Context, tx pgx.Tx) error {
+func (s *executor) Notify(ctx context.Context, tx pgx.Tx) error {
 	if err := s.queries.OutboxNotify(ctx, s.db(tx), s.notifyChannel()); err != nil {
 		return fmt.Errorf("notify relays of schema %q: %w", s.schema, err)
 	}
@@ -29,7 +29,7 @@ func (s *Store) Notify(ctx context.Context, tx pgx.Tx) error {
 // that a caller who reconnects after an error polls for anything it missed.
 // The returned error is never nil: ctx's error, or why the connection
 // failed.
-func (s *Store) Listen(ctx context.Context, onNotify func()) error {
+func (s *executor) Listen(ctx context.Context, onNotify func()) error {
 	if s.pool == nil {
 		return fmt.Errorf("store for schema %q has no connection pool", s.schema)
 	}

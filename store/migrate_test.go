@@ -20,7 +20,7 @@ func newUnmigrated(t *testing.T) *dbtest.DB {
 	dbtest.DropSchemaOnCleanup(t, pool, schema)
 	s, err := store.New(pool, schema)
 	require.NoError(t, err)
-	return &dbtest.DB{Store: s, Pool: pool}
+	return &dbtest.DB{Executor: s.Executor(), Store: s, Pool: pool}
 }
 
 func TestMigrateConcurrently(t *testing.T) {
@@ -35,7 +35,7 @@ func TestMigrateConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			applied[i], errs[i] = s.MigrateUp(ctx)
+			applied[i], errs[i] = s.Store.MigrateUp(ctx)
 		}()
 	}
 	wg.Wait()
@@ -44,7 +44,7 @@ func TestMigrateConcurrently(t *testing.T) {
 	// Each migration applied exactly once between the two runners.
 	total := len(applied[0]) + len(applied[1])
 	require.Equal(t, store.LatestVersion(store.LineMessaging)+store.LatestVersion(store.LineSaga), total)
-	require.NoError(t, s.CheckSchema(ctx, store.AllLines...))
+	require.NoError(t, s.Store.CheckSchema(ctx, store.AllLines...))
 }
 
 func TestMigrateTwiceIsNoOp(t *testing.T) {
@@ -52,14 +52,14 @@ func TestMigrateTwiceIsNoOp(t *testing.T) {
 	ctx := context.Background()
 	s := newUnmigrated(t)
 
-	first, err := s.MigrateUp(ctx)
+	first, err := s.Store.MigrateUp(ctx)
 	require.NoError(t, err)
 	require.NotEmpty(t, first)
-	second, err := s.MigrateUp(ctx)
+	second, err := s.Store.MigrateUp(ctx)
 	require.NoError(t, err)
 	require.Empty(t, second)
 
-	states, err := s.MigrationStates(ctx)
+	states, err := s.Store.MigrationStates(ctx)
 	require.NoError(t, err)
 	for _, st := range states {
 		require.NotNil(t, st.AppliedAt, "%s %d", st.Line, st.Version)
@@ -71,35 +71,35 @@ func TestMigrateDownThenUp(t *testing.T) {
 	ctx := context.Background()
 	s := newUnmigrated(t)
 
-	_, err := s.MigrateUp(ctx)
+	_, err := s.Store.MigrateUp(ctx)
 	require.NoError(t, err)
-	down, err := s.MigrateDown(ctx, store.LineSaga, 1)
+	down, err := s.Store.MigrateDown(ctx, store.LineSaga, 1)
 	require.NoError(t, err)
 	require.Len(t, down, 1)
-	err = s.CheckSchema(ctx, store.LineSaga)
+	err = s.Store.CheckSchema(ctx, store.LineSaga)
 	require.ErrorIs(t, err, store.ErrSchemaOutdated)
 	require.Contains(t, err.Error(), "sagabox migrate up --schema "+s.Schema())
-	require.NoError(t, s.CheckSchema(ctx, store.LineMessaging))
+	require.NoError(t, s.Store.CheckSchema(ctx, store.LineMessaging))
 
-	_, err = s.MigrateDown(ctx, store.LineSaga, 10)
+	_, err = s.Store.MigrateDown(ctx, store.LineSaga, 10)
 	require.NoError(t, err)
-	_, err = s.MigrateDown(ctx, store.LineMessaging, 10)
+	_, err = s.Store.MigrateDown(ctx, store.LineMessaging, 10)
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, s.Pool.QueryRow(ctx,
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'sagabox_migration'", s.Schema()).Scan(&n))
 	require.Zero(t, n, "down must drop every table")
 
-	up, err := s.MigrateUp(ctx)
+	up, err := s.Store.MigrateUp(ctx)
 	require.NoError(t, err)
 	require.Len(t, up, store.LatestVersion(store.LineMessaging)+store.LatestVersion(store.LineSaga))
-	require.NoError(t, s.CheckSchema(ctx, store.AllLines...))
+	require.NoError(t, s.Store.CheckSchema(ctx, store.AllLines...))
 }
 
 func TestCheckSchemaOnEmptyDatabase(t *testing.T) {
 	t.Parallel()
 	s := newUnmigrated(t)
-	err := s.CheckSchema(context.Background(), store.LineMessaging)
+	err := s.Store.CheckSchema(context.Background(), store.LineMessaging)
 	require.ErrorIs(t, err, store.ErrSchemaOutdated)
 	require.Contains(t, err.Error(), fmt.Sprintf("version 0 of %d", store.LatestVersion(store.LineMessaging)))
 	require.Contains(t, err.Error(), "--line messaging", "the hint names the line to apply")

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/driver"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -13,25 +15,8 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// Operation is an operator action requested from outside an orchestrator
-// (the CLI), which a running orchestrator applies.
-type Operation struct {
-	ID     int64
-	SagaID uuid.UUID
-	// Action is "retry" or "abort".
-	Action      string
-	Actor       string
-	Reason      string
-	RequestedAt time.Time
-	// AppliedAt is when an orchestrator handled the request; zero while it
-	// is pending.
-	AppliedAt time.Time
-	// Error is why the orchestrator refused the action; empty when applied.
-	Error string
-}
-
-func operation(r *dbsqlc.SagaboxSagaOperation) Operation {
-	op := Operation{
+func operation(r *dbsqlc.SagaboxSagaOperation) driver.Operation {
+	op := driver.Operation{
 		ID: r.ID, SagaID: r.SagaID, Action: r.Action, Actor: r.Actor, Reason: r.Reason,
 		RequestedAt: r.RequestedAt, Error: r.Error,
 	}
@@ -42,16 +27,16 @@ func operation(r *dbsqlc.SagaboxSagaOperation) Operation {
 }
 
 // RequestOperation records a request for action on saga id.
-func (s *Store) RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string) (Operation, error) {
+func (s *executor) RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string) (driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
-		return Operation{}, err
+		return driver.Operation{}, err
 	}
 	r, err := s.queries.SagaOperationInsert(ctx, db, &dbsqlc.SagaOperationInsertParams{
 		SagaID: id, Action: action, Actor: actor, Reason: reason,
 	})
 	if err != nil {
-		return Operation{}, fmt.Errorf("request %s of saga %s: %w", action, id, err)
+		return driver.Operation{}, fmt.Errorf("request %s of saga %s: %w", action, id, err)
 	}
 	return operation(r), nil
 }
@@ -59,12 +44,12 @@ func (s *Store) RequestOperation(ctx context.Context, id uuid.UUID, action, acto
 // ClaimOperation begins t by locking the oldest pending request for a saga
 // of the definitions keys (or for a saga that does not exist), skipping
 // requests another orchestrator holds. It returns nil when there is none.
-func (s *Store) ClaimOperation(ctx context.Context, t *Tx, keys []SagaKey) (*Operation, error) {
+func (s *executor) ClaimOperation(ctx context.Context, t driver.Tx, keys []driver.SagaKey) (*driver.Operation, error) {
 	p := &dbsqlc.SagaOperationClaimParams{SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
 	for i, k := range keys {
 		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
 	}
-	r, err := s.queries.SagaOperationClaim(ctx, t.exec(ctx, false), p)
+	r, err := s.queries.SagaOperationClaim(ctx, txOf(t).exec(ctx, false), p)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -77,8 +62,8 @@ func (s *Store) ClaimOperation(ctx context.Context, t *Tx, keys []SagaKey) (*Ope
 
 // MarkOperation records in t that request id was handled at at (refusal is
 // why it was refused, or empty) and commits t, in one round trip.
-func (s *Store) MarkOperation(ctx context.Context, t *Tx, id int64, at time.Time, refusal string) error {
-	if err := s.queries.SagaOperationMarkApplied(ctx, t.exec(ctx, true), &dbsqlc.SagaOperationMarkAppliedParams{
+func (s *executor) MarkOperation(ctx context.Context, t driver.Tx, id int64, at time.Time, refusal string) error {
+	if err := s.queries.SagaOperationMarkApplied(ctx, txOf(t).exec(ctx, true), &dbsqlc.SagaOperationMarkAppliedParams{
 		ID: id, AppliedAt: at, Error: storableText(refusal),
 	}); err != nil {
 		return fmt.Errorf("mark operator request %d handled: %w", id, err)
@@ -86,18 +71,18 @@ func (s *Store) MarkOperation(ctx context.Context, t *Tx, id int64, at time.Time
 	return nil
 }
 
-// Operation returns request id, or an error wrapping message.ErrNotFound.
-func (s *Store) Operation(ctx context.Context, id int64) (Operation, error) {
+// driver.Operation returns request id, or an error wrapping message.ErrNotFound.
+func (s *executor) Operation(ctx context.Context, id int64) (driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
-		return Operation{}, err
+		return driver.Operation{}, err
 	}
 	r, err := s.queries.SagaOperationGet(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Operation{}, fmt.Errorf("operator request %d: %w", id, message.ErrNotFound)
+		return driver.Operation{}, fmt.Errorf("operator request %d: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
-		return Operation{}, fmt.Errorf("get operator request %d: %w", id, err)
+		return driver.Operation{}, fmt.Errorf("get operator request %d: %w", id, err)
 	}
 	return operation(r), nil
 }

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/driver"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -14,21 +16,11 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// OutboxRow is a claimed outbox row: the message and its publishing state.
-type OutboxRow struct {
-	// ID is the row's position in write order.
-	ID int64
-	// Message is the message to publish, exactly as written.
-	Message message.Message
-	// PublishAttempts counts claims of the row, this one included.
-	PublishAttempts int
-}
-
 // OutboxWrite inserts msgs into the outbox in tx, the caller's transaction, so
 // they are published if and only if tx commits. It completes and validates
 // each message (message.Message.Prepare) and modifies msgs in place, so the
 // caller learns the ids.
-func (s *Store) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Message) error {
+func (s *executor) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Message) error {
 	if tx == nil {
 		return fmt.Errorf("write outbox: transaction is nil")
 	}
@@ -105,23 +97,12 @@ func outboxColumns(msgs []message.Message, now time.Time) (*outboxCols, error) {
 	return c, nil
 }
 
-// OutboxClaimOpts tunes OutboxClaim.
-type OutboxClaimOpts struct {
-	// Max is the most rows to claim.
-	Max int
-	// Lease is how long the claim holds; past it another relay may claim the
-	// rows again.
-	Lease time.Duration
-	// ClaimedBy names the claimer, for inspection.
-	ClaimedBy string
-}
-
 // OutboxClaim claims unpublished rows and returns them in write order. The
 // claim is one statement, committed at once. Rows locked or leased by another
 // relay are skipped; rows whose ordering key has an earlier unpublished row
 // outside this claim are left for later, so one key's rows are never
 // published out of order by two relays.
-func (s *Store) OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error) {
+func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts) ([]driver.OutboxRow, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
@@ -137,9 +118,9 @@ func (s *Store) OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]Outbox
 		return nil, fmt.Errorf("claim outbox batch in schema %q: %w", s.schema, err)
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].ID < rows[j].ID })
-	out := make([]OutboxRow, len(rows))
+	out := make([]driver.OutboxRow, len(rows))
 	for i, r := range rows {
-		out[i] = OutboxRow{ID: r.ID, Message: outboxMessage(r), PublishAttempts: int(r.PublishAttempts)}
+		out[i] = driver.OutboxRow{ID: r.ID, Message: outboxMessage(r), PublishAttempts: int(r.PublishAttempts)}
 	}
 	return out, nil
 }
@@ -176,7 +157,7 @@ func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 // OutboxDone records the outcome of a published batch, in one statement:
 // the rows published were confirmed by the broker; the rows failed were not
 // (cause says why) and can be claimed again after retryAfter.
-func (s *Store) OutboxDone(ctx context.Context, published, failed []int64, retryAfter time.Duration, cause error) error {
+func (s *executor) OutboxDone(ctx context.Context, published, failed []int64, retryAfter time.Duration, cause error) error {
 	if len(published) == 0 && len(failed) == 0 {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
@@ -30,9 +31,9 @@ func write(t *testing.T, s *dbtest.DB, msgs ...message.Message) []message.Messag
 	return msgs
 }
 
-func claim(t *testing.T, s *dbtest.DB, max int, by string) []store.OutboxRow {
+func claim(t *testing.T, s *dbtest.DB, max int, by string) []driver.OutboxRow {
 	t.Helper()
-	rows, err := s.OutboxClaim(context.Background(), store.OutboxClaimOpts{Max: max, Lease: time.Minute, ClaimedBy: by})
+	rows, err := s.OutboxClaim(context.Background(), driver.OutboxClaimOpts{Max: max, Lease: time.Minute, ClaimedBy: by})
 	require.NoError(t, err)
 	return rows
 }
@@ -170,7 +171,7 @@ func TestRetentionDeletesInSmallBatches(t *testing.T) {
 	}
 	require.NoError(t, s.OutboxDone(ctx, ids, nil, 0, nil))
 
-	pruned, err := s.Prune(ctx, store.Retention{Outbox: time.Now().Add(time.Hour), Batch: 7})
+	pruned, err := s.Prune(ctx, driver.Retention{Outbox: time.Now().Add(time.Hour), Batch: 7})
 	require.NoError(t, err)
 	require.EqualValues(t, 20, pruned.Outbox, "only published rows are deleted, 7 at a time")
 	require.EqualValues(t, 20, pruned.Total())

@@ -5,40 +5,16 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/driver"
+
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
-
-// Retention says which processed rows Prune deletes: those older than each
-// cutoff (a zero cutoff keeps the table as it is), at most Batch rows per
-// statement.
-type Retention struct {
-	// Outbox: published rows published before it.
-	Outbox time.Time
-	// Inbox: inbox rows received before it, and attempt rows last updated
-	// before it.
-	Inbox time.Time
-	// Barrier: barrier marks left before it.
-	Barrier time.Time
-	// Sagas: completed and compensated sagas (with their history) finished
-	// before it.
-	Sagas time.Time
-	// Batch is the most rows one statement deletes.
-	Batch int
-}
-
-// Pruned counts the rows one Prune deleted, by table.
-type Pruned struct {
-	Outbox, Inbox, InboxAttempts, Barrier, Sagas int64
-}
-
-// Total is the number of rows deleted.
-func (p Pruned) Total() int64 { return p.Outbox + p.Inbox + p.InboxAttempts + p.Barrier + p.Sagas }
 
 // Prune deletes the rows r selects in small batches, each its own
 // transaction of one round trip under the statement and lock timeouts of
 // background work, until a batch comes back short or ctx is done.
-func (s *Store) Prune(ctx context.Context, r Retention) (Pruned, error) {
-	var p Pruned
+func (s *executor) Prune(ctx context.Context, r driver.Retention) (driver.Pruned, error) {
+	var p driver.Pruned
 	if r.Batch <= 0 {
 		return p, fmt.Errorf("prune schema %q: batch size %d is not positive", s.schema, r.Batch)
 	}
@@ -71,8 +47,8 @@ func (s *Store) Prune(ctx context.Context, r Retention) (Pruned, error) {
 		}
 		for ctx.Err() == nil {
 			t := s.Begin()
-			t.queue(backgroundTimeouts)
-			n, err := tb.del(ctx, t.exec(ctx, true))
+			txOf(t).queue(backgroundTimeouts)
+			n, err := tb.del(ctx, txOf(t).exec(ctx, true))
 			t.Rollback(ctx)
 			if err != nil {
 				return p, fmt.Errorf("delete old %s rows in schema %q: %w", tb.name, s.schema, err)

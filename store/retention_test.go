@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
-	"github.com/sagabox/sagabox/store"
 )
 
 // Each table keeps its rows for its own period; unpublished outbox rows and
@@ -40,7 +40,7 @@ func TestPruneRespectsEachRetention(t *testing.T) {
 		       (gen_random_uuid(), 'x', 1, 'failed', '{}', '[]', NULL)`)
 
 	now := time.Now()
-	r := store.Retention{
+	r := driver.Retention{
 		Outbox: now.Add(-24 * time.Hour), Inbox: now.Add(-7 * 24 * time.Hour), Barrier: now.Add(-30 * 24 * time.Hour),
 		Sagas: now.Add(-30 * 24 * time.Hour), Batch: 10,
 	}
@@ -59,7 +59,7 @@ func TestPruneRespectsEachRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, again.Total())
 
-	none, err := s.Prune(ctx, store.Retention{Batch: 10})
+	none, err := s.Prune(ctx, driver.Retention{Batch: 10})
 	require.NoError(t, err)
 	require.Zero(t, none.Total(), "a zero cutoff keeps a table as it is")
 }

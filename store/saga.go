@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/driver"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -13,56 +15,8 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// SagaRecord is a saga instance row.
-type SagaRecord struct {
-	ID       uuid.UUID
-	Type     string
-	Version  int
-	Status   string
-	StartKey string
-	// Data is the saga's data as JSON.
-	Data []byte
-	// Steps is the per-step state as JSON, as written by the saga core.
-	Steps       []byte
-	CurrentStep int
-	Phase       string
-	// Revision counts applied transitions.
-	Revision int64
-	// Deadline is the earliest pending deadline; zero when none.
-	Deadline   time.Time
-	Attempts   int
-	LastError  string
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
-	FinishedAt time.Time
-	// TraceParent and TraceState are the W3C trace context of the span that
-	// started the saga; empty without tracing.
-	TraceParent, TraceState string
-}
-
-// HistoryRecord is one entry of a saga's history.
-type HistoryRecord struct {
-	ID        int64
-	SagaID    uuid.UUID
-	At        time.Time
-	Event     string
-	Step      string
-	StepIndex int
-	Phase     string
-	Attempt   int
-	Detail    string
-	Actor     string
-	MessageID uuid.UUID
-}
-
-// SagaKey names a saga definition: its type and version.
-type SagaKey struct {
-	Type    string
-	Version int
-}
-
-func sagaRecord(r *dbsqlc.SagaboxSaga) SagaRecord {
-	rec := SagaRecord{
+func sagaRecord(r *dbsqlc.SagaboxSaga) driver.SagaRecord {
+	rec := driver.SagaRecord{
 		ID: r.ID, Type: r.SagaType, Version: int(r.Version), Status: r.Status,
 		Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep), Phase: r.Phase,
 		Revision: r.Revision, Attempts: int(r.Attempts), LastError: r.LastError,
@@ -101,7 +55,7 @@ type historyCols struct {
 	messageID []uuid.UUID
 }
 
-func (c *historyCols) add(h *HistoryRecord) {
+func (c *historyCols) add(h *driver.HistoryRecord) {
 	c.sagaID = append(c.sagaID, h.SagaID)
 	c.at = append(c.at, h.At)
 	c.event = append(c.event, h.Event)
@@ -114,21 +68,13 @@ func (c *historyCols) add(h *HistoryRecord) {
 	c.messageID = append(c.messageID, h.MessageID)
 }
 
-// SagaStart is a saga about to be started: its row, its history and its
-// first messages.
-type SagaStart struct {
-	Saga     SagaRecord
-	History  []HistoryRecord
-	Messages []message.Message
-}
-
 // StartSaga writes st in tx, the caller's transaction, in one statement: the
 // saga exists, and its first messages are sent, if and only if tx commits.
 // It prepares the messages (message.Message.Prepare). When the saga's start
 // key is taken by a saga of the same type, it writes nothing and returns
 // false (a concurrent start with the same key waits for the other
 // transaction to end).
-func (s *Store) StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error) {
+func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStart, now time.Time) (bool, error) {
 	if tx == nil {
 		return false, errors.New("start saga: transaction is nil")
 	}
@@ -162,39 +108,29 @@ func (s *Store) StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now tim
 
 // SagaByStartKey returns the saga of type sagaType started with startKey,
 // read in tx (nil: on the pool), or an error wrapping message.ErrNotFound.
-func (s *Store) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error) {
+func (s *executor) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (driver.SagaRecord, error) {
 	db, err := s.pooled()
 	if tx != nil {
 		db, err = s.db(tx), nil
 	}
 	if err != nil {
-		return SagaRecord{}, err
+		return driver.SagaRecord{}, err
 	}
 	row, err := s.queries.SagaGetByStartKey(ctx, db, &dbsqlc.SagaGetByStartKeyParams{SagaType: sagaType, StartKey: startKey})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s with start key %q: %w", sagaType, startKey, message.ErrNotFound)
+		return driver.SagaRecord{}, fmt.Errorf("saga %s with start key %q: %w", sagaType, startKey, message.ErrNotFound)
 	}
 	if err != nil {
-		return SagaRecord{}, fmt.Errorf("get saga %s with start key %q: %w", sagaType, startKey, err)
+		return driver.SagaRecord{}, fmt.Errorf("get saga %s with start key %q: %w", sagaType, startKey, err)
 	}
 	return sagaRecord(row), nil
-}
-
-// Receipt is what ReceiveReplies found for one reply.
-type Receipt struct {
-	// Fresh is false for a reply the inbox had: a duplicate, which counted
-	// itself and must change nothing.
-	Fresh bool
-	// Saga is the reply's saga, locked; nil for a duplicate and for a saga
-	// that does not exist here.
-	Saga *SagaRecord
 }
 
 // ReceiveReplies begins t with the replies envs: in one statement it records
 // each in the inbox and locks, in id order, the sagas of those seen for the
 // first time, so that one saga's replies are applied one at a time. The
 // receipts are in the order of envs; envs must not repeat a message id.
-func (s *Store) ReceiveReplies(ctx context.Context, t *Tx, envs []*message.Envelope) ([]Receipt, error) {
+func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*message.Envelope) ([]driver.Receipt, error) {
 	n := len(envs)
 	p := &dbsqlc.SagaReceiveParams{
 		MessageID: make([]uuid.UUID, n), Kind: make([]string, n), Type: make([]string, n),
@@ -203,7 +139,7 @@ func (s *Store) ReceiveReplies(ctx context.Context, t *Tx, envs []*message.Envel
 	for i, e := range envs {
 		p.MessageID[i], p.Kind[i], p.Type[i], p.SagaID[i], p.Step[i] = e.MessageID, string(e.Kind), e.Type, e.SagaID, e.Step
 	}
-	rows, err := s.queries.SagaReceive(ctx, t.exec(ctx, false), p)
+	rows, err := s.queries.SagaReceive(ctx, txOf(t).exec(ctx, false), p)
 	if err != nil {
 		return nil, fmt.Errorf("receive %d replies in schema %q: %w", n, s.schema, err)
 	}
@@ -211,7 +147,7 @@ func (s *Store) ReceiveReplies(ctx context.Context, t *Tx, envs []*message.Envel
 	for _, r := range rows {
 		byID[r.MessageID] = r
 	}
-	out := make([]Receipt, n)
+	out := make([]driver.Receipt, n)
 	for i, e := range envs {
 		r := byID[e.MessageID]
 		if r == nil {
@@ -226,8 +162,8 @@ func (s *Store) ReceiveReplies(ctx context.Context, t *Tx, envs []*message.Envel
 	return out, nil
 }
 
-func receivedSaga(r *dbsqlc.SagaReceiveRow) SagaRecord {
-	rec := SagaRecord{
+func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
+	rec := driver.SagaRecord{
 		ID: r.ID.UUID, Type: deref(r.SagaType), Version: int(r.Version.Int32), Status: deref(r.Status),
 		StartKey: deref(r.StartKey), Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep.Int32),
 		Phase: deref(r.Phase), Revision: r.Revision.Int64, Attempts: int(r.Attempts.Int32), LastError: deref(r.LastError),
@@ -257,8 +193,8 @@ func deref(s *string) string {
 
 // LockSagas locks the sagas ids in t, in id order, and returns those that
 // exist.
-func (s *Store) LockSagas(ctx context.Context, t *Tx, ids []uuid.UUID) ([]SagaRecord, error) {
-	rows, err := s.queries.SagaLock(ctx, t.exec(ctx, false), ids)
+func (s *executor) LockSagas(ctx context.Context, t driver.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
+	rows, err := s.queries.SagaLock(ctx, txOf(t).exec(ctx, false), ids)
 	if err != nil {
 		return nil, fmt.Errorf("lock %d sagas in schema %q: %w", len(ids), s.schema, err)
 	}
@@ -268,13 +204,13 @@ func (s *Store) LockSagas(ctx context.Context, t *Tx, ids []uuid.UUID) ([]SagaRe
 // ClaimDueSagas locks in t up to max running or compensating sagas of the
 // definitions keys whose deadline is at or before now, skipping sagas that
 // others hold, under the statement and lock timeouts of background work.
-func (s *Store) ClaimDueSagas(ctx context.Context, t *Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error) {
-	t.queue(backgroundTimeouts)
+func (s *executor) ClaimDueSagas(ctx context.Context, t driver.Tx, now time.Time, max int, keys []driver.SagaKey) ([]driver.SagaRecord, error) {
+	txOf(t).queue(backgroundTimeouts)
 	p := &dbsqlc.SagaClaimDueParams{Now: now, Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
 	for i, k := range keys {
 		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
 	}
-	rows, err := s.queries.SagaClaimDue(ctx, t.exec(ctx, false), p)
+	rows, err := s.queries.SagaClaimDue(ctx, txOf(t).exec(ctx, false), p)
 	if err != nil {
 		return nil, fmt.Errorf("claim due sagas in schema %q: %w", s.schema, err)
 	}
@@ -285,32 +221,19 @@ func (s *Store) ClaimDueSagas(ctx context.Context, t *Tx, now time.Time, max int
 // that a stuck lock or a slow plan cannot hold it forever.
 const backgroundTimeouts = "select set_config('statement_timeout', '30s', true), set_config('lock_timeout', '10s', true)"
 
-func sagaRecords(rows []*dbsqlc.SagaboxSaga) []SagaRecord {
-	out := make([]SagaRecord, len(rows))
+func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
+	out := make([]driver.SagaRecord, len(rows))
 	for i, r := range rows {
 		out[i] = sagaRecord(r)
 	}
 	return out
 }
 
-// Transition is what applying one event to a saga decided: its new state,
-// its history and its outgoing messages.
-type Transition struct {
-	// Saga is the saga's new state, computed from the saga at
-	// Saga.Revision; nil when only History is written (an ignored reply).
-	Saga *SagaRecord
-	// History is appended to the history of the saga History[i].SagaID.
-	History []HistoryRecord
-	// Messages go to the outbox; they are prepared in place
-	// (message.Message.Prepare).
-	Messages []message.Message
-}
-
 // WriteTransitions writes trs in t in one statement, and with commit
 // commits t in the same round trip. A saga whose revision moved on since its
 // transition was computed fails it with an error for which IsRetryable is
 // true, and nothing is written: run the transaction again.
-func (s *Store) WriteTransitions(ctx context.Context, t *Tx, trs []Transition, now time.Time, commit bool) error {
+func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
 	var msgs []message.Message
 	var h historyCols
 	p := &dbsqlc.SagaWriteParams{Now: now}
@@ -352,44 +275,30 @@ func (s *Store) WriteTransitions(ctx context.Context, t *Tx, trs []Transition, n
 	p.OSagaID, p.OSagaType, p.OStep, p.OStepIndex, p.OAttempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
-	if _, err := s.queries.SagaWrite(ctx, t.exec(ctx, commit), p); err != nil {
+	if _, err := s.queries.SagaWrite(ctx, txOf(t).exec(ctx, commit), p); err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
 	return nil
 }
 
 // SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
-func (s *Store) SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error) {
+func (s *executor) SagaGet(ctx context.Context, id uuid.UUID) (driver.SagaRecord, error) {
 	db, err := s.pooled()
 	if err != nil {
-		return SagaRecord{}, err
+		return driver.SagaRecord{}, err
 	}
 	row, err := s.queries.SagaGet(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
+		return driver.SagaRecord{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
 	}
 	if err != nil {
-		return SagaRecord{}, fmt.Errorf("get saga %s: %w", id, err)
+		return driver.SagaRecord{}, fmt.Errorf("get saga %s: %w", id, err)
 	}
 	return sagaRecord(row), nil
 }
 
-// SagaFilter selects sagas for SagaList.
-type SagaFilter struct {
-	// Type keeps only sagas of this definition name; empty keeps all.
-	Type string
-	// Statuses keeps only sagas in one of these statuses; empty keeps all.
-	Statuses []string
-	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
-	UpdatedBefore time.Time
-	// After continues a listing after this saga (its UpdatedAt and ID).
-	After *SagaRecord
-	// Limit is the page size. Defaults to 100.
-	Limit int
-}
-
 // SagaList returns sagas matching f, stalest (least recently updated) first.
-func (s *Store) SagaList(ctx context.Context, f SagaFilter) ([]SagaRecord, error) {
+func (s *executor) SagaList(ctx context.Context, f driver.SagaFilter) ([]driver.SagaRecord, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
@@ -412,7 +321,7 @@ func (s *Store) SagaList(ctx context.Context, f SagaFilter) ([]SagaRecord, error
 }
 
 // SagaHistory returns the history of saga id, oldest first.
-func (s *Store) SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord, error) {
+func (s *executor) SagaHistory(ctx context.Context, id uuid.UUID) ([]driver.HistoryRecord, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
@@ -421,9 +330,9 @@ func (s *Store) SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord,
 	if err != nil {
 		return nil, fmt.Errorf("list history of saga %s: %w", id, err)
 	}
-	out := make([]HistoryRecord, len(rows))
+	out := make([]driver.HistoryRecord, len(rows))
 	for i, r := range rows {
-		out[i] = HistoryRecord{
+		out[i] = driver.HistoryRecord{
 			ID: r.ID, SagaID: r.SagaID, At: r.At, Event: r.Event, Step: r.Step, StepIndex: int(r.StepIndex),
 			Phase: r.Phase, Attempt: int(r.Attempt), Detail: r.Detail, Actor: r.Actor, MessageID: nullUUID(r.MessageID),
 		}

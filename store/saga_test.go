@@ -9,27 +9,28 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 )
 
-func newSaga(key string, deadline time.Time) store.SagaRecord {
-	return store.SagaRecord{
+func newSaga(key string, deadline time.Time) driver.SagaRecord {
+	return driver.SagaRecord{
 		ID: uuid.New(), Type: "checkout", Version: 1, Status: "running", StartKey: key,
 		Data: []byte(`{}`), Steps: []byte(`[]`), Phase: "action", Deadline: deadline,
 	}
 }
 
 // start starts rec with one history entry and one command, at now.
-func start(t *testing.T, s *dbtest.DB, rec store.SagaRecord, now time.Time) bool {
+func start(t *testing.T, s *dbtest.DB, rec driver.SagaRecord, now time.Time) bool {
 	t.Helper()
 	ctx := context.Background()
 	var inserted bool
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) (err error) {
-		inserted, err = s.StartSaga(ctx, tx, &store.SagaStart{
+		inserted, err = s.StartSaga(ctx, tx, &driver.SagaStart{
 			Saga:    rec,
-			History: []store.HistoryRecord{{SagaID: rec.ID, At: now, Event: "started"}},
+			History: []driver.HistoryRecord{{SagaID: rec.ID, At: now, Event: "started"}},
 			Messages: []message.Message{{
 				Envelope: message.Envelope{Type: "inventory.reserve", Kind: message.KindCommand, SagaID: rec.ID, Step: "reserve", ReplyTo: "orders"},
 				Payload:  []byte(`{}`),
@@ -70,13 +71,13 @@ func TestWriteTransitionsDetectsConflict(t *testing.T) {
 	require.True(t, start(t, s, rec, now))
 	got, err := s.SagaGet(ctx, rec.ID)
 	require.NoError(t, err)
-	write := func(r store.SagaRecord) error {
+	write := func(r driver.SagaRecord) error {
 		tx := s.Begin()
 		defer tx.Rollback(ctx)
 		r.Status = "completed"
-		return s.WriteTransitions(ctx, tx, []store.Transition{{
+		return s.WriteTransitions(ctx, tx, []driver.Transition{{
 			Saga:     &r,
-			History:  []store.HistoryRecord{{SagaID: r.ID, At: now, Event: "completed"}},
+			History:  []driver.HistoryRecord{{SagaID: r.ID, At: now, Event: "completed"}},
 			Messages: []message.Message{{Envelope: message.Envelope{Type: "x.y", Kind: message.KindEvent}, Payload: []byte(`{}`)}},
 		}}, now, true)
 	}
@@ -106,7 +107,7 @@ func TestReceiveReplies(t *testing.T) {
 	require.True(t, start(t, s, rec, time.Now()))
 	known := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: rec.ID, Step: "reserve"}
 	unknown := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: uuid.New(), Step: "reserve"}
-	receive := func(envs ...*message.Envelope) []store.Receipt {
+	receive := func(envs ...*message.Envelope) []driver.Receipt {
 		tx := s.Begin()
 		defer tx.Rollback(ctx)
 		r, err := s.ReceiveReplies(ctx, tx, envs)
@@ -133,10 +134,10 @@ func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	due1, due2, later := newSaga("", now.Add(-time.Minute)), newSaga("", now.Add(-time.Minute)), newSaga("", now.Add(time.Hour))
-	for _, r := range []store.SagaRecord{due1, due2, later} {
+	for _, r := range []driver.SagaRecord{due1, due2, later} {
 		require.True(t, start(t, s, r, now))
 	}
-	keys := []store.SagaKey{{Type: "checkout", Version: 1}}
+	keys := []driver.SagaKey{{Type: "checkout", Version: 1}}
 	txA := s.Begin()
 	defer txA.Rollback(ctx)
 	a, err := s.ClaimDueSagas(ctx, txA, now, 1, keys)
@@ -152,7 +153,7 @@ func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
 
 	txC := s.Begin()
 	defer txC.Rollback(ctx)
-	c, err := s.ClaimDueSagas(ctx, txC, now, 10, []store.SagaKey{{Type: "checkout", Version: 2}})
+	c, err := s.ClaimDueSagas(ctx, txC, now, 10, []driver.SagaKey{{Type: "checkout", Version: 2}})
 	require.NoError(t, err)
 	require.Empty(t, c, "sagas of a definition the caller does not run are never claimed")
 }
@@ -168,10 +169,10 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 		ids = append(ids, r.ID)
 		require.True(t, start(t, s, r, base.Add(time.Duration(i)*time.Minute)))
 	}
-	page1, err := s.SagaList(ctx, store.SagaFilter{Type: "checkout", Statuses: []string{"running"}, Limit: 3})
+	page1, err := s.SagaList(ctx, driver.SagaFilter{Type: "checkout", Statuses: []string{"running"}, Limit: 3})
 	require.NoError(t, err)
 	require.Len(t, page1, 3)
-	page2, err := s.SagaList(ctx, store.SagaFilter{Type: "checkout", Limit: 3, After: &page1[2]})
+	page2, err := s.SagaList(ctx, driver.SagaFilter{Type: "checkout", Limit: 3, After: &page1[2]})
 	require.NoError(t, err)
 	require.Len(t, page2, 2)
 	got := []uuid.UUID{}
@@ -179,7 +180,7 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 		got = append(got, r.ID)
 	}
 	require.Equal(t, ids, got)
-	none, err := s.SagaList(ctx, store.SagaFilter{Statuses: []string{"failed"}})
+	none, err := s.SagaList(ctx, driver.SagaFilter{Statuses: []string{"failed"}})
 	require.NoError(t, err)
 	require.Empty(t, none)
 	hist, err := s.SagaHistory(ctx, ids[0])

@@ -4,73 +4,45 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/sagabox/sagabox/internal/driver"
 )
 
-// OutboxStats is the publishing state of an outbox.
-type OutboxStats struct {
-	// Backlog is the number of unpublished rows.
-	Backlog int64
-	// OldestAge is the age of the oldest unpublished row; zero when none.
-	OldestAge time.Duration
-	// Retrying counts unpublished rows that were claimed at least once.
-	Retrying int64
-}
-
-// OutboxStats returns the backlog of the outbox.
-func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
+// driver.OutboxStats returns the backlog of the outbox.
+func (s *executor) OutboxStats(ctx context.Context) (driver.OutboxStats, error) {
 	db, err := s.pooled()
 	if err != nil {
-		return OutboxStats{}, err
+		return driver.OutboxStats{}, err
 	}
 	r, err := s.queries.OutboxStats(ctx, db)
 	if err != nil {
-		return OutboxStats{}, fmt.Errorf("outbox stats of schema %q: %w", s.schema, err)
+		return driver.OutboxStats{}, fmt.Errorf("outbox stats of schema %q: %w", s.schema, err)
 	}
-	return OutboxStats{
+	return driver.OutboxStats{
 		Backlog:   r.Backlog,
 		OldestAge: time.Duration(r.OldestAgeSeconds * float64(time.Second)),
 		Retrying:  r.Retrying,
 	}, nil
 }
 
-// InboxStats is a summary of an inbox.
-type InboxStats struct {
-	// Total is the number of processed messages still kept.
-	Total int64
-	// Duplicates is the number of duplicate arrivals, summed over messages.
-	Duplicates int64
-	// DuplicatedMessages is the number of messages that arrived more than once.
-	DuplicatedMessages int64
-	// RecentlyDuplicated is the number of messages whose last duplicate
-	// arrived within the window passed to InboxStats.
-	RecentlyDuplicated int64
-}
-
-// InboxStats summarises the inbox; recent is the window of
+// driver.InboxStats summarises the inbox; recent is the window of
 // RecentlyDuplicated.
-func (s *Store) InboxStats(ctx context.Context, recent time.Duration) (InboxStats, error) {
+func (s *executor) InboxStats(ctx context.Context, recent time.Duration) (driver.InboxStats, error) {
 	db, err := s.pooled()
 	if err != nil {
-		return InboxStats{}, err
+		return driver.InboxStats{}, err
 	}
 	r, err := s.queries.InboxStats(ctx, db, recent.Seconds())
 	if err != nil {
-		return InboxStats{}, fmt.Errorf("inbox stats of schema %q: %w", s.schema, err)
+		return driver.InboxStats{}, fmt.Errorf("inbox stats of schema %q: %w", s.schema, err)
 	}
-	return InboxStats{
+	return driver.InboxStats{
 		Total: r.Total, Duplicates: r.Duplicates, DuplicatedMessages: r.DuplicatedMessages, RecentlyDuplicated: r.RecentlyDuplicated,
 	}, nil
 }
 
-// SagaCount is the number of sagas of one type in one status.
-type SagaCount struct {
-	Type   string
-	Status string
-	Count  int64
-}
-
 // SagaCounts counts sagas by type and status.
-func (s *Store) SagaCounts(ctx context.Context) ([]SagaCount, error) {
+func (s *executor) SagaCounts(ctx context.Context) ([]driver.SagaCount, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
@@ -79,16 +51,16 @@ func (s *Store) SagaCounts(ctx context.Context) ([]SagaCount, error) {
 	if err != nil {
 		return nil, fmt.Errorf("count sagas: %w", err)
 	}
-	out := make([]SagaCount, len(rows))
+	out := make([]driver.SagaCount, len(rows))
 	for i, r := range rows {
-		out[i] = SagaCount{Type: r.SagaType, Status: r.Status, Count: r.Count}
+		out[i] = driver.SagaCount{Type: r.SagaType, Status: r.Status, Count: r.Count}
 	}
 	return out, nil
 }
 
 // SagaCountOverdue counts running or compensating sagas whose deadline is
 // before before.
-func (s *Store) SagaCountOverdue(ctx context.Context, before time.Time) (int64, error) {
+func (s *executor) SagaCountOverdue(ctx context.Context, before time.Time) (int64, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return 0, err

@@ -4,16 +4,18 @@
 // and retention. It is the only package that touches pgx internals; the SQL
 // lives in queries/ and is compiled by sqlc into store/internal/dbsqlc.
 //
-// Two parts of it are for users. The migrations (MigrateUp, MigrateDown,
-// MigrationStates, MigrationSQL for teams that apply SQL with their own
-// tool, CheckSchema) and the reads an operator's tool needs (SagaGet,
-// SagaList, SagaHistory, the stats) are a stable API. The rest is the
-// engine's persistence, the way River's driver is River's: each method is
-// one of the engine's units of work (start a saga, begin and finish a
-// delivery, receive replies, write transitions, claim and settle an outbox
-// batch, prune), sent as one pipelined round trip where SQL allows, in the
-// types of package message. It is documented, but its shape follows the
-// engine's needs and may change between minor versions.
+// Its exported API is for users and is small and stable: the migrations
+// (MigrateUp, MigrateDown, MigrationStates, MigrationSQL for teams that apply
+// SQL with their own tool, CheckSchema, ListSchemas) and the classification
+// of PostgreSQL errors. The rest is the engine's persistence, the way
+// River's driver is River's: Executor returns it as the internal contract
+// the engine speaks (internal/driver), one method per unit of work (start a
+// saga, begin and finish a delivery, receive replies, write transitions,
+// claim and settle an outbox batch, prune), each sent as one pipelined round
+// trip where SQL allows, in the types of package message. Inspecting sagas
+// from Go is the orchestrator's job (Client.Get, List, History), and from
+// SQL the inspection views' (sagabox_saga_v and the others), which are a
+// supported query API.
 //
 // Every table is prefixed sagabox_ and lives in a schema chosen per service.
 // The schema is written into each statement (never set via search_path), so a
@@ -30,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
@@ -79,6 +82,16 @@ func New(pool *pgxpool.Pool, schema string) (*Store, error) {
 
 // Schema returns the schema the store works in.
 func (s *Store) Schema() string { return s.schema }
+
+// Executor returns the store as the engine's persistence: its units of
+// work. It is for sagabox's engine, clients and tools; the migrations and
+// CheckSchema are the Store's stable API for users.
+func (s *Store) Executor() driver.Executor { return &executor{s} }
+
+// executor implements driver.Executor on a Store.
+type executor struct{ *Store }
+
+var _ driver.Executor = (*executor)(nil)
 
 // render writes the schema into sql.
 func (s *Store) render(sql string) string {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sagabox/sagabox/internal/driver"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,13 +14,10 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// Tx is one of the engine's own transactions (a delivery, a reply, a sweep,
-// an operator action) on a connection of the pool. It costs no round trip
-// of its own: BEGIN goes out in one batch with the first operation's
-// statement, and COMMIT with the last one's. Operations that end a
-// transaction (they say so) commit it; Rollback ends it otherwise. A Tx is
-// used by one goroutine at a time.
-type Tx struct {
+// engineTx is driver.Tx on a connection of the pool: BEGIN goes out in one
+// batch with the first operation's statement (pgx's Batch.BeginTx), and
+// COMMIT with the last one's.
+type engineTx struct {
 	s    *Store
 	conn *pgxpool.Conn
 	// tx is the connection's transaction once BEGIN was sent.
@@ -29,14 +28,15 @@ type Tx struct {
 	done    bool
 }
 
-// Begin returns a transaction that begins with its first operation. It
-// acquires a connection then, not now.
-func (s *Store) Begin() *Tx { return &Tx{s: s} }
+// Begin implements driver.Executor.
+func (s *executor) Begin() driver.Tx { return &engineTx{s: s.Store} }
 
-// Rollback ends t without committing what it did and gives its connection
-// back. It is a no-op on a transaction that is over (committed, rolled back,
-// or never begun), so it can be deferred.
-func (t *Tx) Rollback(ctx context.Context) {
+// txOf returns the engineTx behind t, which this package's Begin made.
+func txOf(t driver.Tx) *engineTx { return t.(*engineTx) }
+
+// Rollback implements driver.Tx: it ends t without committing what it did
+// and gives its connection back.
+func (t *engineTx) Rollback(ctx context.Context) {
 	if t.done {
 		return
 	}
@@ -54,10 +54,8 @@ func (t *Tx) Rollback(ctx context.Context) {
 	t.conn = nil
 }
 
-// Savepoint returns a savepoint of t, as pgx.Tx, for code that does its own
-// writes in t (a local step): its Commit releases the savepoint, its
-// Rollback rolls back to it, and it cannot end t.
-func (t *Tx) Savepoint(ctx context.Context) (pgx.Tx, error) {
+// Savepoint implements driver.Tx.
+func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	if t.done {
 		return nil, pgx.ErrTxClosed
 	}
@@ -69,10 +67,8 @@ func (t *Tx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	return t.tx.Begin(ctx)
 }
 
-// Commit sends the statements t has pending and COMMIT in one round trip,
-// for a transaction that has nothing more to write (a duplicate). A
-// transaction that never began commits nothing, and costs nothing.
-func (t *Tx) Commit(ctx context.Context) error {
+// Commit implements driver.Tx.
+func (t *engineTx) Commit(ctx context.Context) error {
 	if t.done {
 		return pgx.ErrTxClosed
 	}
@@ -99,31 +95,31 @@ func (t *Tx) Commit(ctx context.Context) error {
 
 // begin sends BEGIN (and the pending statements) on their own, for a caller
 // that needs the transaction before any operation.
-func (t *Tx) begin(ctx context.Context) error {
+func (t *engineTx) begin(ctx context.Context) error {
 	_, err := t.exec(ctx, false).Exec(ctx, "select 1")
 	return err
 }
 
 // queue adds sql to the statements sent ahead of the next operation.
-func (t *Tx) queue(sql string) { t.pending = append(t.pending, sql) }
+func (t *engineTx) queue(sql string) { t.pending = append(t.pending, sql) }
 
 // exec returns the executor of t's next statement: it sends that statement
 // in one round trip with BEGIN (the first time), the pending statements
 // and, with commit, COMMIT, and writes the schema into it.
-func (t *Tx) exec(ctx context.Context, commit bool) dbsqlc.DBTX {
+func (t *engineTx) exec(ctx context.Context, commit bool) dbsqlc.DBTX {
 	return &pipe{t: t, commit: commit}
 }
 
 // execThen is exec with statements without arguments sent right after the
 // statement, in the same round trip (a savepoint for a handler).
-func (t *Tx) execThen(then ...string) dbsqlc.DBTX {
+func (t *engineTx) execThen(then ...string) dbsqlc.DBTX {
 	return &pipe{t: t, then: then}
 }
 
 // pipe is the executor of one statement of a Tx. It implements dbsqlc.DBTX
 // so that the sqlc-generated code runs through it unchanged.
 type pipe struct {
-	t      *Tx
+	t      *engineTx
 	then   []string
 	commit bool
 }

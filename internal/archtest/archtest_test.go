@@ -93,7 +93,8 @@ var rules = []rule{
 	{"message imports nothing of ours", in("message"), and(ours, not(in("message")))},
 	{"store speaks message's types, not transport's", in("store"), in("transport")},
 	{"store makes no tracing decisions", in("store"), external("go.opentelemetry.io")},
-	{"store is below the engine and the clients", in("store"), in("internal", "orchestrator", "participant", "cmd")},
+	{"store is below the engine and the clients", in("store"), and(in("internal", "orchestrator", "participant", "cmd"), not(in("internal/driver")))},
+	{"the driver contract imports nothing of ours but message", in("internal/driver"), and(ours, not(in("message", "internal/driver")))},
 	{"transport knows nothing of persistence", in("transport"), in("store")},
 	{"transport is below the engine and the clients", in("transport"), in("internal", "orchestrator", "participant", "cmd")},
 	{"the orchestrator never imports the participant", in("orchestrator"), in("participant")},
@@ -128,14 +129,16 @@ func TestImportRules(t *testing.T) {
 func TestRulesCatchViolations(t *testing.T) {
 	t.Parallel()
 	violations := map[string][2]string{
-		"saga imports nothing of ours":                   {module + "/saga", module + "/message"},
-		"message imports nothing of ours":                {module + "/message", module + "/transport"},
-		"store speaks message's types, not transport's":  {module + "/store", module + "/transport"},
-		"store makes no tracing decisions":               {module + "/store", "go.opentelemetry.io/otel/propagation"},
-		"transport knows nothing of persistence":         {module + "/transport/rabbitmq", module + "/store"},
-		"the orchestrator never imports the participant": {module + "/orchestrator", module + "/participant"},
-		"the participant never imports the orchestrator": {module + "/participant", module + "/orchestrator"},
-		"internal/ is below the clients":                 {module + "/internal/relay", module + "/orchestrator"},
+		"saga imports nothing of ours":                            {module + "/saga", module + "/message"},
+		"message imports nothing of ours":                         {module + "/message", module + "/transport"},
+		"store speaks message's types, not transport's":           {module + "/store", module + "/transport"},
+		"store makes no tracing decisions":                        {module + "/store", "go.opentelemetry.io/otel/propagation"},
+		"transport knows nothing of persistence":                  {module + "/transport/rabbitmq", module + "/store"},
+		"the orchestrator never imports the participant":          {module + "/orchestrator", module + "/participant"},
+		"the participant never imports the orchestrator":          {module + "/participant", module + "/orchestrator"},
+		"internal/ is below the clients":                          {module + "/internal/relay", module + "/orchestrator"},
+		"store is below the engine and the clients":               {module + "/store", module + "/internal/engine"},
+		"the driver contract imports nothing of ours but message": {module + "/internal/driver", module + "/store"},
 	}
 	for _, r := range rules {
 		v, ok := violations[r.why]

@@ -21,6 +21,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
@@ -91,8 +92,8 @@ func (p *Poison) Error() string { return p.Reason }
 
 // Config configures an Engine.
 type Config struct {
-	// Store is the client's schema. Required.
-	Store *store.Store
+	// DB is the client's schema. Required.
+	DB driver.Executor
 	// Broker consumes the queue and publishes the outbox. Required.
 	Broker transport.Broker
 	// Component names the client in logs, spans and metrics.
@@ -135,7 +136,7 @@ type Engine struct {
 
 // New returns an Engine for cfg that applies deliveries with p.
 func New(cfg Config, p Processor) (*Engine, error) {
-	r, err := relay.New(cfg.Store, cfg.Telemetry.Publisher(cfg.Store.Schema(), cfg.Broker), cfg.Relay, cfg.Logger)
+	r, err := relay.New(cfg.DB, cfg.Telemetry.Publisher(cfg.DB.Schema(), cfg.Broker), cfg.Relay, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +162,7 @@ type Loop func(ctx, workCtx context.Context)
 // loops), stops the relay and returns nil; or it returns the subscription's
 // error if the broker gives up on it.
 func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Loop) error {
-	gauges, err := e.cfg.Telemetry.RegisterOutboxGauges(e.cfg.Store)
+	gauges, err := e.cfg.Telemetry.RegisterOutboxGauges(e.cfg.DB)
 	if err != nil {
 		return err
 	}
@@ -187,7 +188,7 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 		wg.Go(func() { loop(loopCtx, workCtx) })
 	}
 
-	handle := e.cfg.Telemetry.Consume(e.cfg.Component, e.cfg.Store.Schema(), e.handle)
+	handle := e.cfg.Telemetry.Consume(e.cfg.Component, e.cfg.DB.Schema(), e.handle)
 	err = e.cfg.Broker.Subscribe(ctx, queue, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
 		return handle(workCtx, d)
 	}), &transport.SubscribeOpts{Concurrency: e.cfg.Workers, Prefetch: e.cfg.Prefetch})
@@ -212,7 +213,7 @@ func (e *Engine) handle(ctx context.Context, d *transport.Delivery) (transport.O
 	if d.Redelivered {
 		// Only a redelivered message can have failed before: the first
 		// delivery costs no lookup.
-		a, err := e.cfg.Store.AttemptGet(ctx, d.MessageID)
+		a, err := e.cfg.DB.AttemptGet(ctx, d.MessageID)
 		switch {
 		case err == nil:
 			failures = a.Attempts
@@ -288,7 +289,7 @@ func (e *Engine) done(ctx context.Context, d *transport.Delivery, res Result) (t
 // counted in a statement of its own and the message retried with backoff,
 // or given up on once its attempts are used up.
 func (e *Engine) failed(ctx context.Context, d *transport.Delivery, cause error) (transport.Outcome, telemetry.Handled) {
-	n, err := e.cfg.Store.RecordAttempt(ctx, &d.Envelope, cause.Error())
+	n, err := e.cfg.DB.RecordAttempt(ctx, &d.Envelope, cause.Error())
 	if err != nil {
 		e.log.Warn("processing failed and its attempt could not be recorded", append(logAttrs(d), "err", cause, "record_err", err)...)
 		return e.infraRetry(ctx, d, nil)
@@ -341,7 +342,7 @@ func (e *Engine) giveUp(ctx context.Context, d *transport.Delivery, p *Poison) (
 // a failure to read says yes, so that the message is dead-lettered again
 // rather than dropped.
 func (e *Engine) wasDeadLettered(ctx context.Context, d *transport.Delivery) bool {
-	a, err := e.cfg.Store.AttemptGet(ctx, d.MessageID)
+	a, err := e.cfg.DB.AttemptGet(ctx, d.MessageID)
 	if errors.Is(err, message.ErrNotFound) {
 		return false
 	}

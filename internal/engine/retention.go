@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/internal/driver"
 )
 
 // Defaults of RetentionConfig.
@@ -118,15 +118,15 @@ func (e *Engine) retain(ctx context.Context) {
 // Prune runs one retention pass: processed messaging rows by wall-clock
 // time and, for a schema that keeps sagas, finished sagas by the client's
 // clock.
-func (e *Engine) Prune(ctx context.Context) (store.Pruned, error) {
+func (e *Engine) Prune(ctx context.Context) (driver.Pruned, error) {
 	now, c := time.Now(), e.cfg.Retention
-	r := store.Retention{
+	r := driver.Retention{
 		Outbox: now.Add(-c.Outbox), Inbox: now.Add(-c.Inbox), Barrier: now.Add(-c.Barrier), Batch: c.BatchSize,
 	}
 	if e.cfg.KeepsSagas {
 		r.Sagas = e.cfg.Clock().Add(-c.Sagas)
 	}
-	p, err := e.cfg.Store.Prune(ctx, r)
+	p, err := e.cfg.DB.Prune(ctx, r)
 	if p.Total() > 0 {
 		e.log.Info("retention pass deleted rows", "outbox", p.Outbox, "inbox", p.Inbox, "inbox_attempt", p.InboxAttempts,
 			"barrier", p.Barrier, "sagas", p.Sagas)

@@ -24,8 +24,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/message"
-	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -123,11 +123,11 @@ func (o Options) Validate(name string) error {
 
 // Relay publishes one schema's outbox.
 type Relay struct {
-	opts  Options
-	store *store.Store
-	pub   transport.Publisher
-	name  string
-	log   *slog.Logger
+	opts Options
+	db   driver.Executor
+	pub  transport.Publisher
+	name string
+	log  *slog.Logger
 	// wake hands a wake-up to one idle worker: one claim per wake-up, not a
 	// claim by every worker (which, at thousands of commits per second,
 	// costs more database time than the publishing itself).
@@ -136,17 +136,17 @@ type Relay struct {
 	// testHookAfterPublish, when set, runs after a batch was confirmed and
 	// before it is marked published. Returning true makes the worker stop
 	// right there, as a relay killed at that point would.
-	testHookAfterPublish func(rows []store.OutboxRow) (crash bool)
+	testHookAfterPublish func(rows []driver.OutboxRow) (crash bool)
 }
 
-// New returns a Relay that publishes st's outbox with pub. Telemetry, if
+// New returns a Relay that publishes db's outbox with pub. Telemetry, if
 // any, is pub's: wrap it (telemetry.Telemetry.Publisher).
-func New(st *store.Store, pub transport.Publisher, opts Options, log *slog.Logger) (*Relay, error) {
+func New(db driver.Executor, pub transport.Publisher, opts Options, log *slog.Logger) (*Relay, error) {
 	opts = opts.WithDefaults()
 	if err := opts.Validate("Options"); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
-	if st == nil || pub == nil {
+	if db == nil || pub == nil {
 		return nil, errors.New("relay: a store and a publisher are required")
 	}
 	if log == nil {
@@ -154,12 +154,12 @@ func New(st *store.Store, pub transport.Publisher, opts Options, log *slog.Logge
 	}
 	host, _ := os.Hostname()
 	return &Relay{
-		opts:  opts,
-		store: st,
-		pub:   pub,
-		name:  fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
-		log:   log.With("component", "relay", "schema", st.Schema()),
-		wake:  make(chan struct{}, 1),
+		opts: opts,
+		db:   db,
+		pub:  pub,
+		name: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
+		log:  log.With("component", "relay", "schema", db.Schema()),
+		wake: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -253,7 +253,7 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	// claim committed but reported as cancelled would leave its rows leased,
 	// unpublished, for a whole lease.
 	claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	rows, err := r.store.OutboxClaim(claimCtx, store.OutboxClaimOpts{
+	rows, err := r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
 		Max: r.opts.BatchSize, Lease: r.opts.Lease, ClaimedBy: r.name,
 	})
 	cancelClaim()
@@ -296,7 +296,7 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	// When settling fails, every row stays leased and is published again
 	// after the lease: a duplicate, never a loss.
 	retry := backoff(DefaultMinBackoff, DefaultMaxBackoff, rows[0].PublishAttempts)
-	if err := r.store.OutboxDone(markCtx, done, failed, retry, pubErr); err != nil {
+	if err := r.db.OutboxDone(markCtx, done, failed, retry, pubErr); err != nil {
 		return len(rows), err
 	}
 	if len(failed) > 0 {
@@ -311,7 +311,7 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 func (r *Relay) listen(ctx context.Context) {
 	failures := 0
 	for {
-		err := r.store.Listen(ctx, func() {
+		err := r.db.Listen(ctx, func() {
 			failures = 0
 			r.Wake()
 		})

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -157,7 +158,7 @@ func runRelay(t *testing.T, cfg testConfig) (*Relay, func()) {
 		cfg.Observer.Publisher = pub
 		pub = cfg.Observer
 	}
-	r, err := New(cfg.Store.Store, pub, cfg.Options, amqptest.Logger(t))
+	r, err := New(cfg.Store.Executor, pub, cfg.Options, amqptest.Logger(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -189,9 +190,9 @@ func TestOptionsValidation(t *testing.T) {
 	_, err := New(nil, nil, Options{}, nil)
 	require.ErrorContains(t, err, "a store and a publisher are required")
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
-	_, err = New(s.Store, b, Options{Lease: time.Second, PublishTimeout: 2 * time.Second}, nil)
+	_, err = New(s.Executor, b, Options{Lease: time.Second, PublishTimeout: 2 * time.Second}, nil)
 	require.ErrorContains(t, err, "Options.Lease 1s must exceed PublishTimeout 2s")
-	_, err = New(s.Store, b, Options{BatchSize: -1}, nil)
+	_, err = New(s.Executor, b, Options{BatchSize: -1}, nil)
 	require.ErrorContains(t, err, "Options.BatchSize -1 is less than 1")
 }
 
@@ -238,10 +239,10 @@ func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 	ids := writeCommitted(t, s, events("k", 0, 30))
 
 	crashed := make(chan struct{})
-	r, err := New(s.Store, b, Options{Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, amqptest.Logger(t))
+	r, err := New(s.Executor, b, Options{Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, amqptest.Logger(t))
 	require.NoError(t, err)
 	var once sync.Once
-	r.testHookAfterPublish = func([]store.OutboxRow) bool {
+	r.testHookAfterPublish = func([]driver.OutboxRow) bool {
 		once.Do(func() { close(crashed) })
 		return true
 	}

@@ -20,8 +20,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/message"
-	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -207,7 +207,7 @@ const gaugeTimeout = 5 * time.Second
 // RegisterOutboxGauges reports the outbox backlog and the age of its oldest
 // unpublished row for st at every collection. Unregister the returned
 // registration when the client stops.
-func (t *Telemetry) RegisterOutboxGauges(st *store.Store) (metric.Registration, error) {
+func (t *Telemetry) RegisterOutboxGauges(st driver.Executor) (metric.Registration, error) {
 	attrs := metric.WithAttributes(AttrSchema.String(st.Schema()))
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
@@ -228,7 +228,7 @@ func (t *Telemetry) RegisterOutboxGauges(st *store.Store) (metric.Registration, 
 
 // RegisterOverdueGauge reports, at every collection, how many running or
 // compensating sagas of st have a deadline before now() - grace.
-func (t *Telemetry) RegisterOverdueGauge(st *store.Store, grace time.Duration, now func() time.Time) (metric.Registration, error) {
+func (t *Telemetry) RegisterOverdueGauge(st driver.Executor, grace time.Duration, now func() time.Time) (metric.Registration, error) {
 	attrs := metric.WithAttributes(AttrSchema.String(st.Schema()))
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/store"
 )
 
@@ -123,11 +124,13 @@ func DropSchemaOnCleanup(tb testing.TB, pool *pgxpool.Pool, schema string) {
 	})
 }
 
-// DB is a migrated schema of the test database: its Store and the pool it
-// runs on.
+// DB is a migrated schema of the test database: its Store, the Store's
+// executor (the engine's units of work, which tests call directly) and the
+// pool it runs on.
 type DB struct {
-	*store.Store
-	Pool *pgxpool.Pool
+	driver.Executor
+	Store *store.Store
+	Pool  *pgxpool.Pool
 }
 
 // InTx runs fn in a transaction of the pool and commits it when fn returns
@@ -159,5 +162,5 @@ func StoreOnPool(tb testing.TB, pool *pgxpool.Pool, lines ...store.Line) *DB {
 	if _, err := s.MigrateUp(ctx, lines...); err != nil {
 		tb.Fatalf("dbtest: migrate schema %s: %v", schema, err)
 	}
-	return &DB{Store: s, Pool: pool}
+	return &DB{Executor: s.Executor(), Store: s, Pool: pool}
 }

@@ -196,7 +196,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
 		return nil, err
 	}
-	rl, err := relay.New(st, broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, quiet)
+	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, quiet)
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +281,7 @@ func measureLatency(ctx context.Context, pool *pgxpool.Pool, st *store.Store, rl
 	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
 		msg := []message.Message{benchMessage(i)}
 		msg[0].MessageID = uuid.Must(uuid.NewV7())
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.OutboxWrite(ctx, tx, msg) }); err != nil {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.Executor().OutboxWrite(ctx, tx, msg) }); err != nil {
 			return uuid.Nil, time.Time{}, err
 		}
 		committed := time.Now()

@@ -226,7 +226,7 @@ func warmUp(ctx context.Context, pool *pgxpool.Pool, orch *orchestrator.Client, 
 func waitCompleted(ctx context.Context, st *store.Store, n int, timeout time.Duration, errs <-chan error) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		counts, err := st.SagaCounts(ctx)
+		counts, err := st.Executor().SagaCounts(ctx)
 		if err != nil {
 			return err
 		}
@@ -262,7 +262,7 @@ func rawCommits(ctx context.Context, pool *pgxpool.Pool, st *store.Store, writer
 		wg.Go(func() {
 			for cctx.Err() == nil {
 				if err := pgx.BeginFunc(cctx, pool, func(tx pgx.Tx) error {
-					return st.OutboxWrite(cctx, tx, []message.Message{benchMessage(0)})
+					return st.Executor().OutboxWrite(cctx, tx, []message.Message{benchMessage(0)})
 				}); err == nil {
 					mu.Lock()
 					commits++

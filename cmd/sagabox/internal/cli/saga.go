@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -222,7 +223,7 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			} else if err != nil {
 				return err
 			}
-			op, err := st.RequestOperation(ctx, id, action, actor, reason)
+			op, err := st.Executor().RequestOperation(ctx, id, action, actor, reason)
 			if err != nil {
 				return err
 			}
@@ -252,10 +253,10 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 	return cmd
 }
 
-func waitApplied(ctx context.Context, st *store.Store, id int64, wait time.Duration) (store.Operation, error) {
+func waitApplied(ctx context.Context, st *store.Store, id int64, wait time.Duration) (driver.Operation, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		op, err := st.Operation(ctx, id)
+		op, err := st.Executor().Operation(ctx, id)
 		if err != nil || !op.AppliedAt.IsZero() || time.Now().After(deadline) {
 			return op, err
 		}

@@ -49,7 +49,7 @@ func (a *app) outboxCommand() *cobra.Command {
 				if err != nil {
 					return withCode(ExitUsage, err)
 				}
-				s, err := st.OutboxStats(cmd.Context())
+				s, err := st.Executor().OutboxStats(cmd.Context())
 				if err != nil {
 					return err
 				}
@@ -99,7 +99,7 @@ func (a *app) inboxCommand() *cobra.Command {
 				if err != nil {
 					return withCode(ExitUsage, err)
 				}
-				s, err := st.InboxStats(cmd.Context(), recent)
+				s, err := st.Executor().InboxStats(cmd.Context(), recent)
 				if err != nil {
 					return err
 				}

@@ -1,0 +1,178 @@
+// Package driver is the contract between sagabox's delivery engine and its
+// persistence, in the manner of River's driver: one method per unit of work
+// of the engine (start a saga, begin and finish a delivery, receive replies,
+// write transitions, claim and settle an outbox batch, prune), each sent as
+// one pipelined round trip where SQL allows, in the types of package message
+// and of this package. Package store implements it on PostgreSQL
+// (store.Store.Executor); the engine, the clients and sagabox's own tools
+// use it. It is internal: its shape follows the engine's needs.
+package driver
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/message"
+)
+
+// Tx is one of the engine's own transactions (a delivery, a reply, a sweep,
+// an operator action). It costs no round trip of its own: BEGIN goes out in
+// one batch with its first operation's statement, and COMMIT with the last
+// one's (operations that end a transaction say so). Operations take it as
+// their t. A Tx is used by one goroutine at a time.
+type Tx interface {
+	// Commit sends what the transaction has pending and COMMIT in one round
+	// trip, for a transaction with nothing more to write (a duplicate). A
+	// transaction that never began commits nothing, and costs nothing.
+	Commit(ctx context.Context) error
+	// Rollback ends the transaction without committing what it did. It is a
+	// no-op once it is over, so it can be deferred.
+	Rollback(ctx context.Context)
+	// Savepoint returns a savepoint of the transaction, as pgx.Tx, for code
+	// that does its own writes in it (a local step): its Commit releases
+	// the savepoint, its Rollback rolls back to it, and it cannot end the
+	// transaction.
+	Savepoint(ctx context.Context) (pgx.Tx, error)
+}
+
+// Executor is the engine's persistence for one schema.
+type Executor interface {
+	// Schema returns the schema the executor works in.
+	Schema() string
+	// Begin returns a transaction that begins with its first operation; it
+	// acquires a connection then.
+	Begin() Tx
+
+	// StartSaga writes st in tx, the caller's transaction, in one statement:
+	// the saga exists, and its first messages are sent, if and only if tx
+	// commits. It prepares the messages (message.Message.Prepare). When the
+	// saga's start key is taken by a saga of the same type, it writes
+	// nothing and returns false (a concurrent start with the same key waits
+	// for the other transaction to end).
+	StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
+	// SagaByStartKey returns the saga of type sagaType started with
+	// startKey, read in tx (nil: on the pool), or an error wrapping
+	// message.ErrNotFound.
+	SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error)
+	// ReceiveReplies begins t with the replies envs: in one statement it
+	// records each in the inbox and locks, in id order, the sagas of those
+	// seen for the first time, so that one saga's replies are applied one at
+	// a time. The receipts are in the order of envs; envs must not repeat a
+	// message id.
+	ReceiveReplies(ctx context.Context, t Tx, envs []*message.Envelope) ([]Receipt, error)
+	// LockSagas locks the sagas ids in t, in id order, and returns those
+	// that exist.
+	LockSagas(ctx context.Context, t Tx, ids []uuid.UUID) ([]SagaRecord, error)
+	// ClaimDueSagas locks in t up to max running or compensating sagas of
+	// the definitions keys whose deadline is at or before now, skipping
+	// sagas that others hold, under the statement and lock timeouts of
+	// background work.
+	ClaimDueSagas(ctx context.Context, t Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error)
+	// WriteTransitions writes trs in t in one statement, and with commit
+	// commits t in the same round trip. A saga whose revision moved on since
+	// its transition was computed fails it with an error for which
+	// store.IsRetryable is true, and nothing is written: run the transaction
+	// again. The messages are prepared in place.
+	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time, commit bool) error
+	// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
+	SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error)
+	// SagaList returns the sagas f selects, stalest (least recently updated)
+	// first.
+	SagaList(ctx context.Context, f SagaFilter) ([]SagaRecord, error)
+	// SagaHistory returns the history of saga id, oldest first.
+	SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord, error)
+
+	// BeginDelivery begins t, the delivery of env at a participant, in one
+	// round trip with BEGIN: it records env in the inbox and, for a saga
+	// step's command or compensation seen for the first time, leaves the
+	// step's barrier mark (a compensation also leaves the action's mark,
+	// blocked, with the failure reply blockedReply, when the action never
+	// arrived). It ends with the savepoint the handler runs in. A concurrent
+	// delivery of the same message, or of the same step's action and
+	// compensation, waits for the other's transaction to end.
+	BeginDelivery(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
+	// FinishDelivery ends d, the delivery of env begun in t (nil: one given
+	// up on, begun with RecordInbox), as end says, and commits t, in one
+	// round trip.
+	FinishDelivery(ctx context.Context, t Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error
+	// RecordInbox records env in the inbox in t (the first statement of a
+	// delivery given up on) and reports whether it is new there; a
+	// duplicate counts itself.
+	RecordInbox(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
+	// Barrier returns, read in t, the mark of env's saga step in phase, or
+	// an error wrapping message.ErrNotFound.
+	Barrier(ctx context.Context, t Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error)
+	// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
+	// phase unless one is there, and reports whether it did.
+	LeaveBarrier(ctx context.Context, t Tx, env *message.Envelope, mark BarrierMark) (bool, error)
+
+	// RecordAttempt counts one failed processing attempt of env, with its
+	// cause, in a statement of its own (the processing transaction was
+	// rolled back), and returns the number of failed attempts so far. Text
+	// Postgres cannot hold (NUL, invalid UTF-8) is stored with it replaced.
+	RecordAttempt(ctx context.Context, env *message.Envelope, cause string) (int, error)
+	// MarkDeadLettered records that env was dead-lettered for reason: in t
+	// (with the rest of the delivery that gives it up), or on its own when
+	// t is nil.
+	MarkDeadLettered(ctx context.Context, t Tx, env *message.Envelope, reason string) error
+	// AttemptGet returns the attempt record of message id, or an error
+	// wrapping message.ErrNotFound when it never failed.
+	AttemptGet(ctx context.Context, id uuid.UUID) (Attempt, error)
+	// AttemptList lists up to max attempt records, most recently updated
+	// first; only those of dead-lettered messages with deadLetteredOnly.
+	AttemptList(ctx context.Context, deadLetteredOnly bool, max int) ([]Attempt, error)
+
+	// OutboxWrite inserts msgs into the outbox in tx, the caller's
+	// transaction, so they are published if and only if tx commits. It
+	// prepares each message (message.Message.Prepare) in place, so the
+	// caller learns the ids.
+	OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Message) error
+	// OutboxClaim claims unpublished rows, in one autocommit statement, and
+	// returns them in write order. Rows another relay holds are skipped;
+	// rows whose ordering key has an earlier unpublished row outside this
+	// claim are left for later, so one key's rows are never published out
+	// of order by two relays.
+	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
+	// OutboxDone records the outcome of a published batch, in one statement:
+	// the rows published were confirmed by the broker; the rows failed were
+	// not (cause says why) and can be claimed again after retryAfter.
+	OutboxDone(ctx context.Context, published, failed []int64, retryAfter time.Duration, cause error) error
+	// Notify wakes the relays of the schema that Listen in other processes
+	// once tx commits.
+	Notify(ctx context.Context, tx pgx.Tx) error
+	// Listen holds a connection of its own, LISTENs on the schema's channel
+	// and calls onNotify for every notification (and once right after LISTEN
+	// succeeds), until ctx is done or the connection fails; it never returns
+	// nil.
+	Listen(ctx context.Context, onNotify func()) error
+
+	// Prune deletes the rows r selects in small batches, each its own
+	// transaction of one round trip under the timeouts of background work.
+	Prune(ctx context.Context, r Retention) (Pruned, error)
+	// OutboxStats returns the backlog of the outbox.
+	OutboxStats(ctx context.Context) (OutboxStats, error)
+	// InboxStats summarises the inbox; recent is the window of
+	// InboxStats.RecentlyDuplicated.
+	InboxStats(ctx context.Context, recent time.Duration) (InboxStats, error)
+	// SagaCounts counts sagas by type and status.
+	SagaCounts(ctx context.Context) ([]SagaCount, error)
+	// SagaCountOverdue counts running or compensating sagas whose deadline
+	// is before before.
+	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
+
+	// RequestOperation records a request for action on saga id.
+	RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string) (Operation, error)
+	// Operation returns request id, or an error wrapping
+	// message.ErrNotFound.
+	Operation(ctx context.Context, id int64) (Operation, error)
+	// ClaimOperation begins t by locking the oldest pending request for a
+	// saga of the definitions keys (or for a saga that does not exist),
+	// skipping requests another orchestrator holds; nil when there is none.
+	ClaimOperation(ctx context.Context, t Tx, keys []SagaKey) (*Operation, error)
+	// MarkOperation records in t that request id was handled at at (refusal
+	// is why it was refused, or empty) and commits t, in one round trip.
+	MarkOperation(ctx context.Context, t Tx, id int64, at time.Time, refusal string) error
+}

@@ -1,0 +1,275 @@
+package driver
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/message"
+)
+
+// OutboxStats is the publishing state of an outbox.
+type OutboxStats struct {
+	// Backlog is the number of unpublished rows.
+	Backlog int64
+	// OldestAge is the age of the oldest unpublished row; zero when none.
+	OldestAge time.Duration
+	// Retrying counts unpublished rows that were claimed at least once.
+	Retrying int64
+}
+
+// InboxStats is a summary of an inbox.
+type InboxStats struct {
+	// Total is the number of processed messages still kept.
+	Total int64
+	// Duplicates is the number of duplicate arrivals, summed over messages.
+	Duplicates int64
+	// DuplicatedMessages is the number of messages that arrived more than once.
+	DuplicatedMessages int64
+	// RecentlyDuplicated is the number of messages whose last duplicate
+	// arrived within the window passed to InboxStats.
+	RecentlyDuplicated int64
+}
+
+// SagaCount is the number of sagas of one type in one status.
+type SagaCount struct {
+	Type   string
+	Status string
+	Count  int64
+}
+
+// OutboxRow is a claimed outbox row: the message and its publishing state.
+type OutboxRow struct {
+	// ID is the row's position in write order.
+	ID int64
+	// Message is the message to publish, exactly as written.
+	Message message.Message
+	// PublishAttempts counts claims of the row, this one included.
+	PublishAttempts int
+}
+
+// OutboxClaimOpts tunes OutboxClaim.
+type OutboxClaimOpts struct {
+	// Max is the most rows to claim.
+	Max int
+	// Lease is how long the claim holds; past it another relay may claim the
+	// rows again.
+	Lease time.Duration
+	// ClaimedBy names the claimer, for inspection.
+	ClaimedBy string
+}
+
+// Attempt is the record of a message's failed processing attempts.
+type Attempt struct {
+	MessageID uuid.UUID
+	Kind      message.Kind
+	Type      string
+	SagaID    uuid.UUID
+	// Attempts counts the failed processing attempts.
+	Attempts int
+	// LastError is the error of the last failed attempt, or the reason the
+	// message was dead-lettered.
+	LastError string
+	// DeadLetteredAt is when the message was dead-lettered; zero if it was
+	// not.
+	DeadLetteredAt time.Time
+	UpdatedAt      time.Time
+}
+
+// Operation is an operator action requested from outside an orchestrator
+// (the CLI), which a running orchestrator applies.
+type Operation struct {
+	ID     int64
+	SagaID uuid.UUID
+	// Action is "retry" or "abort".
+	Action      string
+	Actor       string
+	Reason      string
+	RequestedAt time.Time
+	// AppliedAt is when an orchestrator handled the request; zero while it
+	// is pending.
+	AppliedAt time.Time
+	// Error is why the orchestrator refused the action; empty when applied.
+	Error string
+}
+
+// SagaRecord is a saga instance row.
+type SagaRecord struct {
+	ID       uuid.UUID
+	Type     string
+	Version  int
+	Status   string
+	StartKey string
+	// Data is the saga's data as JSON.
+	Data []byte
+	// Steps is the per-step state as JSON, as written by the saga core.
+	Steps       []byte
+	CurrentStep int
+	Phase       string
+	// Revision counts applied transitions.
+	Revision int64
+	// Deadline is the earliest pending deadline; zero when none.
+	Deadline   time.Time
+	Attempts   int
+	LastError  string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt time.Time
+	// TraceParent and TraceState are the W3C trace context of the span that
+	// started the saga; empty without tracing.
+	TraceParent, TraceState string
+}
+
+// HistoryRecord is one entry of a saga's history.
+type HistoryRecord struct {
+	ID        int64
+	SagaID    uuid.UUID
+	At        time.Time
+	Event     string
+	Step      string
+	StepIndex int
+	Phase     string
+	Attempt   int
+	Detail    string
+	Actor     string
+	MessageID uuid.UUID
+}
+
+// SagaKey names a saga definition: its type and version.
+type SagaKey struct {
+	Type    string
+	Version int
+}
+
+// SagaStart is a saga about to be started: its row, its history and its
+// first messages.
+type SagaStart struct {
+	Saga     SagaRecord
+	History  []HistoryRecord
+	Messages []message.Message
+}
+
+// Receipt is what ReceiveReplies found for one reply.
+type Receipt struct {
+	// Fresh is false for a reply the inbox had: a duplicate, which counted
+	// itself and must change nothing.
+	Fresh bool
+	// Saga is the reply's saga, locked; nil for a duplicate and for a saga
+	// that does not exist here.
+	Saga *SagaRecord
+}
+
+// Transition is what applying one event to a saga decided: its new state,
+// its history and its outgoing messages.
+type Transition struct {
+	// Saga is the saga's new state, computed from the saga at
+	// Saga.Revision; nil when only History is written (an ignored reply).
+	Saga *SagaRecord
+	// History is appended to the history of the saga History[i].SagaID.
+	History []HistoryRecord
+	// Messages go to the outbox; they are prepared in place
+	// (message.Message.Prepare).
+	Messages []message.Message
+}
+
+// SagaFilter selects sagas for SagaList.
+type SagaFilter struct {
+	// Type keeps only sagas of this definition name; empty keeps all.
+	Type string
+	// Statuses keeps only sagas in one of these statuses; empty keeps all.
+	Statuses []string
+	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
+	UpdatedBefore time.Time
+	// After continues a listing after this saga (its UpdatedAt and ID).
+	After *SagaRecord
+	// Limit is the page size. Defaults to 100.
+	Limit int
+}
+
+// Retention says which processed rows Prune deletes: those older than each
+// cutoff (a zero cutoff keeps the table as it is), at most Batch rows per
+// statement.
+type Retention struct {
+	// Outbox: published rows published before it.
+	Outbox time.Time
+	// Inbox: inbox rows received before it, and attempt rows last updated
+	// before it.
+	Inbox time.Time
+	// Barrier: barrier marks left before it.
+	Barrier time.Time
+	// Sagas: completed and compensated sagas (with their history) finished
+	// before it.
+	Sagas time.Time
+	// Batch is the most rows one statement deletes.
+	Batch int
+}
+
+// Pruned counts the rows one Prune deleted, by table.
+type Pruned struct {
+	Outbox, Inbox, InboxAttempts, Barrier, Sagas int64
+}
+
+// Total is the number of rows deleted.
+func (p Pruned) Total() int64 { return p.Outbox + p.Inbox + p.InboxAttempts + p.Barrier + p.Sagas }
+
+// BarrierOutcome is what happened to one phase of a saga step at a
+// participant, as its barrier mark records it.
+type BarrierOutcome string
+
+// The barrier outcomes.
+const (
+	// BarrierApplied: the handler ran and its effect committed.
+	BarrierApplied BarrierOutcome = "applied"
+	// BarrierRejected: the action was rejected (or given up on); it had no
+	// effect.
+	BarrierRejected BarrierOutcome = "rejected"
+	// BarrierSkipped: a compensation with nothing to undo (the action never
+	// ran or was rejected), answered with success.
+	BarrierSkipped BarrierOutcome = "skipped"
+	// BarrierBlocked: an action mark left by a compensation that came first;
+	// the action, should it arrive, is not applied.
+	BarrierBlocked BarrierOutcome = "blocked"
+)
+
+// Delivery is what BeginDelivery found for one message at a participant.
+type Delivery struct {
+	// Duplicate is true when the inbox had the message: it counted itself
+	// and nothing else may change.
+	Duplicate bool
+	// Marked is true when this message left the barrier mark of its saga
+	// step and phase: the handler runs (for a compensation, if Action says
+	// so). Otherwise Prior is the mark an earlier message left, and its
+	// reply is this message's too.
+	Marked bool
+	Prior  BarrierMark
+	// Action is, for a compensation that left its mark, the outcome of the
+	// step's action here: BarrierBlocked when the action never arrived (the
+	// compensation left the action's mark itself, so that a late action is
+	// not applied).
+	Action BarrierOutcome
+	// Tx is the transaction the handler runs in: a savepoint of the
+	// delivery's, begun in the same round trip. Its Commit and Rollback end
+	// the savepoint, never the delivery.
+	Tx pgx.Tx
+}
+
+// BarrierMark is the record of one phase of one saga step at a participant,
+// with the reply every later message of that phase gets.
+type BarrierMark struct {
+	Outcome BarrierOutcome
+	// ReplyKind and ReplyPayload are the reply sent for the phase.
+	ReplyKind    message.Kind
+	ReplyPayload []byte
+}
+
+// DeliveryEnd is how a delivery ends.
+type DeliveryEnd struct {
+	// Discard rolls the handler's writes back (a rejection).
+	Discard bool
+	// Mark, when set, is the outcome and reply of the barrier mark this
+	// delivery left.
+	Mark *BarrierMark
+	// Reply, when set, is written to the outbox (it is prepared in place).
+	Reply *message.Message
+}
