@@ -130,7 +130,10 @@ func (e *env) config(b transport.Broker) participant.Config {
 		},
 		StopTimeout: 10 * time.Second,
 		Relay:       participant.RelayConfig{PollInterval: 200 * time.Millisecond},
-		Logger:      amqptest.Logger(e.t),
+		// Published replies are kept (marked), so that the tests can count
+		// the replies each delivery wrote.
+		Retention: participant.RetentionConfig{Outbox: time.Hour},
+		Logger:    amqptest.Logger(e.t),
 	}
 }
 

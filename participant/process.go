@@ -85,7 +85,9 @@ func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery,
 	if err := c.db.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
 		return engine.Result{}, err
 	}
-	res.Wrote = end.Reply != nil
+	// The handler may have written messages of its own (Publish), besides
+	// the reply: the relay looks either way.
+	res.Wrote = res.Outcome != telemetry.OutcomeDuplicate
 	if c.testHookAfterCommit != nil {
 		c.testHookAfterCommit(d)
 	}

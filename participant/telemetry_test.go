@@ -296,7 +296,7 @@ func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 	during := reserve(uuid.New(), "apple", 1)
 	e.publish(during)
 	waitLog("cannot process message")
-	waitLog("relay batch failed")
+	waitLog("relay claim failed")
 	waitLog("relay listener lost its connection")
 	amqpProxy.Cut()
 	waitLog("rabbitmq connection lost")

@@ -26,51 +26,65 @@ SELECT
     unnest(@created_at::timestamptz[]);
 
 -- name: OutboxClaim :many
--- Claims up to @max unpublished rows for @lease_seconds. A row is claimed only
--- when every earlier unpublished row of its ordering key is claimed in the same
--- batch, so that two relays never publish one key's rows out of order. Rows
--- locked by a concurrent claim are skipped, never waited for.
-WITH locked AS (
+-- Settles the relay's previous batch and claims its next one, in one
+-- statement: the rows @published were confirmed by the broker (deleted, or
+-- marked published when @keep_published), the rows @failed were not (they
+-- become claimable again after @retry_after_seconds); then up to @max
+-- unpublished rows are leased for @lease_seconds.
+--
+-- A row is claimed only when every earlier unpublished row of its ordering key
+-- is claimed in the same batch: two relays never publish one key's rows out of
+-- order, and a key whose first row another relay holds (or a concurrent claim
+-- has just locked) waits for it. The cost is bounded by the batch whatever the
+-- planner's statistics: the candidates are the first @max unleased rows in id
+-- order (the partial index on unpublished rows, SKIP LOCKED); each looks up
+-- the unpublished row before it in its key with one probe of the
+-- (ordering_key, id) index; and the claimable ones are those whose chain of
+-- such rows runs back, within the candidates, to the first row of the key.
+-- Nothing joins the backlog.
+WITH RECURSIVE deleted AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+    WHERE id = ANY(@published::bigint[]) AND NOT @keep_published::boolean
+), marked AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox
+    SET published_at = now(), claimed_until = NULL, last_error = ''
+    WHERE id = ANY(@published::bigint[]) AND @keep_published::boolean AND published_at IS NULL
+), released AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox
+    SET claimed_until = now() + make_interval(secs => @retry_after_seconds::float8),
+        last_error = @last_error::text
+    WHERE id = ANY(@failed::bigint[]) AND published_at IS NULL
+), candidates AS (
     SELECT o.id, o.ordering_key
     FROM /* TEMPLATE: schema */sagabox_outbox o
     WHERE o.published_at IS NULL
       AND (o.claimed_until IS NULL OR o.claimed_until < now())
+      AND o.id <> ALL(@published::bigint[])
+      AND o.id <> ALL(@failed::bigint[])
     ORDER BY o.id
     LIMIT @max::integer
     FOR UPDATE SKIP LOCKED
-), claimable AS (
-    SELECT l.id
-    FROM locked l
-    WHERE NOT EXISTS (
-        SELECT 1
+), linked AS (
+    SELECT c.id, (
+        SELECT max(p.id)
         FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = l.ordering_key
-          AND p.id < l.id
+        WHERE p.ordering_key = c.ordering_key
+          AND p.id < c.id
           AND p.published_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM locked l2 WHERE l2.id = p.id)
-    )
+          AND p.id <> ALL(@published::bigint[])
+    ) AS prev_id
+    FROM candidates c
+), claimable (id) AS (
+    SELECT linked.id FROM linked WHERE linked.prev_id IS NULL
+    UNION ALL
+    SELECT linked.id FROM linked JOIN claimable ON linked.prev_id = claimable.id
 )
 UPDATE /* TEMPLATE: schema */sagabox_outbox o
 SET claimed_until = now() + make_interval(secs => @lease_seconds::float8),
     claimed_by = @claimed_by::text,
     publish_attempts = o.publish_attempts + 1
-FROM claimable c
-WHERE o.id = c.id
+WHERE o.id = ANY(ARRAY(SELECT claimable.id FROM claimable))
 RETURNING o.*;
-
--- name: OutboxDone :exec
--- Records the outcome of a published batch in one statement: the rows
--- @published were confirmed by the broker; the rows @failed were not and
--- become claimable again after @retry_after_seconds.
-WITH published AS (
-    UPDATE /* TEMPLATE: schema */sagabox_outbox
-    SET published_at = now(), claimed_until = NULL, last_error = ''
-    WHERE id = ANY(@published::bigint[]) AND published_at IS NULL
-)
-UPDATE /* TEMPLATE: schema */sagabox_outbox
-SET claimed_until = now() + make_interval(secs => @retry_after_seconds::float8),
-    last_error = @last_error::text
-WHERE id = ANY(@failed::bigint[]) AND published_at IS NULL;
 
 -- name: OutboxNotify :exec
 -- Wakes relays in other processes that LISTEN on @channel, when the

@@ -97,22 +97,28 @@ func outboxColumns(msgs []message.Message, now time.Time) (*outboxCols, error) {
 	return c, nil
 }
 
-// OutboxClaim claims unpublished rows and returns them in write order. The
-// claim is one statement, committed at once. Rows locked or leased by another
-// relay are skipped; rows whose ordering key has an earlier unpublished row
-// outside this claim are left for later, so one key's rows are never
-// published out of order by two relays.
+// OutboxClaim implements driver.Executor.
 func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts) ([]driver.OutboxRow, error) {
-	db, err := s.pooled()
-	if err != nil {
-		return nil, err
+	if s.pool == nil {
+		return nil, fmt.Errorf("store for schema %q has no connection pool", s.schema)
 	}
-	// One statement in autocommit: the claim cannot wait on a lock (SKIP
-	// LOCKED) and needs no BEGIN/COMMIT round trips on the hot path.
-	rows, err := s.queries.OutboxClaim(ctx, db, &dbsqlc.OutboxClaimParams{
-		LeaseSeconds: opts.Lease.Seconds(),
-		ClaimedBy:    opts.ClaimedBy,
-		Max:          int32(opts.Max),
+	st := opts.Settle
+	cause := ""
+	if st.Cause != nil {
+		cause = storableText(st.Cause.Error())
+	}
+	// One round trip: BEGIN, the plan's settings, the claim (which cannot
+	// wait on a lock: SKIP LOCKED) and COMMIT. The settings keep the plan
+	// bounded by the batch even when the planner misjudges the backlog (a
+	// table never analysed): the first rows come from walking the
+	// unpublished index in id order, never from sorting the backlog.
+	t := &engineTx{s: s.Store}
+	defer t.Rollback(ctx)
+	t.queue(claimPlan)
+	rows, err := s.queries.OutboxClaim(ctx, t.exec(ctx, true), &dbsqlc.OutboxClaimParams{
+		Published: nonNil(st.Published), KeepPublished: st.KeepPublished, Failed: nonNil(st.Failed),
+		RetryAfterSeconds: st.RetryAfter.Seconds(), LastError: cause,
+		LeaseSeconds: opts.Lease.Seconds(), ClaimedBy: opts.ClaimedBy, Max: int32(opts.Max),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch in schema %q: %w", s.schema, err)
@@ -124,6 +130,10 @@ func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts)
 	}
 	return out, nil
 }
+
+// claimPlan are the planner settings of the claim's transaction.
+const claimPlan = "select set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true), " +
+	"set_config('enable_seqscan', 'off', true), set_config('statement_timeout', '30s', true)"
 
 func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 	var headers map[string]string
@@ -152,29 +162,6 @@ func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 		},
 		Payload: r.Payload,
 	}
-}
-
-// OutboxDone records the outcome of a published batch, in one statement:
-// the rows published were confirmed by the broker; the rows failed were not
-// (cause says why) and can be claimed again after retryAfter.
-func (s *executor) OutboxDone(ctx context.Context, published, failed []int64, retryAfter time.Duration, cause error) error {
-	if len(published) == 0 && len(failed) == 0 {
-		return nil
-	}
-	db, err := s.pooled()
-	if err != nil {
-		return err
-	}
-	msg := ""
-	if cause != nil {
-		msg = storableText(cause.Error())
-	}
-	if err := s.queries.OutboxDone(ctx, db, &dbsqlc.OutboxDoneParams{
-		Published: nonNil(published), Failed: nonNil(failed), RetryAfterSeconds: retryAfter.Seconds(), LastError: msg,
-	}); err != nil {
-		return fmt.Errorf("settle %d published and %d failed outbox rows in schema %q: %w", len(published), len(failed), s.schema, err)
-	}
-	return nil
 }
 
 func nonNil[T any](s []T) []T {

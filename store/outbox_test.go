@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -33,9 +34,22 @@ func write(t *testing.T, s *dbtest.DB, msgs ...message.Message) []message.Messag
 
 func claim(t *testing.T, s *dbtest.DB, max int, by string) []driver.OutboxRow {
 	t.Helper()
-	rows, err := s.OutboxClaim(context.Background(), driver.OutboxClaimOpts{Max: max, Lease: time.Minute, ClaimedBy: by})
+	return settleAndClaim(t, s, max, by, driver.OutboxSettle{})
+}
+
+func settleAndClaim(t *testing.T, s *dbtest.DB, max int, by string, settle driver.OutboxSettle) []driver.OutboxRow {
+	t.Helper()
+	rows, err := s.OutboxClaim(context.Background(), driver.OutboxClaimOpts{Max: max, Lease: time.Minute, ClaimedBy: by, Settle: settle})
 	require.NoError(t, err)
 	return rows
+}
+
+func ids(rows []driver.OutboxRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
 }
 
 func TestOutboxWriteFillsEnvelope(t *testing.T) {
@@ -120,28 +134,68 @@ func TestGuaranteeOrderingClaimRespectsKeys(t *testing.T) {
 	require.Len(t, b, 1, "relay-b must not take key-a rows 3..5 while 0..2 are unpublished")
 	require.Equal(t, "key-b", b[0].Message.OrderingKey)
 
-	ids := []int64{a[0].ID, a[1].ID, a[2].ID}
-	require.NoError(t, s.OutboxDone(ctx, ids, nil, 0, nil))
-	b = claim(t, s, 10, "relay-b")
-	require.Len(t, b, 3)
-	for i, r := range b {
-		require.Equal(t, msgs[3+i].MessageID, r.Message.MessageID)
-	}
+	// A settles its batch in the statement that claims its next one, which
+	// can already take the key's next rows.
+	next := settleAndClaim(t, s, 2, "relay-a", driver.OutboxSettle{Published: ids(a)})
+	require.Len(t, next, 2)
+	require.Equal(t, msgs[3].MessageID, next[0].Message.MessageID)
+	require.Equal(t, msgs[4].MessageID, next[1].Message.MessageID)
+	require.Empty(t, claim(t, s, 10, "relay-b"), "relay-b must not take key-a row 5 while rows 3 and 4 are unpublished")
+	b = settleAndClaim(t, s, 10, "relay-a", driver.OutboxSettle{Published: ids(next)})
+	require.Len(t, b, 1)
+	require.Equal(t, msgs[5].MessageID, b[0].Message.MessageID)
+	_ = ctx
 }
 
-// OutboxDone settles a batch in one statement: the confirmed rows are
-// published, the others wait for their retry delay.
-func TestOutboxDoneSettlesABatch(t *testing.T) {
+// A row that a concurrent claim has locked (SKIP LOCKED leaves it out of
+// this claim's candidates) splits its key: the key's rows before it can be
+// claimed, the rows after it wait, so nothing of the key is published out of
+// order.
+func TestGuaranteeOrderingClaimSkipsAKeyAfterALockedRow(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	ctx := context.Background()
+	var msgs []message.Message
+	for i := range 4 {
+		msgs = append(msgs, event("key-a", i))
+	}
+	msgs = append(msgs, event("key-b", 0))
+	write(t, s, msgs...)
+	// A concurrent claim holds the lock of key-a's second row.
+	other, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	var locked int64
+	require.NoError(t, other.QueryRow(ctx, fmt.Sprintf(`SELECT id FROM %q.sagabox_outbox WHERE ordering_key = 'key-a' ORDER BY id OFFSET 1 LIMIT 1`, s.Schema())).Scan(&locked))
+	_, err = other.Exec(ctx, fmt.Sprintf(`SELECT 1 FROM %q.sagabox_outbox WHERE id = $1 FOR UPDATE`, s.Schema()), locked)
+	require.NoError(t, err)
+
+	got := claim(t, s, 10, "me")
+	var keys []string
+	for _, r := range got {
+		keys = append(keys, r.Message.OrderingKey)
+		require.NotEqual(t, locked, r.ID)
+	}
+	require.Equal(t, []string{"key-a", "key-b"}, keys, "key-a's first row and key-b; not key-a's rows after the locked one")
+	require.Equal(t, msgs[0].MessageID, got[0].Message.MessageID)
+}
+
+// A claim settles the previous batch: the confirmed rows are deleted (or,
+// when published rows are kept, marked), the others wait for their retry
+// delay.
+func TestClaimSettlesThePreviousBatch(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
 	write(t, s, event("k", 1), event("j", 1))
 	rows := claim(t, s, 10, "t")
 	require.Len(t, rows, 2)
-	require.NoError(t, s.OutboxDone(ctx, []int64{rows[1].ID}, []int64{rows[0].ID}, time.Hour, fmt.Errorf("broker down")))
-	require.Empty(t, claim(t, s, 10, "t"), "the failed row waits for its retry delay; the other is published")
-	require.NoError(t, s.OutboxDone(ctx, nil, []int64{rows[0].ID}, 0, fmt.Errorf("broker down")))
-	again := claim(t, s, 10, "t")
+	settle := driver.OutboxSettle{Published: []int64{rows[1].ID}, Failed: []int64{rows[0].ID}, RetryAfter: time.Hour, Cause: fmt.Errorf("broker down")}
+	require.Empty(t, settleAndClaim(t, s, 10, "t", settle), "the failed row waits for its retry delay; the other is published")
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "the published row is deleted")
+	again := settleAndClaim(t, s, 0, "t", driver.OutboxSettle{Failed: []int64{rows[0].ID}, Cause: fmt.Errorf("broker down")})
+	require.Empty(t, again, "Max 0 only settles")
+	again = claim(t, s, 10, "t")
 	require.Len(t, again, 1)
 	require.Equal(t, rows[0].Message.MessageID, again[0].Message.MessageID)
 	require.Equal(t, 2, again[0].PublishAttempts)
@@ -153,6 +207,9 @@ func TestOutboxDoneSettlesABatch(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stats.Backlog)
 	require.EqualValues(t, 1, stats.Retrying)
+
+	settleAndClaim(t, s, 0, "t", driver.OutboxSettle{Published: ids(again), KeepPublished: true})
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox WHERE published_at IS NOT NULL`), "kept, marked published")
 }
 
 func TestRetentionDeletesInSmallBatches(t *testing.T) {
@@ -165,11 +222,7 @@ func TestRetentionDeletesInSmallBatches(t *testing.T) {
 	}
 	write(t, s, msgs...)
 	rows := claim(t, s, 20, "t")
-	var ids []int64
-	for _, r := range rows {
-		ids = append(ids, r.ID)
-	}
-	require.NoError(t, s.OutboxDone(ctx, ids, nil, 0, nil))
+	settleAndClaim(t, s, 0, "t", driver.OutboxSettle{Published: ids(rows), KeepPublished: true})
 
 	pruned, err := s.Prune(ctx, driver.Retention{Outbox: time.Now().Add(time.Hour), Batch: 7})
 	require.NoError(t, err)
@@ -208,14 +261,22 @@ func TestClaimPlanIgnoresPublishedBacklog(t *testing.T) {
 	require.Len(t, got, 1)
 }
 
+// claimArgs are the claim statement's arguments, in its parameter order, for
+// a claim of max rows that settles nothing.
+func claimArgs(max int) []any {
+	return []any{30.0, "explain", []int64{}, false, 0.0, "", []int64{}, max}
+}
+
 func explainClaim(t *testing.T, s *dbtest.DB) string {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, store.ClaimPlanForTest())
+	require.NoError(t, err)
 	sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
-	rows, err := tx.Query(ctx, "EXPLAIN "+sql, 30.0, "explain", 100)
+	rows, err := tx.Query(ctx, "EXPLAIN "+sql, claimArgs(100)...)
 	require.NoError(t, err)
 	var lines []string
 	for rows.Next() {
@@ -225,4 +286,82 @@ func explainClaim(t *testing.T, s *dbtest.DB) string {
 	}
 	require.NoError(t, rows.Err())
 	return strings.Join(lines, "\n")
+}
+
+// planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON).
+type planNode struct {
+	NodeType       string     `json:"Node Type"`
+	RelationName   string     `json:"Relation Name"`
+	ActualRows     float64    `json:"Actual Rows"`
+	ActualLoops    float64    `json:"Actual Loops"`
+	RemovedFilter  float64    `json:"Rows Removed by Filter"`
+	RemovedRecheck float64    `json:"Rows Removed by Index Recheck"`
+	Plans          []planNode `json:"Plans"`
+}
+
+// rowsVisited sums the rows every scan of relation read (those it produced
+// and those its filter removed), over all loops: the work the plan did on
+// it.
+func (n planNode) rowsVisited(relation string) float64 {
+	total := 0.0
+	if n.RelationName == relation {
+		total += (n.ActualRows + n.RemovedFilter + n.RemovedRecheck) * n.ActualLoops
+	}
+	for _, c := range n.Plans {
+		total += c.rowsVisited(relation)
+	}
+	return total
+}
+
+// The claim's cost is bounded by its batch, whatever the backlog and the
+// planner's statistics: with 20,000 unpublished rows over 5,000 keys and no
+// ANALYZE ever run, one claim of 200 rows visits a small multiple of 200
+// rows of the outbox, however the keys' rows lie.
+func TestClaimCostBoundedByTheBatch(t *testing.T) {
+	t.Parallel()
+	for name, key := range map[string]string{
+		"keys interleaved": "(g % 5000)::text",
+		"keys in runs":     "(g / 4)::text",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := dbtest.Store(t, store.LineMessaging)
+			ctx := context.Background()
+			_, err := s.Pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE %[1]q.sagabox_outbox SET (autovacuum_enabled = false);
+				INSERT INTO %[1]q.sagabox_outbox (message_id, ordering_key, kind, type, routing_key, payload)
+				SELECT gen_random_uuid(), %[2]s, 'event', 'e', 'e', '{}' FROM generate_series(1, 20000) g`, s.Schema(), key))
+			require.NoError(t, err)
+			// Another relay holds the first rows: the claim must skip them
+			// and their keys' later rows without scanning the backlog.
+			held := claim(t, s, 50, "other")
+			require.Len(t, held, 50)
+
+			tx, err := s.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = tx.Exec(ctx, store.ClaimPlanForTest())
+			require.NoError(t, err)
+			sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
+			var out []byte
+			require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, claimArgs(200)...).Scan(&out))
+			var plans []struct {
+				Plan planNode `json:"Plan"`
+			}
+			require.NoError(t, json.Unmarshal(out, &plans))
+			visited := plans[0].Plan.rowsVisited("sagabox_outbox")
+			t.Logf("rows of the outbox visited by a claim of 200: %.0f", visited)
+			require.LessOrEqual(t, visited, 10.0*200, "the claim's work is bounded by its batch:\n%s", out)
+			require.NoError(t, tx.Rollback(ctx))
+
+			got := claim(t, s, 200, "me")
+			require.GreaterOrEqual(t, len(got), 190, "nearly a full batch: only the rows of keys the other relay holds wait")
+			heldKeys := map[string]bool{}
+			for _, r := range held {
+				heldKeys[r.Message.OrderingKey] = true
+			}
+			for _, r := range got {
+				require.False(t, heldKeys[r.Message.OrderingKey], "row %d: a key whose first rows the other relay holds waits", r.ID)
+			}
+		})
+	}
 }

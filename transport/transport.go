@@ -171,13 +171,39 @@ type QueueSpec struct {
 	Events []string
 }
 
+// BatchHandler is a Handler that can also take several deliveries at once,
+// so that it can apply them together (in one database transaction). A
+// Subscriber hands batches to a BatchHandler when SubscribeOpts.MaxBatch is
+// above 1.
+type BatchHandler interface {
+	Handler
+	// HandleBatch handles ds and returns one outcome per delivery, in the
+	// order of ds.
+	HandleBatch(ctx context.Context, ds []*Delivery) []Outcome
+}
+
+// DefaultLinger is the default of SubscribeOpts.Linger.
+const DefaultLinger = 2 * time.Millisecond
+
 // SubscribeOpts tunes one subscription. A nil *SubscribeOpts uses defaults.
 type SubscribeOpts struct {
-	// Concurrency is how many deliveries are handled at once. Defaults to 1.
+	// Concurrency is how many deliveries (or batches) are handled at once.
+	// Defaults to 1.
 	Concurrency int
 	// Prefetch is how many unacknowledged deliveries the broker may hand out.
-	// Defaults to 2 × Concurrency.
+	// Defaults to 2 × Concurrency, and to at least 2 × MaxBatch per
+	// concurrent handler when batching.
 	Prefetch int
+	// MaxBatch, above 1 with a BatchHandler, is the most deliveries handed
+	// to it at once. A batch takes the deliveries already waiting and, once
+	// deliveries come faster than one at a time (the previous batch had
+	// several, or more are waiting now), waits up to Linger for more: an
+	// idle queue's deliveries are handled one by one, at once. Defaults to
+	// 1 (no batching).
+	MaxBatch int
+	// Linger bounds how long a batch waits for more deliveries. Defaults to
+	// DefaultLinger (2ms).
+	Linger time.Duration
 }
 
 // Subscriber consumes queues.

@@ -130,16 +130,13 @@ type Executor interface {
 	// prepares each message (message.Message.Prepare) in place, so the
 	// caller learns the ids.
 	OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Message) error
-	// OutboxClaim claims unpublished rows, in one autocommit statement, and
-	// returns them in write order. Rows another relay holds are skipped;
-	// rows whose ordering key has an earlier unpublished row outside this
-	// claim are left for later, so one key's rows are never published out
-	// of order by two relays.
+	// OutboxClaim settles the claimer's previous batch (opts.Settle) and
+	// claims unpublished rows, in one autocommit statement, and returns them
+	// in write order. Rows another relay holds are skipped; a row is claimed
+	// only when it is its ordering key's first unpublished row or that row
+	// is claimed with it, so one key's rows are never published out of order
+	// by two relays. Its cost is bounded by opts.Max whatever the backlog.
 	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
-	// OutboxDone records the outcome of a published batch, in one statement:
-	// the rows published were confirmed by the broker; the rows failed were
-	// not (cause says why) and can be claimed again after retryAfter.
-	OutboxDone(ctx context.Context, published, failed []int64, retryAfter time.Duration, cause error) error
 	// Notify wakes the relays of the schema that Listen in other processes
 	// once tx commits.
 	Notify(ctx context.Context, tx pgx.Tx) error

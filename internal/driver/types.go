@@ -51,13 +51,31 @@ type OutboxRow struct {
 
 // OutboxClaimOpts tunes OutboxClaim.
 type OutboxClaimOpts struct {
-	// Max is the most rows to claim.
+	// Max is the most rows to claim; 0 only settles.
 	Max int
 	// Lease is how long the claim holds; past it another relay may claim the
 	// rows again.
 	Lease time.Duration
 	// ClaimedBy names the claimer, for inspection.
 	ClaimedBy string
+	// Settle is the outcome of the claimer's previous batch, recorded in the
+	// same statement.
+	Settle OutboxSettle
+}
+
+// OutboxSettle is the outcome of a published batch.
+type OutboxSettle struct {
+	// Published are the rows the broker confirmed: deleted, or marked
+	// published when KeepPublished.
+	Published []int64
+	// KeepPublished keeps published rows (marked) for retention to delete
+	// later, for inspection.
+	KeepPublished bool
+	// Failed are the rows not confirmed; they can be claimed again after
+	// RetryAfter, with Cause recorded.
+	Failed     []int64
+	RetryAfter time.Duration
+	Cause      error
 }
 
 // Attempt is the record of a message's failed processing attempts.

@@ -136,7 +136,7 @@ type Engine struct {
 
 // New returns an Engine for cfg that applies deliveries with p.
 func New(cfg Config, p Processor) (*Engine, error) {
-	r, err := relay.New(cfg.DB, cfg.Telemetry.Publisher(cfg.DB.Schema(), cfg.Broker), cfg.Relay, cfg.Logger)
+	r, err := relay.New(cfg.DB, cfg.Telemetry.Publisher(cfg.DB.Schema(), cfg.Broker), cfg.Relay, cfg.Retention.Outbox > 0, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

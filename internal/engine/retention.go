@@ -13,7 +13,7 @@ import (
 const (
 	DefaultRetentionInterval = time.Minute
 	DefaultRetentionBatch    = 1000
-	DefaultOutboxRetention   = 24 * time.Hour
+	DefaultOutboxRetention   = 0
 	DefaultInboxRetention    = 7 * 24 * time.Hour
 	DefaultBarrierRetention  = 30 * 24 * time.Hour
 	DefaultSagaRetention     = 30 * 24 * time.Hour
@@ -28,8 +28,10 @@ type RetentionConfig struct {
 	// BatchSize is the most rows one statement deletes. Defaults to
 	// DefaultRetentionBatch (1000).
 	BatchSize int
-	// Outbox is how long published outbox rows are kept. Defaults to
-	// DefaultOutboxRetention (24h).
+	// Outbox is how long published outbox rows are kept, marked published,
+	// for inspection (sagabox_outbox_v); retention deletes them after it.
+	// Defaults to DefaultOutboxRetention (0): the relay deletes a row as
+	// soon as the broker has confirmed it, which writes least.
 	Outbox time.Duration
 	// Inbox is how long inbox rows (and attempt rows) of processed messages
 	// are kept. A duplicate that arrives later would be seen as new, so it
@@ -56,9 +58,6 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultRetentionBatch
-	}
-	if c.Outbox == 0 {
-		c.Outbox = DefaultOutboxRetention
 	}
 	if c.Inbox == 0 {
 		c.Inbox = DefaultInboxRetention
@@ -120,8 +119,9 @@ func (e *Engine) retain(ctx context.Context) {
 // clock.
 func (e *Engine) Prune(ctx context.Context) (driver.Pruned, error) {
 	now, c := time.Now(), e.cfg.Retention
-	r := driver.Retention{
-		Outbox: now.Add(-c.Outbox), Inbox: now.Add(-c.Inbox), Barrier: now.Add(-c.Barrier), Batch: c.BatchSize,
+	r := driver.Retention{Inbox: now.Add(-c.Inbox), Barrier: now.Add(-c.Barrier), Batch: c.BatchSize}
+	if c.Outbox > 0 {
+		r.Outbox = now.Add(-c.Outbox)
 	}
 	if e.cfg.KeepsSagas {
 		r.Sagas = e.cfg.Clock().Add(-c.Sagas)

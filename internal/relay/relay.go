@@ -1,12 +1,16 @@
 // Package relay publishes committed outbox rows to the broker.
 //
-// A relay claims unpublished rows in batches (FOR UPDATE SKIP LOCKED, in one
-// autocommit statement that only sets a lease), publishes them with pipelined
-// publisher confirms outside of any transaction, then marks exactly the
-// confirmed rows published. Rows that failed go back with a retry delay. A
-// relay that dies after publishing and before marking leaves its rows leased;
-// when the lease ends another relay publishes them again: delivery is
-// at-least-once and receivers deduplicate.
+// Each worker of a relay claims unpublished rows in batches (FOR UPDATE SKIP
+// LOCKED, in one autocommit statement that only sets a lease), publishes them
+// with pipelined publisher confirms outside of any transaction, and settles
+// exactly the confirmed rows (deleted, or marked published) in the statement
+// that claims its next batch: one committing statement per batch. Rows that
+// failed go back with a retry delay. A relay that dies after publishing and
+// before settling leaves its rows leased; when the lease ends another relay
+// publishes them again: delivery is at-least-once and receivers deduplicate.
+// A key's rows are claimed in order (its first unpublished row first), so
+// several relays never reorder one key, and a claim's cost is bounded by the
+// batch, whatever the backlog.
 //
 // A relay wakes at once when Wake is called (after a local commit), when a
 // NOTIFY arrives (optional), and otherwise polls.
@@ -128,6 +132,8 @@ type Relay struct {
 	pub  transport.Publisher
 	name string
 	log  *slog.Logger
+	// keepPublished marks published rows instead of deleting them.
+	keepPublished bool
 	// wake hands a wake-up to one idle worker: one claim per wake-up, not a
 	// claim by every worker (which, at thousands of commits per second,
 	// costs more database time than the publishing itself).
@@ -140,8 +146,10 @@ type Relay struct {
 }
 
 // New returns a Relay that publishes db's outbox with pub. Telemetry, if
-// any, is pub's: wrap it (telemetry.Telemetry.Publisher).
-func New(db driver.Executor, pub transport.Publisher, opts Options, log *slog.Logger) (*Relay, error) {
+// any, is pub's: wrap it (telemetry.Telemetry.Publisher). With
+// keepPublished, published rows are marked (for retention to delete later)
+// instead of deleted once confirmed.
+func New(db driver.Executor, pub transport.Publisher, opts Options, keepPublished bool, log *slog.Logger) (*Relay, error) {
 	opts = opts.WithDefaults()
 	if err := opts.Validate("Options"); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
@@ -154,12 +162,13 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, log *slog.Lo
 	}
 	host, _ := os.Hostname()
 	return &Relay{
-		opts: opts,
-		db:   db,
-		pub:  pub,
-		name: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
-		log:  log.With("component", "relay", "schema", db.Schema()),
-		wake: make(chan struct{}, 1),
+		opts:          opts,
+		db:            db,
+		pub:           pub,
+		keepPublished: keepPublished,
+		name:          fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
+		log:           log.With("component", "relay", "schema", db.Schema()),
+		wake:          make(chan struct{}, 1),
 	}, nil
 }
 
@@ -197,74 +206,124 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// work is one worker: it claims a batch, publishes it and settles it in
+// the statement that claims its next batch, until ctx is cancelled; then it
+// settles what it published.
 func (r *Relay) work(ctx context.Context) {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
-	failures := 0
-	for {
-		n, err := r.publishBatch(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		var wait time.Duration
-		switch {
-		case errors.Is(err, errCrashed):
-			return
-		case err != nil:
-			failures++
-			wait = backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
-			r.log.Warn("relay batch failed; backing off", "err", err, "retry_in", wait, "failures", failures)
-		case n == r.opts.BatchSize:
-			failures = 0
-			r.Wake() // more rows are likely waiting: bring in another worker
-			continue
-		default:
-			failures = 0
-			wait = r.opts.PollInterval
-		}
-		poll.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.wake:
-			if err != nil {
-				// A wake-up does not cut a backoff short: the broker or
-				// database is still likely down.
-				select {
-				case <-ctx.Done():
-					return
-				case <-poll.C:
-				}
+	var settle driver.OutboxSettle
+	defer func() {
+		// A batch published but not settled yet is settled on the way out,
+		// so a clean shutdown leaves nothing leased.
+		if len(settle.Published) > 0 || len(settle.Failed) > 0 {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if _, err := r.claim(sctx, 0, settle); err != nil {
+				r.log.Warn("relay could not settle its last batch; its rows are published again after their lease", "err", err)
 			}
-		case <-poll.C:
 		}
+	}()
+	failures := 0
+	for ctx.Err() == nil {
+		rows, err := r.claim(ctx, r.opts.BatchSize, settle)
+		if err != nil {
+			failures++
+			wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
+			r.log.Warn("relay claim failed; backing off", "err", err, "retry_in", wait, "failures", failures)
+			// settle is kept: it is recorded by the next claim (until the
+			// lease ends, its rows are claimed by nobody).
+			if !sleep(ctx, poll, wait) {
+				return
+			}
+			continue
+		}
+		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
+		if len(rows) == 0 {
+			if !r.idle(ctx, poll, r.opts.PollInterval, failures > 0) {
+				return
+			}
+			continue
+		}
+		var pubErr error
+		settle, pubErr = r.publish(ctx, rows)
+		if errors.Is(pubErr, errCrashed) {
+			settle = driver.OutboxSettle{}
+			return
+		}
+		if pubErr != nil {
+			failures++
+			wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
+			r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "failures", failures)
+			if !sleep(ctx, poll, wait) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		if len(rows) == r.opts.BatchSize {
+			r.Wake() // more rows are likely waiting: bring in another worker
+		}
+	}
+}
+
+// idle waits for a wake-up, or wait; after a failure a wake-up does not cut
+// the wait short (the broker or database is still likely down). It reports
+// false once ctx is done.
+func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, failing bool) bool {
+	poll.Reset(wait)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wake:
+		if failing {
+			return sleep(ctx, poll, 0)
+		}
+		if !poll.Stop() {
+			<-poll.C
+		}
+		return true
+	case <-poll.C:
+		return true
+	}
+}
+
+// sleep waits for poll, reset to wait unless wait is 0 (it is running
+// already), or for ctx. It reports false once ctx is done.
+func sleep(ctx context.Context, poll *time.Timer, wait time.Duration) bool {
+	if wait > 0 {
+		poll.Reset(wait)
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-poll.C:
+		return true
 	}
 }
 
 var errCrashed = errors.New("relay: simulated crash")
 
-// publishBatch claims, publishes and marks one batch. It returns the number
-// of rows claimed.
-func (r *Relay) publishBatch(ctx context.Context) (int, error) {
-	if ctx.Err() != nil {
-		return 0, nil
-	}
-	// The claim runs to completion even if ctx is cancelled meanwhile: a
-	// claim committed but reported as cancelled would leave its rows leased,
-	// unpublished, for a whole lease.
-	claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	rows, err := r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
-		Max: r.opts.BatchSize, Lease: r.opts.Lease, ClaimedBy: r.name,
+// claim settles settle and claims up to max rows, in one statement. The
+// statement runs to completion even if ctx is cancelled meanwhile: a claim
+// committed but reported as cancelled would leave its rows leased,
+// unpublished, for a whole lease.
+func (r *Relay) claim(ctx context.Context, max int, settle driver.OutboxSettle) ([]driver.OutboxRow, error) {
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
+		Max: max, Lease: r.opts.Lease, ClaimedBy: r.name, Settle: settle,
 	})
-	cancelClaim()
-	if err != nil || len(rows) == 0 {
-		return 0, err
-	}
+}
+
+// publish publishes claimed rows and returns how to settle them: the
+// confirmed ones are published, the others are claimable again after a
+// backoff. It returns the publish error when some were not confirmed.
+func (r *Relay) publish(ctx context.Context, rows []driver.OutboxRow) (driver.OutboxSettle, error) {
 	msgs := make([]message.Message, len(rows))
 	for i, row := range rows {
 		msgs[i] = row.Message
 	}
-
 	// Rows are claimed: from here on finish the batch even if ctx is
 	// cancelled, so a clean shutdown leaves nothing leased.
 	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.PublishTimeout)
@@ -272,15 +331,14 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	pubErr := r.pub.Publish(pubCtx, msgs...)
 	confirmed := transport.Confirmed(len(msgs), pubErr)
 	if r.testHookAfterPublish != nil && r.testHookAfterPublish(rows) {
-		return 0, errCrashed
+		return driver.OutboxSettle{}, errCrashed
 	}
-
-	var done, failed []int64
+	settle := driver.OutboxSettle{KeepPublished: r.keepPublished, Cause: pubErr}
 	for i, row := range rows {
 		if confirmed[i] {
-			done = append(done, row.ID)
+			settle.Published = append(settle.Published, row.ID)
 		} else {
-			failed = append(failed, row.ID)
+			settle.Failed = append(settle.Failed, row.ID)
 		}
 	}
 	if r.log.Enabled(ctx, slog.LevelDebug) {
@@ -290,19 +348,11 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 			}
 		}
 	}
-	markCtx, cancelMark := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancelMark()
-	// The rows that were not confirmed are claimable again after a backoff.
-	// When settling fails, every row stays leased and is published again
-	// after the lease: a duplicate, never a loss.
-	retry := backoff(DefaultMinBackoff, DefaultMaxBackoff, rows[0].PublishAttempts)
-	if err := r.db.OutboxDone(markCtx, done, failed, retry, pubErr); err != nil {
-		return len(rows), err
+	if len(settle.Failed) > 0 {
+		settle.RetryAfter = backoff(DefaultMinBackoff, DefaultMaxBackoff, rows[0].PublishAttempts)
+		return settle, fmt.Errorf("%d of %d messages not confirmed: %w", len(settle.Failed), len(rows), pubErr)
 	}
-	if len(failed) > 0 {
-		return len(rows), fmt.Errorf("%d of %d messages not confirmed: %w", len(failed), len(rows), pubErr)
-	}
-	return len(rows), nil
+	return settle, nil
 }
 
 // listen wakes the workers on NOTIFY, reconnecting with backoff. Every

@@ -189,7 +189,7 @@ func TestGuaranteeNoLostMessageAcrossClosedConnection(t *testing.T) {
 	got.waitFor(t, "every confirmed message consumed", func() bool { return got.missing(all) == 0 })
 }
 
-// TestGuaranteePoisonInputDeadLettered sends ten kinds of malformed raw
+// TestGuaranteePoisonInputDeadLettered sends six kinds of malformed raw
 // input; each lands in the dead-letter queue with a readable reason and the
 // good message sent right after it is handled.
 func TestGuaranteePoisonInputDeadLettered(t *testing.T) {

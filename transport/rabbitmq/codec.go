@@ -110,11 +110,12 @@ func setString(h amqp.Table, k, v string) {
 // Queue left empty). A message back from a retry queue gets its first
 // routing key (HeaderRoutingKey), its Retries count (HeaderRetries) and
 // Redelivered set. It rejects, with an error a person can act on: an empty
-// body, a content type other than
-// application/json, a body that is not valid UTF-8 JSON, a missing or
-// malformed message id, a missing type, an envelope or retry header of the
-// wrong type, an unknown envelope version and an envelope that fails
-// transport.Envelope.Validate.
+// body, a content type other than application/json, a missing or malformed
+// message id, a missing type, an envelope or retry header of the wrong type,
+// an unknown envelope version and an envelope that fails
+// message.Envelope.Validate. The body itself is not parsed here: the
+// receiver decodes it once, strictly, into the type it expects, and treats a
+// body that is not that JSON as poison.
 func DecodeDelivery(d amqp.Delivery) (*transport.Delivery, error) {
 	if len(d.Body) == 0 {
 		return nil, errors.New("body is empty")

@@ -71,6 +71,9 @@ func (b *Broker) Subscribe(ctx context.Context, spec transport.QueueSpec, h tran
 	if o.Prefetch <= 0 {
 		o.Prefetch = 2 * o.Concurrency
 	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 1
+	}
 	log := b.log.With("queue", b.QueueName(spec.Name))
 	for attempt := 1; ; attempt++ {
 		sess, err := b.awaitSession(ctx, &b.con)
@@ -117,52 +120,81 @@ func isPermanent(err error) bool {
 	return false
 }
 
-// consume runs one consumer on a new channel of sess until ctx is done or
-// the channel closes, then waits for its handlers. started reports whether
-// consuming began.
+// consume runs o.Concurrency consumers of spec's queue on sess, each on a
+// channel of its own, until ctx is done or a channel closes, then waits for
+// their handlers. started reports whether consuming began.
 func (b *Broker) consume(ctx context.Context, sess *session, spec transport.QueueSpec, h transport.Handler, o transport.SubscribeOpts) (started bool, err error) {
 	ch, err := sess.conn.Channel()
 	if err != nil {
 		return false, fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", spec.Name, err)
 	}
-	defer func() { _ = ch.Close() }()
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	if err := b.declareSpec(ch, spec); err != nil {
+		_ = ch.Close()
 		return false, err
 	}
 	b.remember(spec)
-	if err := ch.Qos(o.Prefetch, 0, false); err != nil {
-		return false, fmt.Errorf("rabbitmq: subscribe %s: qos: %w", spec.Name, err)
-	}
 	queue := b.QueueName(spec.Name)
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		return false, fmt.Errorf("rabbitmq: subscribe %s: consume: %w", spec.Name, err)
+	bh, batching := h.(transport.BatchHandler)
+	batching = batching && o.MaxBatch > 1
+	prefetch := (o.Prefetch + o.Concurrency - 1) / o.Concurrency
+	if batching {
+		prefetch = max(prefetch, 2*o.MaxBatch)
 	}
 
+	// Each consumer has a channel of its own, so that a batch can be
+	// acknowledged with one multiple-ack: every earlier delivery of the
+	// channel is settled by then.
+	workCtx, stop := context.WithCancel(ctx)
+	defer stop()
 	var wg sync.WaitGroup
-	for range o.Concurrency {
+	closedErr := make(chan error, o.Concurrency)
+	for i := range o.Concurrency {
+		if i > 0 {
+			if ch, err = sess.conn.Channel(); err != nil {
+				stop()
+				wg.Wait()
+				return started, fmt.Errorf("rabbitmq: subscribe %s: open channel: %w", spec.Name, err)
+			}
+		}
+		c := ch
+		closed := c.NotifyClose(make(chan *amqp.Error, 1))
+		if err := c.Qos(prefetch, 0, false); err != nil {
+			_ = c.Close()
+			stop()
+			wg.Wait()
+			return started, fmt.Errorf("rabbitmq: subscribe %s: qos: %w", spec.Name, err)
+		}
+		deliveries, err := c.Consume(queue, "", false, false, false, false, nil)
+		if err != nil {
+			_ = c.Close()
+			stop()
+			wg.Wait()
+			return started, fmt.Errorf("rabbitmq: subscribe %s: consume: %w", spec.Name, err)
+		}
+		started = true
 		wg.Go(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case d, ok := <-deliveries:
-					if !ok {
-						return
-					}
-					b.handle(ctx, spec.Name, queue, h, d)
+			defer func() { _ = c.Close() }()
+			if batching {
+				b.consumeBatches(workCtx, spec.Name, queue, bh, deliveries, c, o)
+			} else {
+				b.consumeOne(workCtx, spec.Name, queue, h, deliveries)
+			}
+			// The channel closed, or the subscription ends: the other
+			// consumers stop too, and the subscription starts over.
+			stop()
+			select {
+			case cerr := <-closed:
+				if cerr != nil {
+					closedErr <- cerr
 				}
+			default:
 			}
 		})
 	}
 	wg.Wait()
 	select {
-	case cerr := <-closed:
-		if cerr != nil {
-			return true, cerr
-		}
-		return true, errors.New("channel closed")
+	case cerr := <-closedErr:
+		return true, cerr
 	default:
 		if ctx.Err() != nil {
 			return true, nil
@@ -171,15 +203,166 @@ func (b *Broker) consume(ctx context.Context, sess *session, spec transport.Queu
 	}
 }
 
+// consumeOne hands deliveries to h one at a time until ctx is done or the
+// channel closes.
+func (b *Broker) consumeOne(ctx context.Context, name, queue string, h transport.Handler, deliveries <-chan amqp.Delivery) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			b.handle(ctx, name, queue, h, d)
+		}
+	}
+}
+
+// consumeBatches hands deliveries to h in batches (see
+// transport.SubscribeOpts.MaxBatch) until ctx is done or the channel closes,
+// and acknowledges each batch's handled deliveries with one multiple-ack.
+func (b *Broker) consumeBatches(ctx context.Context, name, queue string, h transport.BatchHandler, deliveries <-chan amqp.Delivery, ch *amqp.Channel, o transport.SubscribeOpts) {
+	linger := o.Linger
+	if linger <= 0 {
+		linger = transport.DefaultLinger
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	previous := 0
+	for {
+		var batch []amqp.Delivery
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			batch = append(batch, d)
+		}
+		// Take what is waiting; linger only once deliveries come faster
+		// than one at a time, so that an idle queue's deliveries are handled
+		// at once.
+		open := true
+		waiting := true
+		for open && waiting && len(batch) < o.MaxBatch {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					open = false
+					break
+				}
+				batch = append(batch, d)
+			default:
+				waiting = false
+			}
+		}
+		if open && len(batch) < o.MaxBatch && (previous > 1 || len(batch) > 1) {
+			timer.Reset(linger)
+		lingering:
+			for len(batch) < o.MaxBatch {
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						open = false
+						break lingering
+					}
+					batch = append(batch, d)
+				case <-timer.C:
+					break lingering
+				case <-ctx.Done():
+					break lingering
+				}
+			}
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+		previous = len(batch)
+		b.handleBatch(ctx, name, queue, h, batch, ch)
+		if !open {
+			return
+		}
+	}
+}
+
+// handleBatch decodes batch, runs h on the deliveries that decode and
+// settles each by its outcome: the acknowledged ones with one multiple-ack
+// of the last, once the others are settled one by one.
+func (b *Broker) handleBatch(ctx context.Context, name, queue string, h transport.BatchHandler, batch []amqp.Delivery, ch *amqp.Channel) {
+	if len(batch) == 1 {
+		b.handle(ctx, name, queue, h, batch[0])
+		return
+	}
+	raws := make([]amqp.Delivery, 0, len(batch))
+	dels := make([]*transport.Delivery, 0, len(batch))
+	for _, d := range batch {
+		del, err := DecodeDelivery(d)
+		if err != nil {
+			b.malformed(ctx, queue, d, err)
+			continue
+		}
+		del.Queue = name
+		raws, dels = append(raws, d), append(dels, del)
+	}
+	if len(dels) == 0 {
+		return
+	}
+	outs := b.callBatch(ctx, queue, h, dels)
+	var last uint64
+	acked := 0
+	for i, d := range raws {
+		switch out := outs[i]; out.Action {
+		case transport.ActionAck:
+			last, acked = max(last, d.DeliveryTag), acked+1
+		case transport.ActionDeadLetter:
+			b.deadLetter(ctx, queue, d, &dels[i].Envelope, out.Reason, true)
+		default:
+			b.retry(ctx, name, queue, d, dels[i], out.Delay)
+		}
+	}
+	if acked > 0 {
+		// Every delivery of this channel up to last is settled but the
+		// acknowledged ones: one multiple-ack settles them all.
+		b.settle(ch.Ack(last, true), queue, raws[0], "multiple ack")
+	}
+}
+
+// callBatch runs h on ds, turning a panic (or a wrong number of outcomes)
+// into Retry for every delivery.
+func (b *Broker) callBatch(ctx context.Context, queue string, h transport.BatchHandler, ds []*transport.Delivery) (outs []transport.Outcome) {
+	retryAll := func() []transport.Outcome {
+		outs := make([]transport.Outcome, len(ds))
+		for i := range outs {
+			outs[i] = transport.Retry(panicRetryDelay)
+		}
+		return outs
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("rabbitmq batch handler panicked; retrying its deliveries", "queue", queue, "deliveries", len(ds),
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			outs = retryAll()
+		}
+	}()
+	outs = h.HandleBatch(ctx, ds)
+	if len(outs) != len(ds) {
+		b.log.Error("rabbitmq batch handler returned the wrong number of outcomes; retrying its deliveries", "queue", queue, "deliveries", len(ds), "outcomes", len(outs))
+		return retryAll()
+	}
+	return outs
+}
+
 // handle decodes d, runs h and settles d according to its outcome.
 func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
 	del, err := DecodeDelivery(d)
 	if err != nil {
-		b.adapterDeadLetters.Add(ctx, 1, metric.WithAttributes(
-			attribute.String("sagabox.component", "rabbitmq"),
-			attribute.String("sagabox.dead_letter.reason", "malformed"),
-			attribute.String("sagabox.queue", queue)))
-		b.deadLetter(ctx, queue, d, nil, "malformed message: "+err.Error(), false)
+		b.malformed(ctx, queue, d, err)
 		return
 	}
 	del.Queue = name
@@ -195,6 +378,15 @@ func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Han
 		}
 		b.retry(ctx, name, queue, d, del, out.Delay)
 	}
+}
+
+// malformed dead-letters a delivery that does not decode.
+func (b *Broker) malformed(ctx context.Context, queue string, d amqp.Delivery, err error) {
+	b.adapterDeadLetters.Add(ctx, 1, metric.WithAttributes(
+		attribute.String("sagabox.component", "rabbitmq"),
+		attribute.String("sagabox.dead_letter.reason", "malformed"),
+		attribute.String("sagabox.queue", queue)))
+	b.deadLetter(ctx, queue, d, nil, "malformed message: "+err.Error(), false)
 }
 
 // retry returns d to its queue: at once for a delay of 0 (nack with

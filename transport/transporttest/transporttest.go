@@ -85,6 +85,8 @@ func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 		{"BodyIsTheReceiversToDecode", s.bodyPassedThrough},
 		{"SubscribeReturnsOnCancelAfterDraining", s.cancel},
 		{"ConcurrencyRespected", s.concurrency},
+		{"BatchesSettleEachOutcome", s.batches},
+		{"IdleQueueHandsBatchesOfOne", s.idleBatches},
 		{"DeclareIdempotent", s.declareIdempotent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -359,6 +361,120 @@ func next[T any](t *testing.T, ch <-chan T) T {
 		var zero T
 		return zero
 	}
+}
+
+// batchHandler records the batches it is handed and answers each delivery
+// with outcome.
+type batchHandler struct {
+	mu      sync.Mutex
+	sizes   []int
+	seen    map[uuid.UUID]int
+	outcome func(d *transport.Delivery) transport.Outcome
+	handled chan uuid.UUID
+}
+
+func newBatchHandler(outcome func(d *transport.Delivery) transport.Outcome) *batchHandler {
+	return &batchHandler{seen: map[uuid.UUID]int{}, outcome: outcome, handled: make(chan uuid.UUID, 1024)}
+}
+
+func (h *batchHandler) HandleDelivery(ctx context.Context, d *transport.Delivery) transport.Outcome {
+	return h.HandleBatch(ctx, []*transport.Delivery{d})[0]
+}
+
+func (h *batchHandler) HandleBatch(_ context.Context, ds []*transport.Delivery) []transport.Outcome {
+	h.mu.Lock()
+	h.sizes = append(h.sizes, len(ds))
+	outs := make([]transport.Outcome, len(ds))
+	for i, d := range ds {
+		h.seen[d.MessageID]++
+		outs[i] = h.outcome(d)
+	}
+	h.mu.Unlock()
+	for _, d := range ds {
+		h.handled <- d.MessageID
+	}
+	return outs
+}
+
+func (h *batchHandler) snapshot() ([]int, map[uuid.UUID]int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	seen := make(map[uuid.UUID]int, len(h.seen))
+	for k, v := range h.seen {
+		seen[k] = v
+	}
+	return append([]int(nil), h.sizes...), seen
+}
+
+// batches checks batching: a backlog is handed over in batches of at most
+// MaxBatch; in one batch, acknowledged deliveries are settled together and
+// the others by their own outcome (a retried one comes back, once it is
+// acknowledged it does not).
+func (s suite) batches(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	const n, maxBatch = 60, 8
+	msgs := make([]message.Message, n)
+	retried := map[uuid.UUID]bool{}
+	for i := range msgs {
+		msgs[i] = Command("svc.do")
+		if i%5 == 0 {
+			retried[msgs[i].MessageID] = true
+		}
+	}
+	require.NoError(t, b.Publish(ctx, msgs...))
+	h := newBatchHandler(func(d *transport.Delivery) transport.Outcome {
+		if retried[d.MessageID] && !d.Redelivered {
+			return transport.Retry(0)
+		}
+		return transport.Ack()
+	})
+	stop := subscribe(t, b, h, &transport.SubscribeOpts{Concurrency: 2, MaxBatch: maxBatch})
+	for range n + len(retried) {
+		next(t, h.handled)
+	}
+	require.NoError(t, stop())
+	sizes, seen := h.snapshot()
+	biggest := 0
+	for _, size := range sizes {
+		require.LessOrEqual(t, size, maxBatch)
+		biggest = max(biggest, size)
+	}
+	require.Greater(t, biggest, 1, "a backlog is handed over in batches: %v", sizes)
+	for _, m := range msgs {
+		want := 1
+		if retried[m.MessageID] {
+			want = 2
+		}
+		require.Equal(t, want, seen[m.MessageID], "message %s", m.MessageID)
+	}
+
+	// Nothing acknowledged comes back.
+	again := newBatchHandler(func(*transport.Delivery) transport.Outcome { return transport.Ack() })
+	probe := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, probe))
+	stop = subscribe(t, b, again, &transport.SubscribeOpts{MaxBatch: maxBatch})
+	require.Equal(t, probe.MessageID, next(t, again.handled), "only the probe is left in the queue")
+	require.NoError(t, stop())
+}
+
+// idleBatches checks that deliveries that come one at a time are handed
+// over one at a time, at once: batching never holds a lone delivery.
+func (s suite) idleBatches(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	h := newBatchHandler(func(*transport.Delivery) transport.Outcome { return transport.Ack() })
+	stop := subscribe(t, b, h, &transport.SubscribeOpts{MaxBatch: 16, Linger: time.Hour})
+	for range 5 {
+		m := Command("svc.do")
+		require.NoError(t, b.Publish(ctx, m))
+		require.Equal(t, m.MessageID, next(t, h.handled), "a lone delivery is handled without waiting for the linger")
+	}
+	require.NoError(t, stop())
+	sizes, _ := h.snapshot()
+	require.Equal(t, []int{1, 1, 1, 1, 1}, sizes)
 }
 
 func (s suite) deadLetter(t *testing.T) {

@@ -13,47 +13,89 @@ import (
 )
 
 const outboxClaim = `-- name: OutboxClaim :many
-WITH locked AS (
+WITH RECURSIVE deleted AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+    WHERE id = ANY($3::bigint[]) AND NOT $4::boolean
+), marked AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox
+    SET published_at = now(), claimed_until = NULL, last_error = ''
+    WHERE id = ANY($3::bigint[]) AND $4::boolean AND published_at IS NULL
+), released AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox
+    SET claimed_until = now() + make_interval(secs => $5::float8),
+        last_error = $6::text
+    WHERE id = ANY($7::bigint[]) AND published_at IS NULL
+), candidates AS (
     SELECT o.id, o.ordering_key
     FROM /* TEMPLATE: schema */sagabox_outbox o
     WHERE o.published_at IS NULL
       AND (o.claimed_until IS NULL OR o.claimed_until < now())
+      AND o.id <> ALL($3::bigint[])
+      AND o.id <> ALL($7::bigint[])
     ORDER BY o.id
-    LIMIT $3::integer
+    LIMIT $8::integer
     FOR UPDATE SKIP LOCKED
-), claimable AS (
-    SELECT l.id
-    FROM locked l
-    WHERE NOT EXISTS (
-        SELECT 1
+), linked AS (
+    SELECT c.id, (
+        SELECT max(p.id)
         FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = l.ordering_key
-          AND p.id < l.id
+        WHERE p.ordering_key = c.ordering_key
+          AND p.id < c.id
           AND p.published_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM locked l2 WHERE l2.id = p.id)
-    )
+          AND p.id <> ALL($3::bigint[])
+    ) AS prev_id
+    FROM candidates c
+), claimable (id) AS (
+    SELECT linked.id FROM linked WHERE linked.prev_id IS NULL
+    UNION ALL
+    SELECT linked.id FROM linked JOIN claimable ON linked.prev_id = claimable.id
 )
 UPDATE /* TEMPLATE: schema */sagabox_outbox o
 SET claimed_until = now() + make_interval(secs => $1::float8),
     claimed_by = $2::text,
     publish_attempts = o.publish_attempts + 1
-FROM claimable c
-WHERE o.id = c.id
+WHERE o.id = ANY(ARRAY(SELECT claimable.id FROM claimable))
 RETURNING o.id, o.message_id, o.ordering_key, o.kind, o.type, o.routing_key, o.saga_id, o.saga_type, o.step, o.step_index, o.attempt, o.reply_to, o.correlation_id, o.traceparent, o.tracestate, o.headers, o.payload, o.created_at, o.claimed_until, o.claimed_by, o.publish_attempts, o.last_error, o.published_at
 `
 
 type OutboxClaimParams struct {
-	LeaseSeconds float64
-	ClaimedBy    string
-	Max          int32
+	LeaseSeconds      float64
+	ClaimedBy         string
+	Published         []int64
+	KeepPublished     bool
+	RetryAfterSeconds float64
+	LastError         string
+	Failed            []int64
+	Max               int32
 }
 
-// Claims up to @max unpublished rows for @lease_seconds. A row is claimed only
-// when every earlier unpublished row of its ordering key is claimed in the same
-// batch, so that two relays never publish one key's rows out of order. Rows
-// locked by a concurrent claim are skipped, never waited for.
+// Settles the relay's previous batch and claims its next one, in one
+// statement: the rows @published were confirmed by the broker (deleted, or
+// marked published when @keep_published), the rows @failed were not (they
+// become claimable again after @retry_after_seconds); then up to @max
+// unpublished rows are leased for @lease_seconds.
+//
+// A row is claimed only when every earlier unpublished row of its ordering key
+// is claimed in the same batch: two relays never publish one key's rows out of
+// order, and a key whose first row another relay holds (or a concurrent claim
+// has just locked) waits for it. The cost is bounded by the batch whatever the
+// planner's statistics: the candidates are the first @max unleased rows in id
+// order (the partial index on unpublished rows, SKIP LOCKED); each looks up
+// the unpublished row before it in its key with one probe of the
+// (ordering_key, id) index; and the claimable ones are those whose chain of
+// such rows runs back, within the candidates, to the first row of the key.
+// Nothing joins the backlog.
 func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimParams) ([]*SagaboxOutbox, error) {
-	rows, err := db.Query(ctx, outboxClaim, arg.LeaseSeconds, arg.ClaimedBy, arg.Max)
+	rows, err := db.Query(ctx, outboxClaim,
+		arg.LeaseSeconds,
+		arg.ClaimedBy,
+		arg.Published,
+		arg.KeepPublished,
+		arg.RetryAfterSeconds,
+		arg.LastError,
+		arg.Failed,
+		arg.Max,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -94,38 +136,6 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimPara
 		return nil, err
 	}
 	return items, nil
-}
-
-const outboxDone = `-- name: OutboxDone :exec
-WITH published AS (
-    UPDATE /* TEMPLATE: schema */sagabox_outbox
-    SET published_at = now(), claimed_until = NULL, last_error = ''
-    WHERE id = ANY($4::bigint[]) AND published_at IS NULL
-)
-UPDATE /* TEMPLATE: schema */sagabox_outbox
-SET claimed_until = now() + make_interval(secs => $1::float8),
-    last_error = $2::text
-WHERE id = ANY($3::bigint[]) AND published_at IS NULL
-`
-
-type OutboxDoneParams struct {
-	RetryAfterSeconds float64
-	LastError         string
-	Failed            []int64
-	Published         []int64
-}
-
-// Records the outcome of a published batch in one statement: the rows
-// @published were confirmed by the broker; the rows @failed were not and
-// become claimable again after @retry_after_seconds.
-func (q *Queries) OutboxDone(ctx context.Context, db DBTX, arg *OutboxDoneParams) error {
-	_, err := db.Exec(ctx, outboxDone,
-		arg.RetryAfterSeconds,
-		arg.LastError,
-		arg.Failed,
-		arg.Published,
-	)
-	return err
 }
 
 const outboxInsert = `-- name: OutboxInsert :exec

@@ -193,10 +193,9 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		pgx.Identifier{schema}.Sanitize(), cfg.Backlog)); err != nil {
 		return nil, fmt.Errorf("pre-fill backlog: %w", err)
 	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
-		return nil, err
-	}
-	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, quiet)
+	// No ANALYZE: the claim's plan must stay bounded by the batch on a
+	// backlog the planner has never seen, as after an outage.
+	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, false, quiet)
 	if err != nil {
 		return nil, err
 	}
