@@ -102,7 +102,10 @@ var rules = []rule{
 	{"internal/ is below the clients", in("internal"), in("orchestrator", "participant", "cmd")},
 	{"only store sees pgconn and pgtype", not(in("store", "internal/testkit/dbtest")), external("github.com/jackc/pgx/v5/pgconn", "github.com/jackc/pgx/v5/pgtype")},
 	{"sqlc output is private to store", not(in("store")), in("store/internal/dbsqlc")},
-	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest")), external("github.com/rabbitmq/amqp091-go")},
+	// The saga bench's hand-written baseline (what the engine is measured
+	// against) talks AMQP directly, by design; nothing else in the bench does
+	// beyond reading the server version and deleting its queues.
+	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest", "cmd/sagabox/internal/bench")), external("github.com/rabbitmq/amqp091-go")},
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
 }
 

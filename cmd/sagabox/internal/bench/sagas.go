@@ -2,286 +2,513 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"slices"
+	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/sagabox/sagabox/message"
-	"github.com/sagabox/sagabox/orchestrator"
-	"github.com/sagabox/sagabox/participant"
-	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
-// SagaConfig configures RunSagas.
-type SagaConfig struct {
-	// DatabaseURL and AMQPURL locate the services.
-	DatabaseURL, AMQPURL string
-	// Sagas is the number of sagas started.
-	Sagas int
-	// Concurrency is the number of goroutines starting sagas.
-	Concurrency int
-	// Log receives progress lines.
-	Log io.Writer
-}
-
-// SagaReport is what RunSagas measured.
+// SagaReport is what RunSagas measured. Its JSON form is the --json output
+// of `sagabox bench sagas`.
 type SagaReport struct {
-	// RawCommitPerSec is the single-row commit rate of the database, from 16
-	// writers: the baseline.
-	RawCommitPerSec float64
-	// TxPerSaga is the number of local transactions one saga takes.
-	TxPerSaga int
-	// SagasPerSec is the rate at which sagas completed.
-	SagasPerSec float64
-	// Duration is the start→completed time of each saga.
-	Duration Percentiles
+	// Engine, Baseline and GroupBaseline are the saturated runs of the
+	// pipelines that ran.
+	Engine        *PipelineReport `json:"engine,omitempty"`
+	Baseline      *PipelineReport `json:"baseline,omitempty"`
+	GroupBaseline *PipelineReport `json:"group_baseline,omitempty"`
+	// Ratio is the engine's saturated rate over the baseline's; RatioGroup
+	// over the group-commit baseline's. Zero when either did not run.
+	Ratio      float64 `json:"ratio,omitempty"`
+	RatioGroup float64 `json:"ratio_group,omitempty"`
+	// HalfLoad is the open-loop run, when the engine ran.
+	HalfLoad    *HalfLoadReport `json:"half_load,omitempty"`
+	PoolSize    int             `json:"pool_size"`
+	QueueType   string          `json:"queue_type"`
+	Workers     int             `json:"workers"`
+	Sagas       int             `json:"sagas"`
+	Concurrency int             `json:"concurrency"`
+	Machine     Machine         `json:"machine"`
 }
 
-type benchData struct {
-	N int `json:"n"`
+// PipelineReport is one pipeline's saturated run.
+type PipelineReport struct {
+	// Sagas is the number of sagas started and completed.
+	Sagas int `json:"sagas"`
+	// Seconds is the time from the first start to the last completion.
+	Seconds     float64 `json:"seconds"`
+	SagasPerSec float64 `json:"sagas_per_s"`
+	// CPU time per saga in microseconds, in total and by side, over the
+	// same interval.
+	CPUMicros         float64 `json:"cpu_us_per_saga"`
+	CPUMicrosPostgres float64 `json:"cpu_us_per_saga_pg"`
+	CPUMicrosRabbitMQ float64 `json:"cpu_us_per_saga_rabbitmq"`
+	CPUMicrosGo       float64 `json:"cpu_us_per_saga_go"`
+	// Start→completed of each saga.
+	Latency
 }
 
-var (
-	benchStep1 = saga.NewCommand[benchData, saga.None]("bench.one")
-	benchStep2 = saga.NewCommand[benchData, saga.None]("bench.two")
-	benchStep3 = saga.NewCommand[benchData, saga.None]("bench.three")
-	benchUndo  = saga.NewCommand[benchData, saga.None]("bench.undo")
-)
+// Latency is a start→completed distribution in milliseconds.
+type Latency struct {
+	P50ms float64 `json:"p50_ms"`
+	P99ms float64 `json:"p99_ms"`
+	MaxMs float64 `json:"max_ms"`
+}
 
-// RunSagas measures end-to-end throughput of a three-step saga (an
-// orchestrator and two participants in this process, each with its own
-// schema), against the database's raw commit rate measured in the same run.
+// HalfLoadReport is the open-loop run: sagas started at a fixed rate,
+// whatever the completions, for a fixed duration.
+type HalfLoadReport struct {
+	// Rate is the start rate in sagas per second.
+	Rate float64 `json:"rate"`
+	// Seconds is how long sagas were started; Sagas how many.
+	Seconds float64 `json:"duration_s"`
+	Sagas   int     `json:"sagas"`
+	// The engine's start→completed, measured from each saga's scheduled
+	// start (a start that could not begin on time counts its delay).
+	Latency
+	// Baseline is the baseline's at the same rate, when it ran.
+	Baseline *Latency `json:"baseline,omitempty"`
+}
+
+// Machine says where the numbers were measured.
+type Machine struct {
+	NProc     int    `json:"nproc"`
+	GoVersion string `json:"go_version"`
+	OS        string `json:"os"`
+	Arch      string `json:"arch"`
+	Postgres  string `json:"postgres_version"`
+	RabbitMQ  string `json:"rabbitmq_version"`
+}
+
+// pipeline is one running pipeline as the measurements see it.
+type pipeline struct {
+	name string
+	pool *pgxpool.Pool
+	// start starts one saga in its own transaction and returns its id.
+	start func(ctx context.Context) (uuid.UUID, error)
+	// countSQL counts the completed sagas; doneSQL returns id and
+	// finished_at of each.
+	countSQL, doneSQL string
+	// errs reports failures of the pipeline's background loops.
+	errs <-chan error
+	// close stops everything and drops what the pipeline created.
+	close func()
+}
+
+// RunSagas measures three-step sagas end to end in three pipelines, one
+// after the other, each with fresh schemas and queues: sagabox's engine, a
+// hand-written baseline doing the same work with pgx and amqp091-go directly,
+// and the baseline with group-commit consumers. For each it reports the
+// saturated throughput, the CPU time per saga of PostgreSQL, RabbitMQ and
+// this process, and the start→completed percentiles; then the latency of the
+// engine and the baseline in an open-loop run at half the engine's rate.
 func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("saga bench config: %w", err)
+	}
 	logf := func(format string, args ...any) {
 		if cfg.Log != nil {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
 		}
 	}
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
+	rep := &SagaReport{
+		PoolSize: cfg.PoolSize, QueueType: string(cfg.QueueType), Workers: cfg.Workers,
+		Sagas: cfg.Sagas, Concurrency: cfg.Concurrency,
 	}
-	defer pool.Close()
-	suffix := uuid.NewString()[:8]
-	stores := map[string]*store.Store{}
-	for _, name := range []string{"orch", "alpha", "beta"} {
-		schema := "bench_" + name + "_" + suffix
-		st, err := store.New(pool, schema)
+	var err error
+	if rep.Machine, err = readMachine(ctx, cfg); err != nil {
+		return nil, err
+	}
+
+	// The engine runs first: its rate sets the open-loop rate.
+	if cfg.runs(PipelineEngine) {
+		err := withPipeline(ctx, cfg, PipelineEngine, logf, func(p *pipeline) error {
+			var err error
+			if rep.Engine, err = saturate(ctx, cfg, p, logf); err != nil {
+				return err
+			}
+			rate := cfg.Rate
+			if rate == 0 {
+				rate = rep.Engine.SagasPerSec / 2
+			}
+			rep.HalfLoad = &HalfLoadReport{Rate: round(rate, 1), Seconds: cfg.Duration.Seconds()}
+			logf("engine: open loop at %.1f sagas/s for %s", rate, cfg.Duration)
+			rep.HalfLoad.Latency, rep.HalfLoad.Sagas, err = openLoop(ctx, cfg, p, rate)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
-		defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck // best-effort cleanup
-		if _, err := st.MigrateUp(ctx); err != nil {
+	}
+	if cfg.runs(PipelineBaseline) {
+		err := withPipeline(ctx, cfg, PipelineBaseline, logf, func(p *pipeline) error {
+			var err error
+			if rep.Baseline, err = saturate(ctx, cfg, p, logf); err != nil || rep.HalfLoad == nil {
+				return err
+			}
+			logf("baseline: open loop at %.1f sagas/s for %s", rep.HalfLoad.Rate, cfg.Duration)
+			lat, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
+			rep.HalfLoad.Baseline = &lat
+			return err
+		})
+		if err != nil {
 			return nil, err
 		}
-		stores[name] = st
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	broker, err := rabbitmq.New(ctx, rabbitmq.Config{URL: cfg.AMQPURL, Namespace: "sagabox-bench-" + suffix, ConnectionName: "sagabox-bench", Logger: quiet})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = broker.Close() }()
-
-	rep := &SagaReport{TxPerSaga: 7} // start + 3 × (participant + reply)
-	logf("raw commits: 16 writers for 3s")
-	if rep.RawCommitPerSec, err = rawCommits(ctx, pool, stores["orch"], 16, 3*time.Second); err != nil {
-		return nil, err
-	}
-
-	def := saga.MustNew("bench", 1,
-		saga.Step("one", saga.Invoke(benchStep1, func(d *benchData) benchData { return *d }, nil),
-			saga.Compensate(benchUndo, func(d *benchData) benchData { return *d })),
-		saga.Step("two", saga.Invoke(benchStep2, func(d *benchData) benchData { return *d }, nil)),
-		saga.Step("three", saga.Invoke(benchStep3, func(d *benchData) benchData { return *d }, nil)),
-	)
-	orch, err := orchestrator.NewClient(orchestrator.Config{
-		Pool: pool, Schema: stores["orch"].Schema(), Service: "orch", Broker: broker,
-		Definitions: []saga.Runner{def}, Workers: 8, Logger: quiet,
-	})
-	if err != nil {
-		return nil, err
-	}
-	ok := func(context.Context, pgx.Tx, *participant.Request[benchData]) (saga.None, error) {
-		return saga.None{}, nil
-	}
-	alpha, err := participant.NewClient(participant.Config{Pool: pool, Schema: stores["alpha"].Schema(), Service: "alpha", Broker: broker, Workers: 8, Logger: quiet})
-	if err != nil {
-		return nil, err
-	}
-	participant.HandleCommand(alpha, benchStep1, ok)
-	participant.HandleCommand(alpha, benchStep3, ok)
-	participant.HandleCompensation(alpha, benchUndo, func(context.Context, pgx.Tx, *participant.Request[benchData]) error { return nil })
-	beta, err := participant.NewClient(participant.Config{Pool: pool, Schema: stores["beta"].Schema(), Service: "beta", Broker: broker, Workers: 8, Logger: quiet})
-	if err != nil {
-		return nil, err
-	}
-	participant.HandleCommand(beta, benchStep2, ok)
-
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	for _, r := range []interface{ Run(context.Context) error }{orch, alpha, beta} {
-		wg.Go(func() {
-			if err := r.Run(runCtx); err != nil {
-				errs <- err
-			}
+	if cfg.runs(PipelineGroup) {
+		err := withPipeline(ctx, cfg, PipelineGroup, logf, func(p *pipeline) error {
+			var err error
+			rep.GroupBaseline, err = saturate(ctx, cfg, p, logf)
+			return err
 		})
+		if err != nil {
+			return nil, err
+		}
 	}
-	defer func() { stop(); wg.Wait() }()
-	// The warm-up saga completes once every queue is declared and every
-	// connection is open.
-	if err := warmUp(ctx, pool, orch, def); err != nil {
+	if rep.Engine != nil && rep.Baseline != nil && rep.Baseline.SagasPerSec > 0 {
+		rep.Ratio = round(rep.Engine.SagasPerSec/rep.Baseline.SagasPerSec, 3)
+	}
+	if rep.Engine != nil && rep.GroupBaseline != nil && rep.GroupBaseline.SagasPerSec > 0 {
+		rep.RatioGroup = round(rep.Engine.SagasPerSec/rep.GroupBaseline.SagasPerSec, 3)
+	}
+	return rep, nil
+}
+
+// withPipeline opens the pipeline called name, warms it up and runs fn on
+// it, and closes it whatever happens.
+func withPipeline(ctx context.Context, cfg SagaConfig, name string, logf func(string, ...any), fn func(*pipeline) error) error {
+	open := openEngine
+	switch name {
+	case PipelineBaseline:
+		open = func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, false) }
+	case PipelineGroup:
+		open = func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, true) }
+	}
+	logf("%s: setting up", name)
+	p, err := open(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	defer p.close()
+	if err := warmUp(ctx, cfg, p); err != nil {
+		return fmt.Errorf("%s: warm up: %w", name, err)
+	}
+	if err := fn(p); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// warmUp runs a few sagas to the end so that the measurement starts with
+// declared queues, consumers attached and pooled connections open with
+// their statements prepared.
+func warmUp(ctx context.Context, cfg SagaConfig, p *pipeline) error {
+	n := 2 * cfg.Concurrency
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { _, errs[i] = p.start(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return waitCompleted(ctx, p, int64(n))
+}
+
+// saturate starts cfg.Sagas sagas from cfg.Concurrency goroutines as fast
+// as they go and measures the time until all completed and the CPU spent
+// meanwhile.
+func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string, ...any)) (*PipelineReport, error) {
+	n := cfg.Sagas
+	logf("%s: %d sagas from %d goroutines", p.name, n, cfg.Concurrency)
+	base, err := countCompleted(ctx, p)
+	if err != nil {
 		return nil, err
 	}
-
-	logf("sagas: %d, started from %d goroutines", cfg.Sagas, cfg.Concurrency)
-	ids := make([]uuid.UUID, cfg.Sagas)
-	start := time.Now()
-	var sg sync.WaitGroup
-	var startErr error
-	var mu sync.Mutex
+	ids := make([]uuid.UUID, n)
+	startedAt := make([]time.Time, n)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	cpu0, err := readCPU()
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
 	for w := range cfg.Concurrency {
-		sg.Go(func() {
-			for i := w; i < cfg.Sagas; i += cfg.Concurrency {
-				id, err := startOne(ctx, pool, orch, def, i)
+		wg.Go(func() {
+			for i := w; i < n && sctx.Err() == nil; i += cfg.Concurrency {
+				startedAt[i] = time.Now()
+				id, err := p.start(sctx)
 				if err != nil {
-					mu.Lock()
-					startErr = err
-					mu.Unlock()
+					once.Do(func() { firstErr = err; cancel() })
 					return
 				}
 				ids[i] = id
 			}
 		})
 	}
-	sg.Wait()
-	if startErr != nil {
-		return nil, startErr
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
 	}
-	if err := waitCompleted(ctx, stores["orch"], cfg.Sagas, 10*time.Minute, errs); err != nil {
+	if err := waitCompleted(ctx, p, base+int64(n)); err != nil {
 		return nil, err
 	}
-	rep.SagasPerSec = float64(cfg.Sagas) / time.Since(start).Seconds()
-	durations := make([]time.Duration, 0, len(ids))
-	for _, id := range ids {
-		s, err := orch.Get(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		durations = append(durations, s.FinishedAt.Sub(s.CreatedAt))
-	}
-	slices.Sort(durations)
-	rep.Duration = percentiles(durations)
-	return rep, nil
-}
-
-func startOne(ctx context.Context, pool *pgxpool.Pool, orch *orchestrator.Client, def *saga.Definition[benchData], n int) (uuid.UUID, error) {
-	tx, err := pool.Begin(ctx)
+	elapsed := time.Since(t0)
+	cpu1, err := readCPU()
 	if err != nil {
-		return uuid.Nil, err
+		return nil, err
 	}
-	defer tx.Rollback(ctx)
-	started, err := orchestrator.Start(ctx, orch, tx, def, benchData{N: n}, nil)
+	lat, err := latencies(ctx, p, ids, startedAt)
 	if err != nil {
-		return uuid.Nil, err
+		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return uuid.Nil, err
+	used := cpu1.sub(cpu0)
+	perSaga := func(d time.Duration) float64 { return round(max(0, float64(d.Microseconds())/float64(n)), 1) }
+	r := &PipelineReport{
+		Sagas: n, Seconds: round(elapsed.Seconds(), 3), SagasPerSec: round(float64(n)/elapsed.Seconds(), 1),
+		CPUMicrosPostgres: perSaga(used.Postgres), CPUMicrosRabbitMQ: perSaga(used.RabbitMQ), CPUMicrosGo: perSaga(used.Go),
+		Latency: lat,
 	}
-	orch.Wake()
-	return started.ID, nil
+	r.CPUMicros = round(r.CPUMicrosPostgres+r.CPUMicrosRabbitMQ+r.CPUMicrosGo, 1)
+	logf("%s: %.1f sagas/s, %.0f µs CPU per saga", p.name, r.SagasPerSec, r.CPUMicros)
+	return r, nil
 }
 
-// warmUp runs one saga to the end so that the measurement starts with
-// declared queues and warm connections.
-func warmUp(ctx context.Context, pool *pgxpool.Pool, orch *orchestrator.Client, def *saga.Definition[benchData]) error {
-	id, err := startOne(ctx, pool, orch, def, -1)
+// openLoop starts sagas at rate for cfg.Duration, each at its scheduled
+// time whether or not earlier ones completed, and returns the
+// start→completed distribution measured from the scheduled starts (so that
+// a start delayed by a busy pipeline counts its delay), and the number of
+// sagas.
+func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (Latency, int, error) {
+	if rate <= 0 || math.IsInf(rate, 0) {
+		return Latency{}, 0, fmt.Errorf("open loop rate %v: want a positive rate", rate)
+	}
+	total := max(1, int(rate*cfg.Duration.Seconds()))
+	base, err := countCompleted(ctx, p)
 	if err != nil {
-		return err
+		return Latency{}, 0, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		s, err := orch.Get(ctx, id)
-		if err != nil {
-			return err
-		}
-		if s.Status.Terminal() {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return fmt.Errorf("warm-up saga %s did not finish", id)
-}
-
-func waitCompleted(ctx context.Context, st *store.Store, n int, timeout time.Duration, errs <-chan error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		counts, err := st.Executor().SagaCounts(ctx)
-		if err != nil {
-			return err
-		}
-		var done int64
-		for _, c := range counts {
-			if c.Status == string(saga.StatusCompleted) {
-				done += c.Count
-			}
-		}
-		if done >= int64(n)+1 { // the warm-up saga too
-			return nil
-		}
-		select {
-		case err := <-errs:
-			return err
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d sagas completed within %s", done-1, n, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// rawCommits measures single-row outbox insert commits from writers.
-func rawCommits(ctx context.Context, pool *pgxpool.Pool, st *store.Store, writers int, d time.Duration) (float64, error) {
-	var mu sync.Mutex
-	commits := 0
-	cctx, cancel := context.WithTimeout(ctx, d)
+	ids := make([]uuid.UUID, total)
+	scheduled := make([]time.Time, total)
+	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
 	var wg sync.WaitGroup
-	for range writers {
+	t0 := time.Now()
+	// Enough senders that a slow start does not hold up the next one.
+	for range cfg.PoolSize {
 		wg.Go(func() {
-			for cctx.Err() == nil {
-				if err := pgx.BeginFunc(cctx, pool, func(tx pgx.Tx) error {
-					return st.Executor().OutboxWrite(cctx, tx, []message.Message{benchMessage(0)})
-				}); err == nil {
-					mu.Lock()
-					commits++
-					mu.Unlock()
+			timer := time.NewTimer(0)
+			defer timer.Stop()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total {
+					return
 				}
+				at := t0.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+				timer.Reset(time.Until(at))
+				select {
+				case <-sctx.Done():
+					return
+				case <-timer.C:
+				}
+				scheduled[i] = at
+				id, err := p.start(sctx)
+				if err != nil {
+					once.Do(func() { firstErr = err; cancel() })
+					return
+				}
+				ids[i] = id
 			}
 		})
 	}
 	wg.Wait()
-	_, err := pool.Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{st.Schema()}.Sanitize()))
-	return float64(commits) / d.Seconds(), err
+	if firstErr != nil {
+		return Latency{}, 0, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return Latency{}, 0, err
+	}
+	if err := waitCompleted(ctx, p, base+int64(total)); err != nil {
+		return Latency{}, 0, err
+	}
+	lat, err := latencies(ctx, p, ids, scheduled)
+	return lat, total, err
 }
 
-// Print writes the report with the saga rate as a ratio of its ceiling.
+func countCompleted(ctx context.Context, p *pipeline) (int64, error) {
+	var n int64
+	if err := p.pool.QueryRow(ctx, p.countSQL).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count completed sagas: %w", err)
+	}
+	return n, nil
+}
+
+// stallTimeout is how long waitCompleted waits without any saga completing
+// before it gives up.
+const stallTimeout = time.Minute
+
+// waitCompleted polls the count of completed sagas until it reaches
+// target: every 5 ms at first, then every 1/200 of the time waited so far
+// (at most 50 ms), so that the end of a run is seen within 0.5% of its
+// length while the polls, each a scan of the saga table that the CPU
+// figures include, stay few and nearly as many for a slow pipeline as for a
+// fast one.
+func waitCompleted(ctx context.Context, p *pipeline, target int64) error {
+	t0 := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	last, progressAt := int64(-1), t0
+	for {
+		done, err := countCompleted(ctx, p)
+		if err != nil {
+			return err
+		}
+		if done >= target {
+			return nil
+		}
+		if done > last {
+			last, progressAt = done, time.Now()
+		} else if time.Since(progressAt) > stallTimeout {
+			return fmt.Errorf("%d of %d sagas completed, none in the last %s", done, target, stallTimeout)
+		}
+		timer.Reset(min(50*time.Millisecond, max(5*time.Millisecond, time.Since(t0)/200)))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-p.errs:
+			return err
+		case <-timer.C:
+		}
+	}
+}
+
+// latencies returns the distribution of finished_at − start of each saga
+// in ids.
+func latencies(ctx context.Context, p *pipeline, ids []uuid.UUID, started []time.Time) (Latency, error) {
+	rows, err := p.pool.Query(ctx, p.doneSQL)
+	if err != nil {
+		return Latency{}, fmt.Errorf("read finished sagas: %w", err)
+	}
+	finished := map[uuid.UUID]time.Time{}
+	var id uuid.UUID
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { finished[id] = at; return nil }); err != nil {
+		return Latency{}, fmt.Errorf("read finished sagas: %w", err)
+	}
+	d := make([]time.Duration, len(ids))
+	for i, id := range ids {
+		at, ok := finished[id]
+		if !ok {
+			return Latency{}, fmt.Errorf("saga %s is not completed", id)
+		}
+		d[i] = at.Sub(started[i])
+	}
+	pc := percentiles(d)
+	ms := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 3) }
+	return Latency{P50ms: ms(pc.P50), P99ms: ms(pc.P99), MaxMs: ms(pc.Max)}, nil
+}
+
+func round(x float64, digits int) float64 {
+	f := math.Pow10(digits)
+	return math.Round(x*f) / f
+}
+
+// newPool opens a pool of exactly size connections at most.
+func newPool(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	pc.MaxConns = int32(size)
+	pc.ConnConfig.RuntimeParams["application_name"] = "sagabox-bench"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	return pool, nil
+}
+
+// dropSchema drops schema (best effort: the run is over).
+func dropSchema(pool *pgxpool.Pool, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+}
+
+// readMachine reads the CPU count, the Go version and the servers'
+// versions (PostgreSQL's version(), RabbitMQ's AMQP server properties).
+func readMachine(ctx context.Context, cfg SagaConfig) (Machine, error) {
+	m := Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return m, fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if err := conn.QueryRow(ctx, "SELECT version()").Scan(&m.Postgres); err != nil {
+		return m, fmt.Errorf("read postgres version: %w", err)
+	}
+	amqpConn, err := dialAMQP(cfg.AMQPURL, "sagabox-bench")
+	if err != nil {
+		return m, err
+	}
+	defer func() { _ = amqpConn.Close() }()
+	m.RabbitMQ = fmt.Sprintf("%v %v", amqpConn.Properties["product"], amqpConn.Properties["version"])
+	return m, nil
+}
+
+// Print writes the report as a table with the machine and setup lines.
 func (r *SagaReport) Print(w io.Writer) {
-	ceiling := r.RawCommitPerSec / float64(r.TxPerSaga)
-	fmt.Fprintf(w, "raw single-row insert commits          : %8.0f tx/s (baseline)\n", r.RawCommitPerSec)
-	fmt.Fprintf(w, "ceiling at %d transactions per saga      : %8.0f sagas/s\n", r.TxPerSaga, ceiling)
-	fmt.Fprintf(w, "three-step sagas completed              : %8.0f sagas/s = %.2f × ceiling\n", r.SagasPerSec, r.SagasPerSec/ceiling)
-	fmt.Fprintf(w, "saga start→completed                    : p50 %v  p99 %v  max %v  (n=%d)\n",
-		r.Duration.P50.Round(100*time.Microsecond), r.Duration.P99.Round(100*time.Microsecond), r.Duration.Max.Round(100*time.Microsecond), r.Duration.N)
+	m := r.Machine
+	fmt.Fprintf(w, "machine: %d CPUs, %s %s/%s, %s, %s\n", m.NProc, m.GoVersion, m.OS, m.Arch, m.Postgres, m.RabbitMQ)
+	fmt.Fprintf(w, "setup:   %d sagas from %d goroutines per pipeline; one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n\n",
+		r.Sagas, r.Concurrency, r.PoolSize, r.QueueType, r.Workers, GroupConsumers, GroupMaxBatch, GroupLinger)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "pipeline\tsagas/s\t× baseline\tCPU µs/saga PG\tRMQ\tGo\ttotal\tp50 ms\tp99 ms\t")
+	for _, row := range []struct {
+		name string
+		p    *PipelineReport
+	}{{"baseline (hand-written)", r.Baseline}, {"group-commit baseline", r.GroupBaseline}, {"sagabox engine", r.Engine}} {
+		if row.p == nil {
+			continue
+		}
+		ratio := "-"
+		if r.Baseline != nil && r.Baseline.SagasPerSec > 0 {
+			ratio = fmt.Sprintf("%.2f", row.p.SagasPerSec/r.Baseline.SagasPerSec)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t\n", row.name, row.p.SagasPerSec, ratio,
+			row.p.CPUMicrosPostgres, row.p.CPUMicrosRabbitMQ, row.p.CPUMicrosGo, row.p.CPUMicros, row.p.P50ms, row.p.P99ms)
+	}
+	_ = tw.Flush()
+	if r.Ratio > 0 || r.RatioGroup > 0 {
+		fmt.Fprintf(w, "\nengine / baseline: %.2f   engine / group-commit baseline: %.2f\n", r.Ratio, r.RatioGroup)
+	}
+	if h := r.HalfLoad; h != nil {
+		fmt.Fprintf(w, "half load, open loop at %.1f sagas/s for %s (%d sagas): engine p50 %.1f ms p99 %.1f ms",
+			h.Rate, time.Duration(h.Seconds*float64(time.Second)), h.Sagas, h.P50ms, h.P99ms)
+		if h.Baseline != nil {
+			fmt.Fprintf(w, "; baseline p50 %.1f ms p99 %.1f ms", h.Baseline.P50ms, h.Baseline.P99ms)
+		}
+		fmt.Fprintln(w)
+	}
 }

@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/transport"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+type benchData struct {
+	N int `json:"n"`
+}
+
+var (
+	benchStep1 = saga.NewCommand[benchData, saga.None]("bench.one")
+	benchStep2 = saga.NewCommand[benchData, saga.None]("bench.two")
+	benchStep3 = saga.NewCommand[benchData, saga.None]("bench.three")
+)
+
+// benchSaga is the engine's three-step saga: alpha handles steps one and
+// three, beta step two, like the baseline's.
+var benchSaga = saga.MustNew("bench", 1,
+	saga.Step("one", saga.Invoke(benchStep1, func(d *benchData) benchData { return *d }, nil)),
+	saga.Step("two", saga.Invoke(benchStep2, func(d *benchData) benchData { return *d }, nil)),
+	saga.Step("three", saga.Invoke(benchStep3, func(d *benchData) benchData { return *d }, nil)),
+)
+
+// openEngine runs sagabox on the benchmark's work: an orchestrator and two
+// participant clients in this process, sharing one pool of cfg.PoolSize
+// connections and one broker, each with its own schema, handlers that only
+// return success.
+func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
+	var undo []func()
+	closeAll := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	pool, err := newPool(ctx, cfg.DatabaseURL, cfg.PoolSize)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, pool.Close)
+	suffix := uuid.NewString()[:8]
+	schemas := map[string]string{}
+	for _, svc := range baselineServices {
+		schema := "bench_engine_" + svc + "_" + suffix
+		st, err := store.New(pool, schema)
+		if err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() { dropSchema(pool, schema) })
+		lines := []store.Line{store.LineMessaging}
+		if svc == svcOrch {
+			lines = nil // all lines
+		}
+		if _, err := st.MigrateUp(ctx, lines...); err != nil {
+			return nil, fmt.Errorf("migrate engine schema %s: %w", schema, err)
+		}
+		schemas[svc] = schema
+	}
+
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Log != nil {
+		logger = slog.New(slog.NewTextHandler(cfg.Log, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
+	ns := "sagabox-bench-engine-" + suffix
+	broker, err := rabbitmq.New(ctx, rabbitmq.Config{
+		URL: cfg.AMQPURL, Namespace: ns, QueueType: cfg.QueueType, ConnectionName: ns, Logger: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect engine broker: %w", err)
+	}
+	undo = append(undo, func() {
+		_ = broker.Close()
+		deleteEngineTopology(cfg.AMQPURL, broker)
+	})
+
+	orch, err := orchestrator.NewClient(orchestrator.Config{
+		Pool: pool, Schema: schemas[svcOrch], Service: svcOrch, Broker: broker,
+		Definitions: []saga.Runner{benchSaga}, Workers: cfg.Workers, Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ok := func(context.Context, pgx.Tx, *participant.Request[benchData]) (saga.None, error) {
+		return saga.None{}, nil
+	}
+	alpha, err := participant.NewClient(participant.Config{Pool: pool, Schema: schemas[svcAlpha], Service: svcAlpha, Broker: broker, Workers: cfg.Workers, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	participant.HandleCommand(alpha, benchStep1, ok)
+	participant.HandleCommand(alpha, benchStep3, ok)
+	beta, err := participant.NewClient(participant.Config{Pool: pool, Schema: schemas[svcBeta], Service: svcBeta, Broker: broker, Workers: cfg.Workers, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	participant.HandleCommand(beta, benchStep2, ok)
+
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for _, r := range []interface{ Run(context.Context) error }{orch, alpha, beta} {
+		wg.Go(func() {
+			if err := r.Run(runCtx); err != nil {
+				errs <- fmt.Errorf("engine client stopped: %w", err)
+			}
+		})
+	}
+	undo = append(undo, func() { stop(); wg.Wait() })
+
+	view := pgx.Identifier{schemas[svcOrch], "sagabox_saga_v"}.Sanitize()
+	return &pipeline{
+		name: PipelineEngine,
+		pool: pool,
+		start: func(ctx context.Context) (uuid.UUID, error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return uuid.Nil, fmt.Errorf("begin: %w", err)
+			}
+			defer tx.Rollback(ctx)
+			started, err := orchestrator.Start(ctx, orch, tx, benchSaga, benchData{N: 1}, nil)
+			if err != nil {
+				return uuid.Nil, err
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return uuid.Nil, fmt.Errorf("commit start of saga %s: %w", started.ID, err)
+			}
+			orch.Wake()
+			return started.ID, nil
+		},
+		countSQL: "SELECT count(*) FROM " + view + " WHERE status = 'completed'",
+		doneSQL:  "SELECT id, finished_at FROM " + view + " WHERE status = 'completed'",
+		errs:     errs,
+		close:    closeAll,
+	}, nil
+}
+
+// deleteEngineTopology deletes the exchanges of broker's namespace and the
+// queues declared through it, with their dead-letter and retry queues (best
+// effort: the run is over).
+func deleteEngineTopology(url string, broker *rabbitmq.Broker) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer func() { _ = ch.Close() }()
+	for _, q := range broker.DeclaredQueues() {
+		names := []string{broker.QueueName(q), broker.DeadLetterQueueName(q)}
+		for _, d := range rabbitmq.RetryDelays() {
+			names = append(names, broker.RetryQueueName(q, d))
+		}
+		for _, name := range names {
+			_, _ = ch.QueueDelete(name, false, false, false)
+		}
+	}
+	for _, x := range []string{transport.ExchangeCommands, transport.ExchangeReplies, transport.ExchangeEvents, rabbitmq.ExchangeDeadLetter} {
+		_ = ch.ExchangeDelete(broker.ExchangeName(x), false, false)
+	}
+}

@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"github.com/sagabox/sagabox/transport/rabbitmq"
+)
+
+// The pipelines RunSagas measures, as SagaConfig.Only names them.
+const (
+	// PipelineEngine is sagabox: an orchestrator and two participant clients.
+	PipelineEngine = "engine"
+	// PipelineBaseline is the hand-written pipeline, one transaction per
+	// message.
+	PipelineBaseline = "baseline"
+	// PipelineGroup is the hand-written pipeline with group-commit consumers.
+	PipelineGroup = "group"
+)
+
+// Defaults of SagaConfig.
+const (
+	DefaultSagas       = 2000
+	DefaultConcurrency = 8
+	DefaultPoolSize    = 16
+	DefaultWorkers     = 8
+	DefaultDuration    = 10 * time.Second
+	// DefaultAMQPURL is the broker used when SagaConfig.AMQPURL is empty.
+	DefaultAMQPURL = rabbitmq.DefaultURL
+)
+
+// SagaConfig configures RunSagas.
+type SagaConfig struct {
+	// DatabaseURL locates PostgreSQL. Required.
+	DatabaseURL string
+	// AMQPURL locates RabbitMQ. Defaults to DefaultAMQPURL.
+	AMQPURL string
+	// Sagas is the number of sagas of each saturated run. Defaults to
+	// DefaultSagas (2000).
+	Sagas int
+	// Concurrency is the number of goroutines starting sagas, as fast as
+	// they can, in a saturated run. Defaults to DefaultConcurrency (8).
+	Concurrency int
+	// PoolSize is the size of each pipeline's one connection pool: the
+	// engine's three clients share theirs, the baselines have one each.
+	// Defaults to DefaultPoolSize (16).
+	PoolSize int
+	// Workers is how many deliveries of one queue are handled at once: each
+	// engine client's Workers, and the baseline's consumer goroutines per
+	// queue. The group-commit baseline runs GroupConsumers consumers per
+	// queue instead. Defaults to DefaultWorkers (8).
+	Workers int
+	// QueueType is the type of every queue, the engine's and the
+	// baselines'. Defaults to rabbitmq.DefaultQueueType (quorum).
+	QueueType rabbitmq.QueueType
+	// Only restricts the run to one pipeline: PipelineEngine,
+	// PipelineBaseline or PipelineGroup. Defaults to all three.
+	Only string
+	// Rate is the start rate, in sagas per second, of the open-loop
+	// (half-load) runs of the engine and the baseline. They run only with
+	// the engine. Defaults to half the engine's saturated rate.
+	Rate float64
+	// Duration is how long the open-loop runs start sagas. Defaults to
+	// DefaultDuration (10s).
+	Duration time.Duration
+	// Log receives progress lines and the engine's error logs. Defaults to
+	// none.
+	Log io.Writer
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c SagaConfig) WithDefaults() SagaConfig {
+	if c.AMQPURL == "" {
+		c.AMQPURL = DefaultAMQPURL
+	}
+	if c.Sagas == 0 {
+		c.Sagas = DefaultSagas
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.PoolSize == 0 {
+		c.PoolSize = DefaultPoolSize
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.QueueType == "" {
+		c.QueueType = rabbitmq.DefaultQueueType
+	}
+	if c.Duration == 0 {
+		c.Duration = DefaultDuration
+	}
+	return c
+}
+
+func (c SagaConfig) validate() error {
+	var errs []error
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("DatabaseURL is required"))
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Sagas", c.Sagas}, {"Concurrency", c.Concurrency}, {"PoolSize", c.PoolSize}, {"Workers", c.Workers}} {
+		if f.v < 1 || f.v > 1_000_000 {
+			errs = append(errs, fmt.Errorf("%s %d: want 1 to 1000000", f.name, f.v))
+		}
+	}
+	if c.QueueType != rabbitmq.QueueTypeQuorum && c.QueueType != rabbitmq.QueueTypeClassic {
+		errs = append(errs, fmt.Errorf("QueueType %q: want %q or %q", c.QueueType, rabbitmq.QueueTypeQuorum, rabbitmq.QueueTypeClassic))
+	}
+	switch c.Only {
+	case "", PipelineEngine, PipelineBaseline, PipelineGroup:
+	default:
+		errs = append(errs, fmt.Errorf("Only %q: want %q, %q or %q", c.Only, PipelineEngine, PipelineBaseline, PipelineGroup))
+	}
+	if c.Rate < 0 || math.IsNaN(c.Rate) {
+		errs = append(errs, fmt.Errorf("Rate %v: want a positive rate, or 0 for half the engine's", c.Rate))
+	}
+	if c.Duration < 0 {
+		errs = append(errs, fmt.Errorf("Duration %s: want a positive duration", c.Duration))
+	}
+	return errors.Join(errs...)
+}
+
+func (c SagaConfig) runs(p string) bool { return c.Only == "" || c.Only == p }
