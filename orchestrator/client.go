@@ -92,7 +92,8 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.Broker != nil {
 		c.engine, err = engine.New(engine.Config{
 			DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
-			Workers: cfg.Workers, Prefetch: cfg.Prefetch, StopTimeout: cfg.StopTimeout,
+			Workers: cfg.Workers, Prefetch: cfg.Prefetch, MaxBatch: cfg.MaxBatch, Linger: cfg.BatchLinger,
+			StopTimeout:     cfg.StopTimeout,
 			MaxPayloadBytes: engine.DefaultMaxPayloadBytes, Retry: cfg.ReplyRetry, Relay: cfg.Relay,
 			Retention: cfg.Retention, KeepsSagas: true, Clock: cfg.Clock,
 			Logger: cfg.Logger.With("service", cfg.Service), Telemetry: tel,

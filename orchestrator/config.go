@@ -23,6 +23,9 @@ const (
 	// DefaultWorkers is how many replies the Client applies at once (each
 	// to a different saga: one saga's replies are applied one at a time).
 	DefaultWorkers = 4
+	// DefaultMaxBatch is the most replies one transaction applies when
+	// they arrive faster than one at a time (group commit).
+	DefaultMaxBatch = 32
 	// DefaultSweepInterval is the longest the deadline sweeper waits between
 	// two passes. A deadline written by this Client that falls earlier
 	// wakes it sooner.
@@ -73,8 +76,24 @@ type Config struct {
 	Workers int
 
 	// Prefetch is how many unacknowledged replies the broker may hand out.
-	// Defaults to 2 × Workers.
+	// Defaults to 2 × Workers, and is raised to 2 × MaxBatch per worker
+	// when batching.
 	Prefetch int
+
+	// MaxBatch is the most replies a worker applies in one transaction
+	// (group commit): when replies arrive faster than one at a time, a
+	// worker takes those waiting, up to MaxBatch, and waits up to
+	// BatchLinger for more, then applies them in one transaction of two
+	// round trips, at most one reply per saga. Each reply keeps its own
+	// span, outcome, retries and dead-lettering: a batch whose transaction
+	// fails is applied again one reply at a time. An idle queue's replies
+	// are applied one by one, at once. Defaults to DefaultMaxBatch (32); 1
+	// applies every reply in a transaction of its own.
+	MaxBatch int
+
+	// BatchLinger bounds how long a batch waits for more replies. Defaults
+	// to transport.DefaultLinger (2ms).
+	BatchLinger time.Duration
 
 	// SweepInterval is the longest the deadline sweeper waits between two
 	// passes; it is also the worst-case lateness of a timeout written by
@@ -154,6 +173,12 @@ func (c Config) WithDefaults() Config {
 	if c.Prefetch == 0 {
 		c.Prefetch = 2 * c.Workers
 	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.BatchLinger == 0 {
+		c.BatchLinger = transport.DefaultLinger
+	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval
 	}
@@ -206,6 +231,12 @@ func (c Config) validate() error {
 	}
 	if c.Prefetch < c.Workers {
 		errs = append(errs, fmt.Errorf("Prefetch %d is less than Workers %d", c.Prefetch, c.Workers))
+	}
+	if c.MaxBatch < 1 {
+		errs = append(errs, fmt.Errorf("MaxBatch %d is less than 1", c.MaxBatch))
+	}
+	if c.BatchLinger < 0 {
+		errs = append(errs, fmt.Errorf("BatchLinger %s is negative", c.BatchLinger))
 	}
 	if c.SweepInterval < 0 {
 		errs = append(errs, fmt.Errorf("SweepInterval %s is negative", c.SweepInterval))

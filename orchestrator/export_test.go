@@ -1,6 +1,11 @@
 package orchestrator
 
-import "context"
+import (
+	"context"
+
+	"github.com/sagabox/sagabox/internal/engine"
+	"github.com/sagabox/sagabox/transport"
+)
 
 // Sweep runs one deadline sweep pass now and returns how many sagas it
 // claimed.
@@ -8,3 +13,13 @@ func (c *Client) Sweep(ctx context.Context) (int, error) { return c.sweep(ctx) }
 
 // ApplyRequests runs one pass over the pending operator requests now.
 func (c *Client) ApplyRequests(ctx context.Context) error { return c.applyRequests(ctx) }
+
+// ProcessBatch applies ds as the delivery engine applies a batch of
+// replies that arrived together.
+func (c *Client) ProcessBatch(ctx context.Context, ds []*transport.Delivery) ([]engine.Result, error) {
+	items := make([]engine.Item, len(ds))
+	for i, d := range ds {
+		items[i] = engine.Item{Ctx: ctx, Delivery: d}
+	}
+	return processor{c}.ProcessBatch(ctx, items)
+}

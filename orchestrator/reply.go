@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/sagabox/sagabox/internal/driver"
@@ -68,19 +69,98 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
 		return engine.Result{}, err
 	}
-	res := engine.Result{Outcome: telemetry.OutcomeIgnored, Note: tr.res.IgnoreReason}
-	if !tr.res.Ignored {
-		res = engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0, SpanAttrs: []attribute.KeyValue{
-			telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)),
-		}}
-		// Latency since the saga's previous transition, normally the one
-		// that sent the command this reply answers.
-		c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
-		c.committed(ctx, tr)
-	} else {
-		c.log.Info("reply ignored", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "reason", tr.res.IgnoreReason)
+	return c.replyApplied(ctx, d, tr), nil
+}
+
+// ProcessBatch applies a batch of replies in one transaction of two round
+// trips, as Process applies one (group commit): one statement records them
+// all in the inbox and locks their sagas, the core decides on each, and one
+// statement writes every transition and commits. It applies at most one
+// reply per saga (a saga's second reply in the batch needs the state the
+// first one leaves), deferring the others, and defers what is not a reply,
+// so that each gets the treatment of one delivery.
+func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
+	c := p.c
+	results := make([]engine.Result, len(items))
+	envs := make([]*message.Envelope, 0, len(items))
+	at := make([]int, 0, len(items))
+	seen := make(map[uuid.UUID]struct{}, 2*len(items))
+	for i, it := range items {
+		d := it.Delivery
+		_, msgSeen := seen[d.MessageID]
+		_, sagaSeen := seen[d.SagaID]
+		if !d.Kind.IsReply() || msgSeen || sagaSeen {
+			results[i].Defer = true
+			continue
+		}
+		seen[d.MessageID], seen[d.SagaID] = struct{}{}, struct{}{}
+		envs = append(envs, &d.Envelope)
+		at = append(at, i)
 	}
-	return res, nil
+	if len(envs) == 0 {
+		return results, nil
+	}
+	t := c.db.Begin()
+	defer t.Rollback(ctx)
+	rcpts, err := c.db.ReceiveReplies(ctx, t, envs)
+	if err != nil {
+		return nil, err
+	}
+	trs := make([]transition, len(rcpts))
+	applied := make([]bool, len(rcpts))
+	var write []driver.Transition
+	var now time.Time
+	for k, r := range rcpts {
+		i := at[k]
+		d := items[i].Delivery
+		switch {
+		case !r.Fresh:
+			results[i] = engine.Result{Outcome: telemetry.OutcomeDuplicate}
+			continue
+		case r.Saga == nil:
+			c.log.Warn("reply for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String())
+			results[i] = engine.Result{Outcome: telemetry.OutcomeUnknownSaga}
+			continue
+		}
+		tr, err := c.applyReply(items[i].Ctx, t, d, *r.Saga)
+		if err != nil {
+			return nil, err
+		}
+		trs[k], applied[k] = tr, true
+		write = append(write, tr.write)
+		now = tr.at
+	}
+	if len(write) == 0 {
+		err = t.Commit(ctx)
+	} else {
+		err = c.db.WriteTransitions(ctx, t, write, now, true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for k, ok := range applied {
+		if ok {
+			i := at[k]
+			results[i] = c.replyApplied(items[i].Ctx, items[i].Delivery, trs[k])
+		}
+	}
+	return results, nil
+}
+
+// replyApplied does what follows the commit of tr, the transition of the
+// reply d (metrics, logs, wake-ups), and returns the delivery's result.
+func (c *Client) replyApplied(ctx context.Context, d *transport.Delivery, tr transition) engine.Result {
+	if tr.res.Ignored {
+		c.log.Info("reply ignored", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String(), "reason", tr.res.IgnoreReason)
+		return engine.Result{Outcome: telemetry.OutcomeIgnored, Note: tr.res.IgnoreReason}
+	}
+	// Latency since the saga's previous transition, normally the one that
+	// sent the command this reply answers.
+	c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
+	c.committed(ctx, tr)
+	return engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0, SpanAttrs: []attribute.KeyValue{
+		telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)),
+	}}
 }
 
 // applyReply runs the saga core on the reply d to the saga rec, locked in t.

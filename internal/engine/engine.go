@@ -61,6 +61,25 @@ type Processor interface {
 	GiveUp(ctx context.Context, d *transport.Delivery, p *Poison) (Result, error)
 }
 
+// BatchProcessor is a Processor that can also apply several deliveries in
+// one transaction (group commit).
+type BatchProcessor interface {
+	Processor
+	// ProcessBatch applies items in one transaction of its own and commits
+	// it, returning one result per item. An item it leaves to be processed
+	// on its own afterwards (a second reply of one saga) has Result.Defer
+	// set. An error means nothing was applied: the engine then processes
+	// every item on its own, so that each gets its own retries and give-up.
+	ProcessBatch(ctx context.Context, items []Item) ([]Result, error)
+}
+
+// Item is one delivery of a batch, with the context (the delivery's
+// consumer span) its effects are traced in.
+type Item struct {
+	Ctx      context.Context
+	Delivery *transport.Delivery
+}
+
 // Result is what processing one delivery did.
 type Result struct {
 	// Outcome is the telemetry outcome: applied, rejected, duplicate,
@@ -74,6 +93,8 @@ type Result struct {
 	// SpanAttrs are more attributes for the delivery's span (a saga's
 	// status after a reply).
 	SpanAttrs []attribute.KeyValue
+	// Defer leaves the item of a batch to be processed on its own.
+	Defer bool
 }
 
 // Poison is a failure that no retry can cure: the delivery is given up on at
@@ -100,6 +121,11 @@ type Config struct {
 	Component string
 	// Workers and Prefetch tune the subscription.
 	Workers, Prefetch int
+	// MaxBatch, above 1 with a BatchProcessor, is the most deliveries
+	// applied in one transaction; Linger bounds how long a batch waits for
+	// more (transport.SubscribeOpts).
+	MaxBatch int
+	Linger   time.Duration
 	// StopTimeout bounds the drain of deliveries in flight at shutdown.
 	StopTimeout time.Duration
 	// MaxPayloadBytes is the largest payload accepted.
@@ -188,10 +214,13 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 		wg.Go(func() { loop(loopCtx, workCtx) })
 	}
 
-	handle := e.cfg.Telemetry.Consume(e.cfg.Component, e.cfg.DB.Schema(), e.handle)
-	err = e.cfg.Broker.Subscribe(ctx, queue, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
-		return handle(workCtx, d)
-	}), &transport.SubscribeOpts{Concurrency: e.cfg.Workers, Prefetch: e.cfg.Prefetch})
+	var h transport.Handler = consumer{e: e, workCtx: workCtx, one: e.cfg.Telemetry.Consume(e.cfg.Component, e.cfg.DB.Schema(), e.handle)}
+	if bp, ok := e.proc.(BatchProcessor); ok && e.cfg.MaxBatch > 1 {
+		h = batchConsumer{consumer: h.(consumer), bp: bp}
+	}
+	err = e.cfg.Broker.Subscribe(ctx, queue, h, &transport.SubscribeOpts{
+		Concurrency: e.cfg.Workers, Prefetch: e.cfg.Prefetch, MaxBatch: e.cfg.MaxBatch, Linger: e.cfg.Linger,
+	})
 	stopLoops()
 	wg.Wait()
 	releaseWork()
@@ -201,6 +230,84 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 		return fmt.Errorf("subscribe %s: %w", queue.Name, err)
 	}
 	return nil
+}
+
+// consumer is the engine's transport.Handler: it runs each delivery on the
+// engine's work context (which outlives the subscription's by the stop
+// timeout), in its consumer span.
+type consumer struct {
+	e       *Engine
+	workCtx context.Context
+	one     func(ctx context.Context, d *transport.Delivery) transport.Outcome
+}
+
+func (c consumer) HandleDelivery(_ context.Context, d *transport.Delivery) transport.Outcome {
+	return c.one(c.workCtx, d)
+}
+
+// batchConsumer is consumer as a transport.BatchHandler: it applies a batch
+// of deliveries in one transaction (group commit).
+type batchConsumer struct {
+	consumer
+	bp BatchProcessor
+}
+
+func (c batchConsumer) HandleBatch(_ context.Context, ds []*transport.Delivery) []transport.Outcome {
+	return c.e.handleBatch(c.workCtx, c.bp, ds)
+}
+
+// handleBatch is the pipeline of a batch: each delivery has its consumer
+// span; those that are new (not redelivered, within the payload limit) are
+// applied together, and the others, the ones the processor defers and, when
+// the batch's transaction fails, all of them go the way of one delivery.
+func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*transport.Delivery) []transport.Outcome {
+	outs := make([]transport.Outcome, len(ds))
+	ends := make([]func(telemetry.Handled), len(ds))
+	ctxs := make([]context.Context, len(ds))
+	var items []Item
+	var at []int
+	for i, d := range ds {
+		ctxs[i], ends[i] = e.cfg.Telemetry.Begin(ctx, e.cfg.Component, e.cfg.DB.Schema(), d)
+		if d.Redelivered || len(d.Payload) > e.cfg.MaxPayloadBytes {
+			var h telemetry.Handled
+			outs[i], h = e.handle(ctxs[i], d)
+			ends[i](h)
+			continue
+		}
+		items = append(items, Item{Ctx: ctxs[i], Delivery: d})
+		at = append(at, i)
+	}
+	var results []Result
+	err := errors.New("no batch")
+	if len(items) > 1 {
+		err = Retrying(ctx, func() error {
+			var err error
+			results, err = bp.ProcessBatch(ctx, items)
+			return err
+		})
+	}
+	applied := 0
+	for _, r := range results {
+		if !r.Defer {
+			applied++
+		}
+	}
+	for k, i := range at {
+		var h telemetry.Handled
+		switch {
+		case err != nil || results[k].Defer:
+			if len(items) > 1 && err != nil && k == 0 && ctx.Err() == nil {
+				e.log.Debug("batch not applied; applying its deliveries one by one", "deliveries", len(items), "err", err)
+			}
+			outs[i], h = e.handle(ctxs[i], ds[i])
+		default:
+			e.infraFailures.Store(0)
+			outs[i], h = e.done(ctxs[i], ds[i], results[k])
+			h.Attrs = append(h.Attrs, telemetry.AttrBatchCount.Int(applied))
+		}
+		ends[i](h)
+	}
+	return outs
 }
 
 // handle is the pipeline of one delivery. ctx is the engine's work context.

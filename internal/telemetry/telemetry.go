@@ -47,6 +47,10 @@ const (
 	AttrComponent   = attribute.Key("sagabox.component")
 	AttrCause       = attribute.Key("sagabox.retry.cause")
 	AttrActor       = attribute.Key("sagabox.actor")
+	// AttrBatchCount is the OpenTelemetry messaging convention's size of
+	// the batch a delivery was applied in, on deliveries applied in a
+	// batch (group commit).
+	AttrBatchCount = attribute.Key("messaging.batch.message_count")
 )
 
 // Inbox outcomes (AttrInbox, on consumer spans): whether the inbox saw the
@@ -363,8 +367,12 @@ func MessageAttributes(env *message.Envelope, operation string) []attribute.KeyV
 // tracing configured), so the writer's context still travels.
 func (t *Telemetry) StartPublish(ctx context.Context, m *message.Message) trace.Span {
 	ctx = Extract(ctx, &m.Envelope)
-	ctx, span := t.tracer.Start(ctx, SpanName("send", &m.Envelope), trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(MessageAttributes(&m.Envelope, "send")...))
+	ctx, span := t.tracer.Start(ctx, SpanName("send", &m.Envelope), trace.WithSpanKind(trace.SpanKindProducer))
+	if span.IsRecording() {
+		// Built only for a span that records: with tracing off, a message
+		// costs no attribute work.
+		span.SetAttributes(MessageAttributes(&m.Envelope, "send")...)
+	}
 	if span.SpanContext().IsValid() {
 		m.TraceParent, m.TraceState = Inject(ctx)
 	}
@@ -385,8 +393,11 @@ func EndPublish(span trace.Span, err error) {
 // "orchestrator".
 func (t *Telemetry) StartProcess(ctx context.Context, env *message.Envelope, component string) (context.Context, trace.Span) {
 	ctx = Extract(ctx, env)
-	return t.tracer.Start(ctx, SpanName("process", env), trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(append(MessageAttributes(env, "process"), AttrComponent.String(component))...))
+	ctx, span := t.tracer.Start(ctx, SpanName("process", env), trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(append(MessageAttributes(env, "process"), AttrComponent.String(component))...)
+	}
+	return ctx, span
 }
 
 // Fail marks span as failed with err.
@@ -419,14 +430,24 @@ type Handled struct {
 type ConsumeFunc func(ctx context.Context, d *transport.Delivery) (transport.Outcome, Handled)
 
 // Consume returns h as the handler of one component's deliveries: each runs
-// in a consumer span, a child of the producer span that sent the message,
-// and is counted (sagabox.messages.handled by outcome; duplicates, dead
-// letters and retries with their reason) once h returns.
+// in a consumer span (see Begin) and is counted once h returns.
 func (t *Telemetry) Consume(component, schema string, h ConsumeFunc) func(ctx context.Context, d *transport.Delivery) transport.Outcome {
 	return func(ctx context.Context, d *transport.Delivery) transport.Outcome {
-		ctx, span := t.StartProcess(ctx, &d.Envelope, component)
-		defer span.End()
+		ctx, end := t.Begin(ctx, component, schema, d)
 		out, res := h(ctx, d)
+		end(res)
+		return out
+	}
+}
+
+// Begin starts the consumer span of one delivery of a component, a child of
+// the producer span that sent the message, and returns the context to
+// handle it in and the function that, given what became of it, counts it
+// (sagabox.messages.handled by outcome; duplicates, dead letters and retries
+// with their reason) and ends the span.
+func (t *Telemetry) Begin(ctx context.Context, component, schema string, d *transport.Delivery) (context.Context, func(Handled)) {
+	ctx, span := t.StartProcess(ctx, &d.Envelope, component)
+	return ctx, func(res Handled) {
 		if span.IsRecording() {
 			span.SetAttributes(AttrSchema.String(schema), AttrOutcome.String(res.Outcome))
 			if res.Inbox != "" {
@@ -443,6 +464,7 @@ func (t *Telemetry) Consume(component, schema string, h ConsumeFunc) func(ctx co
 				Fail(span, res.Err)
 			}
 		}
+		span.End()
 		if res.Inbox == InboxDuplicate {
 			t.Duplicate(ctx, schema, d.Type)
 		}
@@ -453,7 +475,6 @@ func (t *Telemetry) Consume(component, schema string, h ConsumeFunc) func(ctx co
 			t.Retry(ctx, component, d.Type, res.Cause)
 		}
 		t.Handled(ctx, schema, component, d.Type, res.Outcome)
-		return out
 	}
 }
 

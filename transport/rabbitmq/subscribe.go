@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -246,18 +247,16 @@ func (b *Broker) consumeBatches(ctx context.Context, name, queue string, h trans
 		// than one at a time, so that an idle queue's deliveries are handled
 		// at once.
 		open := true
-		waiting := true
-		for open && waiting && len(batch) < o.MaxBatch {
-			select {
-			case d, ok := <-deliveries:
-				if !ok {
-					open = false
-					break
-				}
-				batch = append(batch, d)
-			default:
-				waiting = false
+		for open && len(batch) < o.MaxBatch {
+			d, ok, waiting := receiveWaiting(deliveries)
+			if !waiting {
+				break
 			}
+			if !ok {
+				open = false
+				break
+			}
+			batch = append(batch, d)
 		}
 		if open && len(batch) < o.MaxBatch && (previous > 1 || len(batch) > 1) {
 			timer.Reset(linger)
@@ -288,6 +287,26 @@ func (b *Broker) consumeBatches(ctx context.Context, name, queue string, h trans
 		if !open {
 			return
 		}
+	}
+}
+
+// receiveWaiting takes a delivery from deliveries if one is waiting there:
+// waiting is false when none is, ok false when deliveries is closed. amqp091
+// hands deliveries over from a goroutine of its own that, after each
+// hand-off, must run again before it offers the next, so a receive that
+// finds nothing yields once and tries again: without that, a backlog
+// already in the client's buffer looks empty and is taken one at a time.
+func receiveWaiting(deliveries <-chan amqp.Delivery) (d amqp.Delivery, ok, waiting bool) {
+	for try := 0; ; try++ {
+		select {
+		case d, ok = <-deliveries:
+			return d, ok, true
+		default:
+		}
+		if try == 1 {
+			return d, false, false
+		}
+		runtime.Gosched()
 	}
 }
 
