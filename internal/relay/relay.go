@@ -252,9 +252,16 @@ func (r *Relay) work(ctx context.Context) {
 			return
 		}
 		if pubErr != nil {
+			// The rows not confirmed are claimable again RetryAfter after
+			// they are settled: settle them now and wait that long, so that
+			// the next claim finds them (were they settled by that claim,
+			// it could not take them, and they would wait for the poll).
 			failures++
-			wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
+			wait := settle.RetryAfter
 			r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "failures", failures)
+			if _, err := r.claim(ctx, 0, settle); err == nil {
+				settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
+			}
 			if !sleep(ctx, poll, wait) {
 				return
 			}

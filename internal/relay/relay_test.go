@@ -382,3 +382,45 @@ func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
 		return seen[first[0].MessageID] > 0
 	}, waitFor, 10*time.Millisecond)
 }
+
+// A message the broker refuses (no queue is bound for it yet) is published
+// once a queue is: the relay retries it after its backoff on its own,
+// without waiting for its poll interval (an hour here) or a wake-up.
+func TestUnconfirmedMessageRetriedWithoutAWakeUp(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, amqptest.Config(t))
+	msgs := events("late", 0, 1)
+	msgs[0].Type = "late.event"
+	writeCommitted(t, s, msgs)
+	_, _ = runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{PollInterval: time.Hour}})
+	refused := `SELECT count(*) FROM ` + pgx.Identifier{s.Schema()}.Sanitize() + `.sagabox_outbox WHERE last_error <> ''`
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.Pool.QueryRow(context.Background(), refused).Scan(&n)
+		return err == nil && n == 1
+	}, waitFor, 10*time.Millisecond, "the first publish is refused")
+
+	ctx := context.Background()
+	spec := transport.QueueSpec{Name: "late", Events: []string{"late.#"}}
+	require.NoError(t, b.Declare(ctx, spec))
+	got := make(chan uuid.UUID, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Subscribe(sctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+			got <- d.MessageID
+			return transport.Ack()
+		}), nil)
+	}()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	select {
+	case id := <-got:
+		require.Equal(t, msgs[0].MessageID, id)
+	case <-time.After(waitFor):
+		t.Fatalf("the refused message was not published again within %s", waitFor)
+	}
+}
