@@ -60,7 +60,7 @@
 //
 // # Operations
 //
-// Get, History and List (stalest first, filtered by type, status and age,
+// Get, History and List (oldest first, filtered by type, status and age,
 // with paging) read sagas; Retry and Abort act on one, recording the actor
 // and reason in its history. A saga that does not exist gives an error
 // wrapping ErrNotFound; an action not allowed in the saga's status, one

@@ -79,15 +79,16 @@ type ListOpts struct {
 
 // ListResult is one page of List.
 type ListResult struct {
-	// Sagas are the page's sagas, stalest (least recently updated) first.
+	// Sagas are the page's sagas, oldest (first started) first.
 	Sagas []*Saga
 	// Cursor continues the listing (ListOpts.After); "" when this page is
 	// the last.
 	Cursor string
 }
 
-// List returns the sagas selected by opts, stalest first, one page at a
-// time.
+// List returns the sagas selected by opts, oldest (first started) first,
+// one page at a time. Pages follow each other however the sagas change
+// meanwhile: the order is by start time, which never changes.
 func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) {
 	if opts == nil {
 		opts = &ListOpts{}
@@ -127,7 +128,7 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	}
 	if len(recs) == f.Limit {
 		last := recs[len(recs)-1]
-		res.Cursor = encodeCursor(last.UpdatedAt, last.ID)
+		res.Cursor = encodeCursor(last.CreatedAt, last.ID)
 	}
 	return res, nil
 }
@@ -153,7 +154,7 @@ func decodeCursor(s string) (*driver.SagaRecord, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cursor %q is not valid: %w", s, err)
 	}
-	return &driver.SagaRecord{ID: u, UpdatedAt: t}, nil
+	return &driver.SagaRecord{ID: u, CreatedAt: t}, nil
 }
 
 // Retry asks saga id to re-send what is in flight, with the next attempt

@@ -39,15 +39,19 @@ WHERE (saga_id, step, phase) IN (
 );
 
 -- name: SagaDeleteFinishedBefore :execrows
--- Deletes at most @max completed or compensated sagas (with their history)
--- that finished before @finished_before.
-DELETE FROM /* TEMPLATE: schema */sagabox_saga
-WHERE id IN (
+-- Deletes at most @max finished sagas, with their history, that finished
+-- before @finished_before.
+WITH doomed AS (
     SELECT id FROM /* TEMPLATE: schema */sagabox_saga
     WHERE finished_at < @finished_before::timestamptz
     ORDER BY finished_at
     LIMIT @max::integer
-);
+), history AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_saga_history
+    WHERE saga_id IN (SELECT id FROM doomed)
+)
+DELETE FROM /* TEMPLATE: schema */sagabox_saga
+WHERE id IN (SELECT id FROM doomed);
 
 -- name: OutboxStats :one
 -- Backlog of unpublished rows and the age of the oldest one.

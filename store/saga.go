@@ -297,7 +297,7 @@ func (s *executor) SagaGet(ctx context.Context, id uuid.UUID) (driver.SagaRecord
 	return sagaRecord(row), nil
 }
 
-// SagaList returns sagas matching f, stalest (least recently updated) first.
+// SagaList returns sagas matching f, oldest (first started) first.
 func (s *executor) SagaList(ctx context.Context, f driver.SagaFilter) ([]driver.SagaRecord, error) {
 	db, err := s.pooled()
 	if err != nil {
@@ -309,8 +309,8 @@ func (s *executor) SagaList(ctx context.Context, f driver.SagaFilter) ([]driver.
 	}
 	p.UpdatedBefore = timePtr(f.UpdatedBefore)
 	if f.After != nil {
-		at := f.After.UpdatedAt
-		p.AfterUpdatedAt = &at
+		at := f.After.CreatedAt
+		p.AfterCreatedAt = &at
 		p.AfterID = uuid.NullUUID{UUID: f.After.ID, Valid: true}
 	}
 	rows, err := s.queries.SagaList(ctx, db, p)

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -158,7 +159,9 @@ func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
 	require.Empty(t, c, "sagas of a definition the caller does not run are never claimed")
 }
 
-func TestSagaListStalestFirstWithPaging(t *testing.T) {
+// Sagas are listed oldest first, by start, so that paging is stable: a
+// saga that moves on between two pages keeps its place.
+func TestSagaListOldestFirstWithStablePaging(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
 	ctx := context.Background()
@@ -172,6 +175,12 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 	page1, err := s.SagaList(ctx, driver.SagaFilter{Type: "checkout", Statuses: []string{"running"}, Limit: 3})
 	require.NoError(t, err)
 	require.Len(t, page1, 3)
+	// The first saga moves on: it is the most recently updated now.
+	moved := page1[0]
+	moved.CurrentStep = 1
+	tx := s.Begin()
+	defer tx.Rollback(ctx)
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &moved}}, time.Now(), true))
 	page2, err := s.SagaList(ctx, driver.SagaFilter{Type: "checkout", Limit: 3, After: &page1[2]})
 	require.NoError(t, err)
 	require.Len(t, page2, 2)
@@ -179,7 +188,7 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 	for _, r := range append(page1, page2...) {
 		got = append(got, r.ID)
 	}
-	require.Equal(t, ids, got)
+	require.Equal(t, ids, got, "every saga once, in start order")
 	none, err := s.SagaList(ctx, driver.SagaFilter{Statuses: []string{"failed"}})
 	require.NoError(t, err)
 	require.Empty(t, none)
@@ -187,6 +196,37 @@ func TestSagaListStalestFirstWithPaging(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, hist, 1)
 	require.Equal(t, "started", hist[0].Event)
+}
+
+// A transition that changes neither the saga's status nor its deadline (a
+// step's reply moving it to the next step) is a HOT update: it writes the
+// saga's row again and no index entry. PostgreSQL's statistics count HOT
+// updates apart; they reach pg_stat_user_tables within a few seconds.
+func TestSagaTransitionIsAHOTUpdate(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	rec := newSaga("", time.Time{})
+	require.True(t, start(t, s, rec, time.Now()))
+	const n = 20
+	for i := range n {
+		cur, err := s.SagaGet(ctx, rec.ID)
+		require.NoError(t, err)
+		cur.CurrentStep = i + 1
+		cur.Data = []byte(fmt.Sprintf(`{"step": %d, "note": "a reply's data"}`, i))
+		tx := s.Begin()
+		require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{
+			Saga:    &cur,
+			History: []driver.HistoryRecord{{SagaID: rec.ID, At: time.Now(), Event: "reply-applied"}},
+		}}, time.Now(), true))
+	}
+	var upd, hot int64
+	require.Eventually(t, func() bool {
+		err := s.Pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+			WHERE schemaname = $1 AND relname = 'sagabox_saga'`, s.Schema()).Scan(&upd, &hot)
+		return err == nil && upd >= n
+	}, 30*time.Second, 100*time.Millisecond, "the updates reach the statistics")
+	require.Equal(t, upd, hot, "every transition was a HOT update")
 }
 
 func TestOperationRequests(t *testing.T) {

@@ -199,7 +199,7 @@ type SagaFilter struct {
 	Statuses []string
 	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
 	UpdatedBefore time.Time
-	// After continues a listing after this saga (its UpdatedAt and ID).
+	// After continues a listing after this saga (its CreatedAt and ID).
 	After *SagaRecord
 	// Limit is the page size. Defaults to 100.
 	Limit int

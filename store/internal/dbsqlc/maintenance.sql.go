@@ -209,13 +209,17 @@ func (q *Queries) SagaCountOverdue(ctx context.Context, db DBTX, before time.Tim
 }
 
 const sagaDeleteFinishedBefore = `-- name: SagaDeleteFinishedBefore :execrows
-DELETE FROM /* TEMPLATE: schema */sagabox_saga
-WHERE id IN (
+WITH doomed AS (
     SELECT id FROM /* TEMPLATE: schema */sagabox_saga
     WHERE finished_at < $1::timestamptz
     ORDER BY finished_at
     LIMIT $2::integer
+), history AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_saga_history
+    WHERE saga_id IN (SELECT id FROM doomed)
 )
+DELETE FROM /* TEMPLATE: schema */sagabox_saga
+WHERE id IN (SELECT id FROM doomed)
 `
 
 type SagaDeleteFinishedBeforeParams struct {
@@ -223,8 +227,8 @@ type SagaDeleteFinishedBeforeParams struct {
 	Max            int32
 }
 
-// Deletes at most @max completed or compensated sagas (with their history)
-// that finished before @finished_before.
+// Deletes at most @max finished sagas, with their history, that finished
+// before @finished_before.
 func (q *Queries) SagaDeleteFinishedBefore(ctx context.Context, db DBTX, arg *SagaDeleteFinishedBeforeParams) (int64, error) {
 	result, err := db.Exec(ctx, sagaDeleteFinishedBefore, arg.FinishedBefore, arg.Max)
 	if err != nil {

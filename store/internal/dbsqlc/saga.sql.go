@@ -191,8 +191,8 @@ WHERE ($1::text IS NULL OR saga_type = $1::text)
   AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
   AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
   AND ($4::timestamptz IS NULL
-       OR (updated_at, id) > ($4::timestamptz, $5::uuid))
-ORDER BY updated_at, id
+       OR (created_at, id) > ($4::timestamptz, $5::uuid))
+ORDER BY created_at, id
 LIMIT $6::integer
 `
 
@@ -200,19 +200,20 @@ type SagaListParams struct {
 	SagaType       *string
 	Statuses       []string
 	UpdatedBefore  *time.Time
-	AfterUpdatedAt *time.Time
+	AfterCreatedAt *time.Time
 	AfterID        uuid.NullUUID
 	Max            int32
 }
 
-// Lists sagas stalest first (least recently updated), filtered by type,
-// status and age, with keyset paging on (updated_at, id).
+// Lists sagas oldest first (by start), filtered by type, status and the
+// time of their last change, with keyset paging on (created_at, id), which
+// never change: a page follows the previous one however the sagas move on.
 func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaList,
 		arg.SagaType,
 		arg.Statuses,
 		arg.UpdatedBefore,
-		arg.AfterUpdatedAt,
+		arg.AfterCreatedAt,
 		arg.AfterID,
 		arg.Max,
 	)

@@ -76,7 +76,7 @@ func (a *app) sagaListCommand() *cobra.Command {
 	var statuses []string
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List sagas, stalest (least recently updated) first",
+		Short: "List sagas, oldest (first started) first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, s := range statuses {
