@@ -34,8 +34,9 @@ type Client struct {
 	handlers map[handlerKey]*handler
 	running  bool
 
-	// testHookAfterCommit, when set, runs after a delivery's transaction
-	// committed and before the relay is woken and the delivery acked.
+	// testHookAfterCommit, when set, runs after the transaction of a
+	// delivery handled (not given up on) committed, and before the relay is
+	// woken and the delivery acked.
 	testHookAfterCommit func(d *transport.Delivery)
 }
 
@@ -63,7 +64,8 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	c.engine, err = engine.New(engine.Config{
 		DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
-		Workers: cfg.Workers, Prefetch: cfg.Prefetch, StopTimeout: cfg.StopTimeout,
+		Workers: cfg.Workers, Prefetch: cfg.Prefetch, MaxBatch: cfg.MaxBatch, Linger: cfg.BatchLinger,
+		StopTimeout:     cfg.StopTimeout,
 		MaxPayloadBytes: cfg.MaxPayloadBytes, Retry: cfg.Retry, Relay: cfg.Relay, Retention: cfg.Retention,
 		Logger: cfg.Logger.With("service", cfg.Service), Telemetry: tel,
 	}, processor{c})

@@ -22,6 +22,12 @@ import (
 const (
 	// DefaultWorkers is how many deliveries a Client handles at once.
 	DefaultWorkers = 4
+	// MaxBatchLimit is the largest Config.MaxBatch: a delivery of a batch
+	// runs in two subtransactions (its own and its handler's), and
+	// PostgreSQL keeps the ids of only 64 subtransactions per transaction in
+	// shared memory; past that, every snapshot taken in the database while
+	// the transaction runs gets slower.
+	MaxBatchLimit = 32
 	// DefaultMaxPayloadBytes is the largest payload a Client accepts (1
 	// MiB): a larger command is answered with a failure reply
 	// (saga.CodePayloadTooLarge), so that its saga compensates at once, and
@@ -81,8 +87,30 @@ type Config struct {
 	Workers int
 
 	// Prefetch is how many unacknowledged deliveries the broker may hand
-	// out. Defaults to 2 × Workers.
+	// out. Defaults to 2 × Workers, and is raised to 2 × MaxBatch per
+	// worker when batching.
 	Prefetch int
+
+	// MaxBatch, above 1, lets a worker handle up to MaxBatch deliveries
+	// that arrive together in one transaction (group commit): when
+	// deliveries come faster than one at a time, a worker takes those
+	// waiting, waits up to BatchLinger for more, and runs each one's
+	// handler, inbox record, barrier mark and reply in a subtransaction of
+	// one transaction that commits once. A handler that fails is rolled
+	// back to its savepoint without touching the others, and its delivery
+	// is handled again on its own, with its retries. An idle queue's
+	// deliveries are handled one by one, at once.
+	//
+	// Opt in when handlers are short database work: a batch holds the locks
+	// its handlers take until it commits, and a handler's writes become
+	// visible (and its reply is sent) with the whole batch's. At most
+	// MaxBatchLimit (32). Defaults to 1: every delivery in a transaction of
+	// its own.
+	MaxBatch int
+
+	// BatchLinger bounds how long a batch waits for more deliveries.
+	// Defaults to transport.DefaultLinger (2ms).
+	BatchLinger time.Duration
 
 	// Retry says how a message whose handler fails transiently (any error
 	// but a rejection, or a panic) is retried, and after how many attempts
@@ -163,6 +191,12 @@ func (c Config) WithDefaults() Config {
 	if c.Prefetch == 0 {
 		c.Prefetch = 2 * c.Workers
 	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 1
+	}
+	if c.BatchLinger == 0 {
+		c.BatchLinger = transport.DefaultLinger
+	}
 	c.Retry = retryDefaults(c.Retry)
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
@@ -202,6 +236,12 @@ func (c Config) validate() error {
 	}
 	if c.Prefetch < c.Workers {
 		errs = append(errs, fmt.Errorf("Prefetch %d is less than Workers %d", c.Prefetch, c.Workers))
+	}
+	if c.MaxBatch < 1 || c.MaxBatch > MaxBatchLimit {
+		errs = append(errs, fmt.Errorf("MaxBatch %d is not between 1 and %d (MaxBatchLimit)", c.MaxBatch, MaxBatchLimit))
+	}
+	if c.BatchLinger < 0 {
+		errs = append(errs, fmt.Errorf("BatchLinger %s is negative", c.BatchLinger))
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("Retry: %w", err))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -63,7 +64,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	s := dbtest.Store(t, store.LineMessaging)
+	return newEnvOnPool(t, dbtest.Pool(t))
+}
+
+// newEnvOnPool is newEnv on pool.
+func newEnvOnPool(t *testing.T, pool *pgxpool.Pool) *env {
+	t.Helper()
+	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
 	_, err := s.Pool.Exec(context.Background(), fmt.Sprintf(
 		`CREATE TABLE %[1]s.stock (sku text PRIMARY KEY, qty integer NOT NULL);
 		 CREATE TABLE %[1]s.cancelled (order_id text PRIMARY KEY)`, pgx.Identifier{s.Schema()}.Sanitize()))

@@ -31,13 +31,57 @@ type processor struct{ c *Client }
 // mark's outcome with COMMIT, and the handler runs in between, under a
 // savepoint.
 func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt int) (engine.Result, error) {
+	t := p.c.db.Begin()
+	defer t.Rollback(ctx)
+	res, err := p.c.deliver(ctx, t, d, attempt)
+	if err == nil && p.c.testHookAfterCommit != nil {
+		p.c.testHookAfterCommit(d)
+	}
+	return res, err
+}
+
+// ProcessBatch handles a batch of deliveries in one transaction (group
+// commit, Config.MaxBatch): each runs as it would on its own, in a
+// subtransaction of the batch's, and the batch commits once. A delivery
+// that fails is rolled back to its savepoint, leaving the others' work in
+// place, and is deferred: the engine processes it again on its own, with
+// its retries and dead-lettering.
+func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
 	c := p.c
+	t := c.db.Begin()
+	defer t.Rollback(ctx)
+	results := make([]engine.Result, len(items))
+	for i, it := range items {
+		sub := t.Sub()
+		res, err := c.deliver(it.Ctx, sub, it.Delivery, 1)
+		sub.Rollback(it.Ctx)
+		if err != nil {
+			results[i].Defer = true
+			continue
+		}
+		results[i] = res
+	}
+	if err := t.Commit(ctx); err != nil {
+		return nil, err
+	}
+	if c.testHookAfterCommit != nil {
+		for i, it := range items {
+			if !results[i].Defer {
+				c.testHookAfterCommit(it.Delivery)
+			}
+		}
+	}
+	return results, nil
+}
+
+// deliver handles d in t, committing t: the inbox record and the barrier
+// mark go out with t's first statement, the reply and the mark's outcome
+// with its commit, and the handler runs in between, under a savepoint.
+func (c *Client) deliver(ctx context.Context, t driver.Tx, d *transport.Delivery, attempt int) (engine.Result, error) {
 	h, data, poison := c.dispatch(d)
 	if poison != nil {
 		return engine.Result{}, poison
 	}
-	t := c.db.Begin()
-	defer t.Rollback(ctx)
 	del, err := c.db.BeginDelivery(ctx, t, &d.Envelope, blockedReply(d))
 	if err != nil {
 		return engine.Result{}, err
@@ -79,8 +123,7 @@ func (c *Client) dispatch(d *transport.Delivery) (*handler, any, *engine.Poison)
 	return h, data, nil
 }
 
-// finish ends the delivery begun in t and, once it committed, runs the test
-// hook.
+// finish ends the delivery begun in t and commits t.
 func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, end driver.DeliveryEnd, res engine.Result) (engine.Result, error) {
 	if err := c.db.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
 		return engine.Result{}, err
@@ -88,9 +131,6 @@ func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery,
 	// The handler may have written messages of its own (Publish), besides
 	// the reply: the relay looks either way.
 	res.Wrote = res.Outcome != telemetry.OutcomeDuplicate
-	if c.testHookAfterCommit != nil {
-		c.testHookAfterCommit(d)
-	}
 	return res, nil
 }
 

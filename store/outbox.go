@@ -112,7 +112,7 @@ func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts)
 	// bounded by the batch even when the planner misjudges the backlog (a
 	// table never analysed): the first rows come from walking the
 	// unpublished index in id order, never from sorting the backlog.
-	t := &engineTx{s: s.Store}
+	t := txOf(s.Begin())
 	defer t.Rollback(ctx)
 	t.queue(claimPlan)
 	rows, err := s.queries.OutboxClaim(ctx, t.exec(ctx, true), &dbsqlc.OutboxClaimParams{

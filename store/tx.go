@@ -14,33 +14,58 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// engineTx is driver.Tx on a connection of the pool: BEGIN goes out in one
-// batch with the first operation's statement (pgx's Batch.BeginTx), and
-// COMMIT with the last one's.
-type engineTx struct {
+// deliverySavepoint is the savepoint a delivery of a group runs under
+// (driver.Tx.Sub).
+const deliverySavepoint = "sagabox_delivery"
+
+// session is the connection and transaction that an engineTx and its
+// subtransactions share.
+type session struct {
 	s    *Store
 	conn *pgxpool.Conn
 	// tx is the connection's transaction once BEGIN was sent.
 	tx pgx.Tx
 	// pending are statements without arguments sent ahead of the next
-	// operation's (a savepoint rolled back, a statement timeout).
+	// operation's (a savepoint rolled back or released, a statement
+	// timeout).
 	pending []string
-	done    bool
+}
+
+// engineTx is driver.Tx on a connection of the pool: BEGIN goes out in one
+// batch with the first operation's statement (pgx's Batch.BeginTx), and
+// COMMIT with the last one's. A subtransaction (Sub) is an engineTx on its
+// parent's session whose first statement goes out with SAVEPOINT and whose
+// last one with RELEASE instead.
+type engineTx struct {
+	*session
+	// sub marks a subtransaction; begun is set once its savepoint was sent.
+	sub, begun bool
+	done       bool
 }
 
 // Begin implements driver.Executor.
-func (s *executor) Begin() driver.Tx { return &engineTx{s: s.Store} }
+func (s *executor) Begin() driver.Tx { return &engineTx{session: &session{s: s.Store}} }
 
 // txOf returns the engineTx behind t, which this package's Begin made.
 func txOf(t driver.Tx) *engineTx { return t.(*engineTx) }
 
+// Sub implements driver.Tx.
+func (t *engineTx) Sub() driver.Tx { return &engineTx{session: t.session, sub: true} }
+
 // Rollback implements driver.Tx: it ends t without committing what it did
-// and gives its connection back.
+// and gives its connection back. A subtransaction's rollback is sent with
+// the parent's next statement.
 func (t *engineTx) Rollback(ctx context.Context) {
 	if t.done {
 		return
 	}
 	t.done = true
+	if t.sub {
+		if t.begun {
+			t.queue("rollback to savepoint "+deliverySavepoint, "release savepoint "+deliverySavepoint)
+		}
+		return
+	}
 	if t.conn == nil {
 		return
 	}
@@ -59,7 +84,7 @@ func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	if t.done {
 		return nil, pgx.ErrTxClosed
 	}
-	if t.tx == nil {
+	if t.tx == nil || (t.sub && !t.begun) {
 		if err := t.begin(ctx); err != nil {
 			return nil, err
 		}
@@ -67,10 +92,18 @@ func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	return t.tx.Begin(ctx)
 }
 
-// Commit implements driver.Tx.
+// Commit implements driver.Tx. A subtransaction's commit releases its
+// savepoint with the parent's next statement: it costs no round trip.
 func (t *engineTx) Commit(ctx context.Context) error {
 	if t.done {
 		return pgx.ErrTxClosed
+	}
+	if t.sub {
+		t.done = true
+		if t.begun {
+			t.queue("release savepoint " + deliverySavepoint)
+		}
+		return nil
 	}
 	if t.tx == nil {
 		t.Rollback(ctx)
@@ -93,15 +126,16 @@ func (t *engineTx) Commit(ctx context.Context) error {
 	return p.end(br, nil)
 }
 
-// begin sends BEGIN (and the pending statements) on their own, for a caller
-// that needs the transaction before any operation.
+// begin sends BEGIN (or a subtransaction's SAVEPOINT) and the pending
+// statements on their own, for a caller that needs the transaction before
+// any operation.
 func (t *engineTx) begin(ctx context.Context) error {
 	_, err := t.exec(ctx, false).Exec(ctx, "select 1")
 	return err
 }
 
 // queue adds sql to the statements sent ahead of the next operation.
-func (t *engineTx) queue(sql string) { t.pending = append(t.pending, sql) }
+func (t *engineTx) queue(sql ...string) { t.pending = append(t.pending, sql...) }
 
 // exec returns the executor of t's next statement: it sends that statement
 // in one round trip with BEGIN (the first time), the pending statements
@@ -142,7 +176,13 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 		}
 		b.BeginTx(pgx.TxOptions{})
 	}
-	for _, s := range t.pending {
+	pending := t.pending
+	t.pending = nil
+	if t.sub && !t.begun {
+		pending = append(pending, "savepoint "+deliverySavepoint)
+		t.begun = true
+	}
+	for _, s := range pending {
 		b.Queue(s)
 	}
 	b.Queue(t.s.render(sql), args...)
@@ -150,7 +190,7 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 		b.Queue(s)
 	}
 	if p.commit {
-		b.Queue("commit")
+		b.Queue(p.commitSQL())
 	}
 	br := t.conn.SendBatch(ctx, b)
 	if t.tx == nil {
@@ -160,8 +200,6 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 			return nil, fmt.Errorf("begin: %w", err)
 		}
 	}
-	pending := t.pending
-	t.pending = nil
 	for _, s := range pending {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
@@ -169,6 +207,15 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 		}
 	}
 	return br, nil
+}
+
+// commitSQL is the statement that ends the pipe's transaction: COMMIT, or a
+// subtransaction's RELEASE.
+func (p *pipe) commitSQL() string {
+	if p.t.sub {
+		return "release savepoint " + deliverySavepoint
+	}
+	return "commit"
 }
 
 // end reads the rest of a batch (COMMIT) after the statement's result, and
@@ -196,8 +243,10 @@ func (p *pipe) end(br pgx.BatchResults, stmtErr error) error {
 	}
 	if p.commit && err == nil {
 		p.t.done = true
-		p.t.conn.Release()
-		p.t.conn = nil
+		if !p.t.sub {
+			p.t.conn.Release()
+			p.t.conn = nil
+		}
 	}
 	return err
 }

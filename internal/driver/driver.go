@@ -31,6 +31,15 @@ type Tx interface {
 	// Rollback ends the transaction without committing what it did. It is a
 	// no-op once it is over, so it can be deferred.
 	Rollback(ctx context.Context)
+	// Sub returns a subtransaction of the transaction, for one unit of work
+	// of a group applied together (group commit): its operations run in the
+	// transaction under a savepoint, begun with its first statement; its
+	// Commit releases the savepoint and its Rollback rolls back to it, each
+	// sent with the transaction's next statement, so neither costs a round
+	// trip, and the transaction's Commit commits what every committed
+	// subtransaction did. One subtransaction is used at a time, and its
+	// transaction is not used meanwhile.
+	Sub() Tx
 	// Savepoint returns a savepoint of the transaction, as pgx.Tx, for code
 	// that does its own writes in it (a local step): its Commit releases
 	// the savepoint, its Rollback rolls back to it, and it cannot end the
@@ -79,8 +88,7 @@ type Executor interface {
 	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time, commit bool) error
 	// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
 	SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error)
-	// SagaList returns the sagas f selects, stalest (least recently updated)
-	// first.
+	// SagaList returns the sagas f selects, oldest (first started) first.
 	SagaList(ctx context.Context, f SagaFilter) ([]SagaRecord, error)
 	// SagaHistory returns the history of saga id, oldest first.
 	SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord, error)

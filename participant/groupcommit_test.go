@@ -1,0 +1,96 @@
+package participant_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/participant"
+)
+
+// TestGroupCommitIsolatesEachDelivery shows group commit at a participant
+// (Config.MaxBatch): commands waiting in the queue are handled several to a
+// transaction, and each keeps what it would get on its own. A handler that
+// fails is rolled back to its savepoint, its writes with it, and retried on
+// its own; one that rejects keeps its inbox record and barrier mark but
+// none of its writes; the others commit.
+func TestGroupCommitIsolatesEachDelivery(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	e := newEnvOnPool(t, pool)
+	const n = 30
+	e.setStock("a", n)
+	e.setStock("flaky", 10)
+	e.setStock("none", 0)
+
+	b := e.newBroker()
+	cfg := e.config(b)
+	cfg.Workers, cfg.MaxBatch = 1, 16
+	c, err := participant.NewClient(cfg)
+	require.NoError(t, err)
+	// "flaky" fails its first attempt after writing; "none" rejects after
+	// writing.
+	participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+		var left int
+		err := tx.QueryRow(ctx, "UPDATE "+e.table("stock")+" SET qty = qty - $2 WHERE sku = $1 RETURNING qty",
+			req.Data.SKU, req.Data.Qty).Scan(&left)
+		switch {
+		case err != nil:
+			return ReserveReply{}, err
+		case req.Data.SKU == "flaky" && req.DeliveryAttempt == 1:
+			return ReserveReply{}, errors.New("the warehouse system timed out")
+		case left < 0:
+			return ReserveReply{}, participant.RejectWithCode("out_of_stock", errors.New("not in stock"))
+		}
+		return ReserveReply{Remaining: left}, nil
+	})
+	ctx := context.Background()
+	require.NoError(t, b.Declare(ctx, c.QueueSpec()))
+
+	var msgs []message.Message
+	for range n / 2 {
+		msgs = append(msgs, reserve(uuid.New(), "a", 1))
+	}
+	flaky, none := reserve(uuid.New(), "flaky", 1), reserve(uuid.New(), "none", 1)
+	msgs = append(msgs, flaky, none)
+	for range n - n/2 {
+		msgs = append(msgs, reserve(uuid.New(), "a", 1))
+	}
+	e.publish(msgs...)
+
+	rts.Start()
+	e.start(c, b)
+	for _, m := range msgs {
+		reply := e.replies.wait(t, m.MessageID)
+		if m.MessageID == none.MessageID {
+			requireFailure(t, reply, "out_of_stock")
+		} else {
+			requireSuccess(t, reply)
+		}
+	}
+	rts.Stop()
+
+	require.Equal(t, 0, e.stock("a"), "every command applied once")
+	require.Equal(t, 9, e.stock("flaky"), "the failed attempt's write was rolled back")
+	require.Equal(t, 0, e.stock("none"), "the rejection's write was discarded")
+	for _, m := range msgs {
+		require.Equal(t, 1, e.outboxReplies(m.MessageID), "one reply to %s", m.MessageID)
+		require.Equal(t, 0, e.duplicates(m.MessageID), "%s recorded once", m.MessageID)
+	}
+	deliveries := 0
+	for _, tx := range rts.Transactions() {
+		if tx.Has("DeliveryBeginAction") {
+			deliveries++
+		}
+	}
+	t.Logf("%d commands handled in %d transactions", len(msgs), deliveries)
+	require.LessOrEqual(t, deliveries, len(msgs)/2, "waiting commands are handled several to a transaction")
+}
