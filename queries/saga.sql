@@ -76,11 +76,14 @@ WITH inbox AS (
     SET duplicates = i.duplicates + 1, last_duplicate_at = now()
     RETURNING i.message_id, i.saga_id, (xmax = 0) AS fresh
 ), locked AS (
-    SELECT s.*
-    FROM /* TEMPLATE: schema */sagabox_saga s
-    WHERE s.id IN (SELECT inbox.saga_id FROM inbox WHERE inbox.fresh)
-    ORDER BY s.id
-    FOR UPDATE
+    -- One primary-key lookup per saga, in id order, whatever the planner
+    -- believes of the table's size: a join could scan the whole table when
+    -- its statistics are missing or stale (a fresh deployment, a burst).
+    SELECT l.*
+    FROM (SELECT DISTINCT inbox.saga_id FROM inbox WHERE inbox.fresh ORDER BY inbox.saga_id) AS k,
+         LATERAL (
+             SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
+         ) AS l
 )
 SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.*
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh;
@@ -141,7 +144,9 @@ WITH updated AS (
                unnest(@last_error::text[]) AS last_error,
                unnest(@finished_at::timestamptz[]) AS finished_at
     ) AS u
-    WHERE s.id = u.id AND s.revision = u.revision
+    -- s.id = ANY(@id) lets the planner find the rows by primary key even
+    -- when it misjudges the table's size (no statistics yet).
+    WHERE s.id = ANY(@id::uuid[]) AND s.id = u.id AND s.revision = u.revision
     RETURNING s.id
 ), history AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (

@@ -315,3 +315,24 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 		})
 	}
 }
+
+// A delivery leaves its barrier mark when it begins and completes it (the
+// outcome, the stored reply) when it finishes: the completion is a HOT
+// update, which writes no index entry. PostgreSQL's statistics count HOT
+// updates apart; they reach pg_stat_user_tables within a few seconds.
+func TestBarrierCompletionIsAHOTUpdate(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	ctx := context.Background()
+	const n = 20
+	for range n {
+		deliver(t, s, command(uuid.New(), message.KindCommand), nil)
+	}
+	var upd, hot int64
+	require.Eventually(t, func() bool {
+		err := s.Pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+			WHERE schemaname = $1 AND relname = 'sagabox_barrier'`, s.Schema()).Scan(&upd, &hot)
+		return err == nil && upd >= n
+	}, 30*time.Second, 100*time.Millisecond, "the updates reach the statistics")
+	require.Equal(t, upd, hot, "every completion was a HOT update")
+}

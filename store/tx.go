@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/sagabox/sagabox/internal/driver"
 
@@ -25,10 +26,19 @@ type session struct {
 	conn *pgxpool.Conn
 	// tx is the connection's transaction once BEGIN was sent.
 	tx pgx.Tx
-	// pending are statements without arguments sent ahead of the next
-	// operation's (a savepoint rolled back or released, a statement
-	// timeout).
-	pending []string
+	// pending are statements sent ahead of the next operation's: a
+	// savepoint rolled back or released, a statement timeout, the last
+	// statement of a subtransaction.
+	pending []pendingStmt
+	// err is the failure of a statement sent ahead: the transaction cannot
+	// commit any more.
+	err error
+}
+
+// pendingStmt is a statement queued to go out with the next operation's.
+type pendingStmt struct {
+	sql  string
+	args []any
 }
 
 // engineTx is driver.Tx on a connection of the pool: BEGIN goes out in one
@@ -105,25 +115,44 @@ func (t *engineTx) Commit(ctx context.Context) error {
 		}
 		return nil
 	}
+	if t.err != nil {
+		return t.err
+	}
 	if t.tx == nil {
-		t.Rollback(ctx)
-		return nil
+		if len(t.pending) == 0 {
+			t.Rollback(ctx)
+			return nil
+		}
+		// Statements of subtransactions wait to go out: with BEGIN.
+		_, err := t.exec(ctx, true).Exec(ctx, "select 1")
+		return err
 	}
 	b := &pgx.Batch{}
-	for _, s := range t.pending {
-		b.Queue(s)
-	}
+	pending := t.pending
 	t.pending = nil
+	for _, s := range pending {
+		b.Queue(s.sql, s.args...)
+	}
 	b.Queue("commit")
 	br := t.conn.SendBatch(ctx, b)
-	p := &pipe{t: t, commit: true}
-	for range b.Len() - 1 {
+	if err := t.readPending(br, pending); err != nil {
+		_ = br.Close()
+		return err
+	}
+	return (&pipe{t: t, commit: true}).end(br, nil)
+}
+
+// readPending reads the results of the pending statements sent at the head
+// of br. A failure makes the transaction unable to commit.
+func (t *engineTx) readPending(br pgx.BatchResults, pending []pendingStmt) error {
+	for _, s := range pending {
 		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return err
+			name, _, _ := strings.Cut(s.sql, "\n")
+			t.err = fmt.Errorf("%s: %w", name, err)
+			return t.err
 		}
 	}
-	return p.end(br, nil)
+	return nil
 }
 
 // begin sends BEGIN (or a subtransaction's SAVEPOINT) and the pending
@@ -134,8 +163,13 @@ func (t *engineTx) begin(ctx context.Context) error {
 	return err
 }
 
-// queue adds sql to the statements sent ahead of the next operation.
-func (t *engineTx) queue(sql ...string) { t.pending = append(t.pending, sql...) }
+// queue adds statements without arguments to those sent ahead of the next
+// operation.
+func (t *engineTx) queue(sql ...string) {
+	for _, s := range sql {
+		t.pending = append(t.pending, pendingStmt{sql: s})
+	}
+}
 
 // exec returns the executor of t's next statement: it sends that statement
 // in one round trip with BEGIN (the first time), the pending statements
@@ -165,6 +199,9 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 	if t.done {
 		return nil, pgx.ErrTxClosed
 	}
+	if t.err != nil {
+		return nil, t.err
+	}
 	b := &pgx.Batch{}
 	if t.tx == nil {
 		if t.conn == nil {
@@ -179,13 +216,13 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 	pending := t.pending
 	t.pending = nil
 	if t.sub && !t.begun {
-		pending = append(pending, "savepoint "+deliverySavepoint)
+		pending = append(pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
 		t.begun = true
 	}
 	for _, s := range pending {
-		b.Queue(s)
+		b.Queue(s.sql, s.args...)
 	}
-	b.Queue(t.s.render(sql), args...)
+	b.Queue(t.s.render(sql), pgArgs(args)...)
 	for _, s := range p.then {
 		b.Queue(s)
 	}
@@ -200,11 +237,9 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 			return nil, fmt.Errorf("begin: %w", err)
 		}
 	}
-	for _, s := range pending {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("%s: %w", s, err)
-		}
+	if err := t.readPending(br, pending); err != nil {
+		_ = br.Close()
+		return nil, err
 	}
 	return br, nil
 }
@@ -251,8 +286,28 @@ func (p *pipe) end(br pgx.BatchResults, stmtErr error) error {
 	return err
 }
 
-// Exec implements dbsqlc.DBTX.
+// Exec implements dbsqlc.DBTX. The statement that ends a subtransaction
+// is not sent at once: it goes out, with its RELEASE, ahead of the next
+// statement of the transaction (the next delivery's first, or COMMIT), so a
+// delivery of a group costs one round trip less. Should it fail, the whole
+// transaction fails to commit.
 func (p *pipe) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t := p.t; p.commit && t.sub && len(p.then) == 0 {
+		switch {
+		case t.done:
+			return pgconn.CommandTag{}, pgx.ErrTxClosed
+		case t.err != nil:
+			return pgconn.CommandTag{}, t.err
+		}
+		if !t.begun {
+			t.pending = append(t.pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
+			t.begun = true
+		}
+		t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)},
+			pendingStmt{sql: "release savepoint " + deliverySavepoint})
+		t.done = true
+		return pgconn.CommandTag{}, nil
+	}
 	br, err := p.send(ctx, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err

@@ -34,7 +34,7 @@ const (
 	DefaultReconnectMin    = 100 * time.Millisecond
 	DefaultReconnectMax    = 10 * time.Second
 	DefaultDialTimeout     = 10 * time.Second
-	DefaultPublishChannels = 2
+	DefaultPublishChannels = 8
 	DefaultConnectionName  = "sagabox"
 )
 
@@ -91,8 +91,10 @@ type Config struct {
 	DialTimeout time.Duration
 
 	// PublishChannels is how many confirm-mode channels publish concurrently.
-	// Each channel publishes one batch at a time, pipelined. Defaults to
-	// DefaultPublishChannels (2).
+	// Each channel publishes one batch at a time, pipelined, and waits for
+	// its confirms; the clients of a process that share the broker (an
+	// orchestrator and participants, each with its relay workers) publish
+	// through these. Defaults to DefaultPublishChannels (8).
 	PublishChannels int
 
 	// ConnectionName names the broker's connections as RabbitMQ shows them

@@ -99,7 +99,7 @@ func (r *RoundTrips) Transactions() []Transaction {
 			}
 			cur.RoundTrips = append(cur.RoundTrips, rt)
 			for _, s := range rt.SQL {
-				if isTxControl(s, "commit") || isTxControl(s, "rollback") {
+				if isTxControl(s, "commit") || (isTxControl(s, "rollback") && !isTxControl(s, "rollback to")) {
 					out = append(out, *cur)
 					cur = nil
 					break

@@ -311,11 +311,14 @@ WITH inbox AS (
     SET duplicates = i.duplicates + 1, last_duplicate_at = now()
     RETURNING i.message_id, i.saga_id, (xmax = 0) AS fresh
 ), locked AS (
-    SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate
-    FROM /* TEMPLATE: schema */sagabox_saga s
-    WHERE s.id IN (SELECT inbox.saga_id FROM inbox WHERE inbox.fresh)
-    ORDER BY s.id
-    FOR UPDATE
+    -- One primary-key lookup per saga, in id order, whatever the planner
+    -- believes of the table's size: a join could scan the whole table when
+    -- its statistics are missing or stale (a fresh deployment, a burst).
+    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate
+    FROM (SELECT DISTINCT inbox.saga_id FROM inbox WHERE inbox.fresh ORDER BY inbox.saga_id) AS k,
+         LATERAL (
+             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
+         ) AS l
 )
 SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh
@@ -589,7 +592,9 @@ WITH updated AS (
                unnest($11::text[]) AS last_error,
                unnest($12::timestamptz[]) AS finished_at
     ) AS u
-    WHERE s.id = u.id AND s.revision = u.revision
+    -- s.id = ANY(@id) lets the planner find the rows by primary key even
+    -- when it misjudges the table's size (no statistics yet).
+    WHERE s.id = ANY($1::uuid[]) AND s.id = u.id AND s.revision = u.revision
     RETURNING s.id
 ), history AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (

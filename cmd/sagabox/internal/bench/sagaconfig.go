@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
@@ -27,7 +28,9 @@ const (
 	DefaultConcurrency = 8
 	DefaultPoolSize    = 16
 	DefaultWorkers     = 8
-	DefaultDuration    = 10 * time.Second
+	// DefaultParticipantBatch is the engine's participants' MaxBatch.
+	DefaultParticipantBatch = participant.MaxBatchLimit
+	DefaultDuration         = 10 * time.Second
 	// DefaultAMQPURL is the broker used when SagaConfig.AMQPURL is empty.
 	DefaultAMQPURL = rabbitmq.DefaultURL
 )
@@ -53,6 +56,11 @@ type SagaConfig struct {
 	// queue. The group-commit baseline runs GroupConsumers consumers per
 	// queue instead. Defaults to DefaultWorkers (8).
 	Workers int
+	// ParticipantBatch is the engine's participants' Config.MaxBatch
+	// (group commit, which participants opt into); 1 handles each command
+	// in a transaction of its own. The orchestrator runs its default
+	// MaxBatch. Defaults to DefaultParticipantBatch (32).
+	ParticipantBatch int
 	// QueueType is the type of every queue, the engine's and the
 	// baselines'. Defaults to rabbitmq.DefaultQueueType (quorum).
 	QueueType rabbitmq.QueueType
@@ -66,6 +74,9 @@ type SagaConfig struct {
 	// Duration is how long the open-loop runs start sagas. Defaults to
 	// DefaultDuration (10s).
 	Duration time.Duration
+	// KeepSchemas leaves the engine's schemas in place after the run, for
+	// inspection (saga history, inbox timestamps); drop them yourself.
+	KeepSchemas bool
 	// Log receives progress lines and the engine's error logs. Defaults to
 	// none.
 	Log io.Writer
@@ -88,6 +99,9 @@ func (c SagaConfig) WithDefaults() SagaConfig {
 	if c.Workers == 0 {
 		c.Workers = DefaultWorkers
 	}
+	if c.ParticipantBatch == 0 {
+		c.ParticipantBatch = DefaultParticipantBatch
+	}
 	if c.QueueType == "" {
 		c.QueueType = rabbitmq.DefaultQueueType
 	}
@@ -109,6 +123,9 @@ func (c SagaConfig) validate() error {
 		if f.v < 1 || f.v > 1_000_000 {
 			errs = append(errs, fmt.Errorf("%s %d: want 1 to 1000000", f.name, f.v))
 		}
+	}
+	if c.ParticipantBatch < 1 || c.ParticipantBatch > participant.MaxBatchLimit {
+		errs = append(errs, fmt.Errorf("ParticipantBatch %d: want 1 to %d", c.ParticipantBatch, participant.MaxBatchLimit))
 	}
 	if c.QueueType != rabbitmq.QueueTypeQuorum && c.QueueType != rabbitmq.QueueTypeClassic {
 		errs = append(errs, fmt.Errorf("QueueType %q: want %q or %q", c.QueueType, rabbitmq.QueueTypeQuorum, rabbitmq.QueueTypeClassic))

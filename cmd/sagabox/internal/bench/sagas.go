@@ -15,6 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/transport"
 )
 
 // SagaReport is what RunSagas measured. Its JSON form is the --json output
@@ -30,13 +32,17 @@ type SagaReport struct {
 	Ratio      float64 `json:"ratio,omitempty"`
 	RatioGroup float64 `json:"ratio_group,omitempty"`
 	// HalfLoad is the open-loop run, when the engine ran.
-	HalfLoad    *HalfLoadReport `json:"half_load,omitempty"`
-	PoolSize    int             `json:"pool_size"`
-	QueueType   string          `json:"queue_type"`
-	Workers     int             `json:"workers"`
-	Sagas       int             `json:"sagas"`
-	Concurrency int             `json:"concurrency"`
-	Machine     Machine         `json:"machine"`
+	HalfLoad  *HalfLoadReport `json:"half_load,omitempty"`
+	PoolSize  int             `json:"pool_size"`
+	QueueType string          `json:"queue_type"`
+	Workers   int             `json:"workers"`
+	// OrchestratorBatch and ParticipantBatch are the engine clients'
+	// MaxBatch (group commit).
+	OrchestratorBatch int     `json:"orchestrator_batch"`
+	ParticipantBatch  int     `json:"participant_batch"`
+	Sagas             int     `json:"sagas"`
+	Concurrency       int     `json:"concurrency"`
+	Machine           Machine `json:"machine"`
 }
 
 // PipelineReport is one pipeline's saturated run.
@@ -122,6 +128,7 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	}
 	rep := &SagaReport{
 		PoolSize: cfg.PoolSize, QueueType: string(cfg.QueueType), Workers: cfg.Workers,
+		OrchestratorBatch: orchestrator.DefaultMaxBatch, ParticipantBatch: cfg.ParticipantBatch,
 		Sagas: cfg.Sagas, Concurrency: cfg.Concurrency,
 	}
 	var err error
@@ -481,8 +488,10 @@ func readMachine(ctx context.Context, cfg SagaConfig) (Machine, error) {
 func (r *SagaReport) Print(w io.Writer) {
 	m := r.Machine
 	fmt.Fprintf(w, "machine: %d CPUs, %s %s/%s, %s, %s\n", m.NProc, m.GoVersion, m.OS, m.Arch, m.Postgres, m.RabbitMQ)
-	fmt.Fprintf(w, "setup:   %d sagas from %d goroutines per pipeline; one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n\n",
+	fmt.Fprintf(w, "setup:   %d sagas from %d goroutines per pipeline; one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n",
 		r.Sagas, r.Concurrency, r.PoolSize, r.QueueType, r.Workers, GroupConsumers, GroupMaxBatch, GroupLinger)
+	fmt.Fprintf(w, "engine:  orchestrator MaxBatch %d, participants MaxBatch %d (group commit; %s linger)\n\n",
+		r.OrchestratorBatch, r.ParticipantBatch, transport.DefaultLinger)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "pipeline\tsagas/s\t× baseline\tCPU µs/saga PG\tRMQ\tGo\ttotal\tp50 ms\tp99 ms\t")
 	for _, row := range []struct {

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -36,7 +39,7 @@ func (a *app) benchCommand() *cobra.Command {
 	relay.Flags().IntVar(&cfg.ProcessedRows, "old-rows", 1_000_000, "old published rows for the flat-latency measurement")
 	relay.Flags().Float64Var(&cfg.LatencyRate, "latency-rate", 0, "messages per second of the latency measurements (default: half the saturated rate)")
 	sagaCfg := bench.SagaConfig{}
-	var queueType string
+	var queueType, cpuProfile string
 	sagas := &cobra.Command{
 		Use:   "sagas",
 		Short: "Three-step sagas end to end: sagabox's engine against a hand-written baseline and a group-commit baseline, measured in the same run",
@@ -54,6 +57,17 @@ an open-loop run at half the engine's rate (--rate to choose it).`,
 			sagaCfg.DatabaseURL = a.databaseURL
 			sagaCfg.QueueType = rabbitmq.QueueType(queueType)
 			sagaCfg.Log = a.stderr
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer func() { _ = f.Close() }()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			rep, err := bench.RunSagas(cmd.Context(), sagaCfg)
 			if err != nil {
 				return err
@@ -72,11 +86,14 @@ an open-loop run at half the engine's rate (--rate to choose it).`,
 	f.IntVar(&sagaCfg.Sagas, "sagas", bench.DefaultSagas, "sagas of each saturated run")
 	f.IntVar(&sagaCfg.Concurrency, "concurrency", bench.DefaultConcurrency, "goroutines starting sagas in the saturated runs")
 	f.IntVar(&sagaCfg.PoolSize, "pool", bench.DefaultPoolSize, "connections of each pipeline's one pool (the engine's clients share theirs)")
+	f.IntVar(&sagaCfg.ParticipantBatch, "participant-batch", bench.DefaultParticipantBatch, "the engine's participants' MaxBatch (group commit; 1 turns it off)")
 	f.IntVar(&sagaCfg.Workers, "workers", bench.DefaultWorkers, "deliveries of one queue handled at once (engine clients' Workers, baseline consumers per queue)")
 	f.StringVar(&queueType, "queue-type", string(rabbitmq.DefaultQueueType), "queue type of every queue: quorum or classic")
 	f.StringVar(&sagaCfg.Only, "only", "", "run one pipeline only: engine, baseline or group (default all three)")
 	f.Float64Var(&sagaCfg.Rate, "rate", 0, "sagas per second of the open-loop runs (default half the engine's saturated rate)")
 	f.DurationVar(&sagaCfg.Duration, "duration", bench.DefaultDuration, "length of the open-loop runs")
+	f.BoolVar(&sagaCfg.KeepSchemas, "keep-schemas", false, "leave the engine's schemas in place after the run, for inspection (drop them yourself)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
 	cmd.AddCommand(relay, sagas)
 	return cmd
 }
