@@ -270,9 +270,21 @@ func (r *Relay) work(ctx context.Context) {
 		failures = 0
 		if len(rows) == r.opts.BatchSize {
 			r.Wake() // more rows are likely waiting: bring in another worker
+			continue
+		}
+		// A short batch: the backlog is drained. Its settle waits for the
+		// next claim, which the next wake-up brings (soon, under load), so
+		// that a claim both settles and claims; when none comes within
+		// settleDelay, the worker settles on its own.
+		if !r.idle(ctx, poll, min(settleDelay, r.opts.PollInterval), false) {
+			return
 		}
 	}
 }
+
+// settleDelay is the longest a published batch waits to be settled by the
+// claim that follows it.
+const settleDelay = 50 * time.Millisecond
 
 // idle waits for a wake-up, or wait; after a failure a wake-up does not cut
 // the wait short (the broker or database is still likely down). It reports

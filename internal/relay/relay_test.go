@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -423,4 +425,41 @@ func TestUnconfirmedMessageRetriedWithoutAWakeUp(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatalf("the refused message was not published again within %s", waitFor)
 	}
+}
+
+// Messages that trickle in, one at a time, cost one claim each: the claim
+// that takes a message also settles the one before (the settle waits for
+// it), so the relay does not run a second statement per message to settle.
+// A structural count of statements through a pgx tracer.
+func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 1, PollInterval: time.Hour}})
+	writeCommitted(t, s, events("warm", 0, 1))
+	r.Wake()
+	snk.waitDistinct(t, 1)
+
+	const n = 20
+	rts.Start()
+	for i := range n {
+		writeCommitted(t, s, events(fmt.Sprintf("k%d", i), 0, 1))
+		r.Wake()
+		snk.waitDistinct(t, 2+i)
+		time.Sleep(5 * time.Millisecond)
+	}
+	rts.Stop()
+	claims := 0
+	for _, rt := range rts.All() {
+		for _, q := range rt.SQL {
+			if strings.HasPrefix(q, "-- name: OutboxClaim ") {
+				claims++
+			}
+		}
+	}
+	t.Logf("%d messages, %d claims", n, claims)
+	require.LessOrEqual(t, claims, n+2, "one claim per message, not a claim and a settle")
 }

@@ -79,6 +79,17 @@ func (r *RoundTrips) record(conn *pgx.Conn, sql ...string) {
 	r.byConn[conn] = append(r.byConn[conn], RoundTrip{SQL: sql})
 }
 
+// All returns every round trip recorded, per connection in order.
+func (r *RoundTrips) All() []RoundTrip {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []RoundTrip
+	for _, rts := range r.byConn {
+		out = append(out, rts...)
+	}
+	return out
+}
+
 // Transactions returns the explicit transactions recorded, per connection
 // in order. Round trips outside a transaction (autocommit statements) are
 // left out.
