@@ -47,6 +47,13 @@ const (
 type Config struct {
 	// Pool is the connection pool of the orchestrator's database: saga
 	// instances, history, outbox and inbox. Required.
+	//
+	// Run holds at most Workers + Relay.Workers + 3 of its connections at
+	// once (the replies being applied, the relay's claims, the sweeper, the
+	// operator requests and retention), one more with Relay.Listen, and
+	// warns when the pool's MaxConns is smaller: size it for that plus
+	// what the application and other clients sharing it use (pgxpool's
+	// default, 4 or the number of CPUs, is too small for the defaults).
 	Pool *pgxpool.Pool
 
 	// Schema is the Postgres schema of the sagabox tables (messaging and saga

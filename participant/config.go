@@ -68,6 +68,13 @@ type Config struct {
 	// Pool is the connection pool of the service's database. The handlers'
 	// transactions, the inbox, the barrier and the outbox all use it.
 	// Required.
+	//
+	// Run holds at most Workers + Relay.Workers + 1 of its connections at
+	// once (the deliveries being handled, the relay's claims, retention),
+	// one more with Relay.Listen, and warns when the pool's MaxConns is
+	// smaller: size it for that plus what the application and other
+	// clients sharing it use (pgxpool's default, 4 or the number of CPUs,
+	// is too small for the defaults).
 	Pool *pgxpool.Pool
 
 	// Schema is the Postgres schema of the sagabox tables (messaging

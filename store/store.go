@@ -93,6 +93,14 @@ type executor struct{ *Store }
 
 var _ driver.Executor = (*executor)(nil)
 
+// MaxConns implements driver.Executor.
+func (s *executor) MaxConns() int {
+	if s.pool == nil {
+		return 0
+	}
+	return int(s.pool.Config().MaxConns)
+}
+
 // render writes the schema into sql.
 func (s *Store) render(sql string) string {
 	if v, ok := s.cache.Load(sql); ok {

@@ -51,6 +51,9 @@ type Tx interface {
 type Executor interface {
 	// Schema returns the schema the executor works in.
 	Schema() string
+	// MaxConns returns the most connections the executor's pool opens; 0
+	// when it has no pool.
+	MaxConns() int
 	// Begin returns a transaction that begins with its first operation; it
 	// acquires a connection then.
 	Begin() Tx

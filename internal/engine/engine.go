@@ -201,6 +201,8 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 	})
 	defer releaseWork()
 
+	e.checkPool(len(loops))
+
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	var background sync.WaitGroup
@@ -230,6 +232,32 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 		return fmt.Errorf("subscribe %s: %w", queue.Name, err)
 	}
 	return nil
+}
+
+// ConnsNeeded is the most connections of its pool a client's engine holds
+// at once: one per worker (a delivery's transaction), one per relay worker
+// (a claim), one per background loop (sweeper, operator requests) and one
+// for retention, plus the listener's own when the relay listens.
+func ConnsNeeded(workers int, relay relay.Options, loops int) int {
+	relay = relay.WithDefaults()
+	n := workers + relay.Workers + loops + 1
+	if relay.Listen {
+		n++
+	}
+	return n
+}
+
+// checkPool warns when the pool is smaller than what the engine can hold at
+// once: deliveries would queue for connections, a bottleneck that shows as
+// nothing but slowness.
+func (e *Engine) checkPool(loops int) {
+	have := e.cfg.DB.MaxConns()
+	need := ConnsNeeded(e.cfg.Workers, e.cfg.Relay, loops)
+	if have == 0 || have >= need {
+		return
+	}
+	e.log.Warn(fmt.Sprintf("the connection pool (%d connections) is smaller than the %d this client can use at once; deliveries will wait for connections: raise the pool's MaxConns (pool_max_conns in the URL) to at least %d, plus what the application and the other clients sharing the pool use", have, need, need),
+		"pool_max_conns", have, "conns_needed", need, "workers", e.cfg.Workers, "relay_workers", e.cfg.Relay.WithDefaults().Workers, "background", loops+1, "listen", e.cfg.Relay.Listen)
 }
 
 // consumer is the engine's transport.Handler: it runs each delivery on the
