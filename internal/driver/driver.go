@@ -142,11 +142,12 @@ type Executor interface {
 	// caller learns the ids.
 	OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Message) error
 	// OutboxClaim settles the claimer's previous batch (opts.Settle) and
-	// claims unpublished rows, in one autocommit statement, and returns them
-	// in write order. Rows another relay holds are skipped; a row is claimed
-	// only when it is its ordering key's first unpublished row or that row
-	// is claimed with it, so one key's rows are never published out of order
-	// by two relays. Its cost is bounded by opts.Max whatever the backlog.
+	// claims unpublished rows, in one statement of a transaction of its own
+	// (one round trip), and returns them in write order. Rows another relay
+	// holds are skipped; a row is claimed only when it is its ordering key's
+	// first unpublished row or that row is claimed with it, so one key's rows
+	// are never published out of order by two relays. Its cost is bounded by
+	// opts.Max whatever the backlog.
 	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
 	// Notify wakes the relays of the schema that Listen in other processes
 	// once tx commits.

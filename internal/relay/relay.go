@@ -1,16 +1,16 @@
 // Package relay publishes committed outbox rows to the broker.
 //
 // Each worker of a relay claims unpublished rows in batches (FOR UPDATE SKIP
-// LOCKED, in one autocommit statement that only sets a lease), publishes them
-// with pipelined publisher confirms outside of any transaction, and settles
-// exactly the confirmed rows (deleted, or marked published) in the statement
-// that claims its next batch: one committing statement per batch. Rows that
-// failed go back with a retry delay. A relay that dies after publishing and
-// before settling leaves its rows leased; when the lease ends another relay
-// publishes them again: delivery is at-least-once and receivers deduplicate.
-// A key's rows are claimed in order (its first unpublished row first), so
-// several relays never reorder one key, and a claim's cost is bounded by the
-// batch, whatever the backlog.
+// LOCKED, one statement in a transaction of its own, which sets a lease),
+// publishes them with pipelined publisher confirms outside of any
+// transaction, and settles exactly the confirmed rows (deleted, or marked
+// published) in the statement that claims its next batch: one committing
+// statement per batch. Rows that failed go back with a retry delay. A relay
+// that dies after publishing and before settling leaves its rows leased; when
+// the lease ends another relay publishes them again: delivery is
+// at-least-once and receivers deduplicate. A key's rows are claimed in order
+// (its first unpublished row first), so several relays never reorder one key,
+// and a claim's cost is bounded by the batch, whatever the backlog.
 //
 // A relay wakes at once when Wake is called (after a local commit), when a
 // NOTIFY arrives (optional), and otherwise polls.
