@@ -1,0 +1,81 @@
+package servers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/testkit/servers"
+)
+
+// A private PostgreSQL keeps its data across a fast stop and an immediate
+// (crash) stop, and is gone after Close.
+func TestPrivatePostgres(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pg.Close()) }()
+	exec := func(sql string) {
+		conn, err := pgx.Connect(ctx, pg.URL())
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		_, err = conn.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	exec(`CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)`)
+	for _, mode := range []string{"fast", "immediate"} {
+		require.NoError(t, pg.Restart(ctx, mode))
+		exec(`INSERT INTO kept VALUES (2)`)
+	}
+	conn, err := pgx.Connect(ctx, pg.URL())
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM kept`).Scan(&n))
+	require.NoError(t, conn.Close(ctx))
+	require.Equal(t, 3, n)
+	require.NotZero(t, pg.PID())
+}
+
+// A private RabbitMQ node keeps a durable queue's messages across a graceful
+// restart and a kill -9.
+func TestPrivateRabbitMQ(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := servers.StartRabbitMQ(ctx, servers.RabbitMQOptions{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	publish := func() {
+		conn, err := amqp.Dial(r.URL())
+		require.NoError(t, err)
+		defer func() { _ = conn.Close() }()
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		_, err = ch.QueueDeclare("kept", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		require.NoError(t, err)
+		require.NoError(t, ch.Confirm(false))
+		dc, err := ch.PublishWithDeferredConfirm("", "kept", true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("x")})
+		require.NoError(t, err)
+		ok, err := dc.WaitContext(ctx)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	publish()
+	require.NoError(t, r.Restart(ctx, false))
+	publish()
+	require.NoError(t, r.Restart(ctx, true))
+	conn, err := amqp.Dial(r.URL())
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclarePassive("kept", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	require.NoError(t, err)
+	require.Equal(t, 2, q.Messages, "both confirmed messages survived")
+}
