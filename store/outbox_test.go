@@ -365,3 +365,22 @@ func TestClaimCostBoundedByTheBatch(t *testing.T) {
 		})
 	}
 }
+
+// A relay that settles its published row and claims in one statement takes
+// the next row of the same key, even after another relay's claim saw that
+// row blocked behind the unsettled one.
+func TestClaimTakesTheNextRowOfAKeyItSettles(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	sagaID := uuid.New()
+	msg := func() message.Message {
+		return message.Message{Envelope: message.Envelope{Type: "a.b", Kind: message.KindCommand, SagaID: sagaID, Step: "s", ReplyTo: "r"}, Payload: []byte(`{}`)}
+	}
+	write(t, s, msg())
+	first := claim(t, s, 10, "x")
+	require.Len(t, first, 1)
+	write(t, s, msg())
+	require.Empty(t, claim(t, s, 10, "y"), "the second row waits behind the first, unsettled")
+	next := settleAndClaim(t, s, 10, "x", driver.OutboxSettle{Published: ids(first)})
+	require.Len(t, next, 1, "settling the first row frees the second")
+}

@@ -225,6 +225,13 @@ func (r *Relay) work(ctx context.Context) {
 		}
 	}()
 	failures := 0
+	// rechecks counts the short waits after empty claims that followed a
+	// wake-up: a row announced by a wake-up can be missed by the claim it
+	// triggers (it waits behind an earlier row of its key that another
+	// worker has published but not settled yet, and that worker's own claim
+	// skipped it, locked by this one's), so the worker looks again soon, a
+	// few times, before it falls back to the poll.
+	rechecks, woken := 0, false
 	for ctx.Err() == nil {
 		rows, err := r.claim(ctx, r.opts.BatchSize, settle)
 		if err != nil {
@@ -240,11 +247,21 @@ func (r *Relay) work(ctx context.Context) {
 		}
 		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
 		if len(rows) == 0 {
-			if !r.idle(ctx, poll, r.opts.PollInterval, failures > 0) {
+			wait := r.opts.PollInterval
+			if woken && rechecks < maxRechecks {
+				wait = min(settleDelay<<rechecks, r.opts.PollInterval)
+				rechecks++
+			} else {
+				rechecks = 0
+			}
+			var ok bool
+			if woken, ok = r.idle(ctx, poll, wait, failures > 0); !ok {
 				return
 			}
+			woken = woken || (rechecks > 0 && wait < r.opts.PollInterval)
 			continue
 		}
+		rechecks = 0
 		var pubErr error
 		settle, pubErr = r.publish(ctx, rows)
 		if errors.Is(pubErr, errCrashed) {
@@ -276,11 +293,16 @@ func (r *Relay) work(ctx context.Context) {
 		// next claim, which the next wake-up brings (soon, under load), so
 		// that a claim both settles and claims; when none comes within
 		// settleDelay, the worker settles on its own.
-		if !r.idle(ctx, poll, min(settleDelay, r.opts.PollInterval), false) {
+		var ok bool
+		if woken, ok = r.idle(ctx, poll, min(settleDelay, r.opts.PollInterval), false); !ok {
 			return
 		}
 	}
 }
+
+// maxRechecks bounds the short waits after empty claims that followed a
+// wake-up (50, 100, 200, 400 ms) before the worker waits for the poll.
+const maxRechecks = 4
 
 // settleDelay is the longest a published batch waits to be settled by the
 // claim that follows it.
@@ -288,22 +310,22 @@ const settleDelay = 50 * time.Millisecond
 
 // idle waits for a wake-up, or wait; after a failure a wake-up does not cut
 // the wait short (the broker or database is still likely down). It reports
-// false once ctx is done.
-func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, failing bool) bool {
+// whether a wake-up ended the wait, and false for ok once ctx is done.
+func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, failing bool) (woken, ok bool) {
 	poll.Reset(wait)
 	select {
 	case <-ctx.Done():
-		return false
+		return false, false
 	case <-r.wake:
 		if failing {
-			return sleep(ctx, poll, 0)
+			return true, sleep(ctx, poll, 0)
 		}
-		if !poll.Stop() {
-			<-poll.C
-		}
-		return true
+		// Since Go 1.23 a timer's channel holds no stale value once Stop
+		// returns: nothing to drain.
+		poll.Stop()
+		return true, true
 	case <-poll.C:
-		return true
+		return false, true
 	}
 }
 

@@ -463,3 +463,24 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 	t.Logf("%d messages, %d claims", n, claims)
 	require.LessOrEqual(t, claims, n+2, "one claim per message, not a claim and a settle")
 }
+
+// One key's messages written one at a time, each once the one before was
+// published (a saga's commands), all arrive with two workers and no poll to
+// fall back on: a wake-up whose claim finds the new row behind its key's
+// previous row, published but not yet settled by the other worker, is not
+// lost.
+func TestKeyChainWrittenAfterEachPublishArrives(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 2, PollInterval: time.Hour}})
+	const n = 60
+	for i := range n {
+		writeCommitted(t, s, events("chain", i, 1))
+		r.Wake()
+		snk.waitDistinct(t, i+1)
+	}
+	_, order := snk.snapshot()
+	require.IsIncreasing(t, order["chain"])
+}

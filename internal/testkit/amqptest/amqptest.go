@@ -93,7 +93,11 @@ func ConnectionName(ns string) string { return "sagabox-test-" + ns }
 func Logger(t testing.TB) *slog.Logger {
 	w := &testWriter{t: t}
 	t.Cleanup(w.stop)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if os.Getenv("TEST_LOG_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
 type testWriter struct {
