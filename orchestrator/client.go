@@ -164,14 +164,23 @@ func (c *Client) Run(ctx context.Context) error {
 		c.mu.Unlock()
 	}()
 
-	if err := c.store.CheckSchema(ctx, store.LineMessaging, store.LineSaga); err != nil {
+	// A database or broker that is down, or restarting, delays the start;
+	// only what waiting cannot cure (a schema not migrated, a queue that
+	// exists with other arguments) is returned.
+	err := engine.AwaitReady(ctx, c.log, "check the schema", store.IsConnectionError, func(ctx context.Context) error {
+		return c.store.CheckSchema(ctx, store.LineMessaging, store.LineSaga)
+	})
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true}
-	if err := c.cfg.Broker.Declare(ctx, spec); err != nil {
+	err = engine.AwaitReady(ctx, c.log, "declare the reply queue", engine.BrokerTransient, func(ctx context.Context) error {
+		return c.cfg.Broker.Declare(ctx, spec)
+	})
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -302,10 +302,16 @@ func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 	})
 	require.NoError(t, err)
 
+	// Run waits for the database (logging why) rather than failing: it
+	// returns nil once stopped.
+	runCtx, stopRun := context.WithTimeout(context.Background(), 3*time.Second)
+	defer stopRun()
+	require.NoError(t, c.Run(runCtx))
+	require.Contains(t, logs.String(), "127.0.0.1", "the wait's log says where it failed")
+
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
-	errs = append(errs, c.Run(ctx))
 	_, err = c.Retry(ctx, uuid.New(), "ops", "retry")
 	errs = append(errs, err)
 	_, err = c.Abort(ctx, uuid.New(), "ops", "abort")

@@ -173,7 +173,15 @@ func (c *Client) Run(ctx context.Context) error {
 		c.mu.Unlock()
 	}()
 
-	if err := c.store.CheckSchema(ctx, store.LineMessaging); err != nil {
+	// A database that is down, or restarting, delays the start; a schema
+	// not migrated is returned.
+	err := engine.AwaitReady(ctx, c.log, "check the schema", store.IsConnectionError, func(ctx context.Context) error {
+		return c.store.CheckSchema(ctx, store.LineMessaging)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return fmt.Errorf("participant: %w", err)
 	}
 	spec := c.QueueSpec()

@@ -48,6 +48,17 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs ...message.Message) error
 }
 
+// ErrUnroutable marks the failure of a message no queue is bound for: the
+// broker had nowhere to put it. Adapters wrap it in the per-message errors
+// of a PublishError.
+var ErrUnroutable = errors.New("transport: message unroutable")
+
+// ErrPermanent marks an error that repeating the call repeats: an invalid
+// QueueSpec, or a broker that refuses the request (a queue that exists with
+// other arguments, no permission). Other errors of Declare and Subscribe
+// are the broker's absence or restart, which waiting cures.
+var ErrPermanent = errors.New("transport: permanent failure")
+
 // PublishError reports the messages of a batch that were not confirmed.
 // Messages not listed in Failed were confirmed by the broker.
 type PublishError struct {

@@ -62,7 +62,7 @@ var (
 	ErrBlocked = errors.New("rabbitmq: connection blocked by the broker")
 	// ErrUnroutable is the per-message error of a message that no queue is
 	// bound to receive.
-	ErrUnroutable = errors.New("rabbitmq: message unroutable")
+	ErrUnroutable = fmt.Errorf("rabbitmq: %w", transport.ErrUnroutable)
 	// ErrNacked is the per-message error of a message the broker refused.
 	ErrNacked = errors.New("rabbitmq: message nacked by the broker")
 )

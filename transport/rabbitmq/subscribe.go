@@ -57,7 +57,7 @@ const (
 // another type).
 func (b *Broker) Subscribe(ctx context.Context, spec transport.QueueSpec, h transport.Handler, opts *transport.SubscribeOpts) error {
 	if err := validateSpec(spec); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", transport.ErrPermanent, err)
 	}
 	if h == nil {
 		return errors.New("rabbitmq: subscribe: handler is nil")
@@ -94,6 +94,9 @@ func (b *Broker) Subscribe(ctx context.Context, spec transport.QueueSpec, h tran
 		if started {
 			attempt = 1
 		} else if isPermanent(err) {
+			if !errors.Is(err, transport.ErrPermanent) {
+				err = fmt.Errorf("%w: %w", err, transport.ErrPermanent)
+			}
 			return err
 		}
 		if !b.sessionOver(sess) {

@@ -88,7 +88,7 @@ func (b *Broker) DeclaredQueues() []string {
 // either connection.
 func (b *Broker) Declare(ctx context.Context, spec transport.QueueSpec) error {
 	if err := validateSpec(spec); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", transport.ErrPermanent, err)
 	}
 	sess, err := b.awaitSession(ctx, &b.con)
 	if err != nil {
@@ -205,7 +205,10 @@ func (b *Broker) declareSpec(ch *amqp.Channel, spec transport.QueueSpec) error {
 	fail := func(what string, err error) error {
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && aerr.Code == amqp.PreconditionFailed {
-			return fmt.Errorf("rabbitmq: declare queue %s: %s: %w (it exists with other arguments, e.g. another queue type: delete it or use another Namespace)", spec.Name, what, err)
+			return fmt.Errorf("rabbitmq: declare queue %s: %s: %w (it exists with other arguments, e.g. another queue type: delete it or use another Namespace): %w", spec.Name, what, err, transport.ErrPermanent)
+		}
+		if isPermanent(err) {
+			return fmt.Errorf("rabbitmq: declare queue %s: %s: %w: %w", spec.Name, what, err, transport.ErrPermanent)
 		}
 		return fmt.Errorf("rabbitmq: declare queue %s: %s: %w", spec.Name, what, err)
 	}
