@@ -11,6 +11,7 @@ import (
 
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store"
 )
 
 // tally counts sagas by status.
@@ -28,11 +29,18 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 	start := time.Now()
 	ids := make([]uuid.UUID, len(p.orders))
 	for i, o := range p.orders {
-		started, err := a.orders.Place(ctx, a.pool, orch, o)
+		// Placing an order again is safe (its ID is the saga's start key),
+		// so a placement whose outcome a database restart hid is repeated.
+		err := a.retryTransient(ctx, "place order "+o.ID, func(ctx context.Context) error {
+			started, err := a.orders.Place(ctx, a.pool, orch, o)
+			if err == nil {
+				ids[i] = started.ID
+			}
+			return err
+		})
 		if err != nil {
 			return err
 		}
-		ids[i] = started.ID
 	}
 
 	status := make([]saga.Status, len(ids))
@@ -43,8 +51,11 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 	lastPrint := time.Time{}
 	var t tally
 	for {
-		var err error
-		t, err = a.refresh(ctx, orch, ids, status)
+		err := a.retryTransient(ctx, "read the sagas", func(ctx context.Context) error {
+			var err error
+			t, err = a.refresh(ctx, orch, ids, status)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -242,3 +253,22 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// retryTransient runs fn until it succeeds, ctx ends, or it fails with an
+// error other than a lost or refused database connection: a database
+// restart pauses the example instead of ending it. Each failure is logged.
+func (a *app) retryTransient(ctx context.Context, what string, fn func(context.Context) error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || ctx.Err() != nil || !store.IsConnectionError(err) {
+			return err
+		}
+		wait := min(100*time.Millisecond<<min(attempt-1, 6), 5*time.Second)
+		a.log.Warn(what+": database unreachable; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}

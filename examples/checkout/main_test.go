@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/servers"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
@@ -40,6 +42,13 @@ func isolated(t *testing.T) []string {
 	for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
 		dbtest.DropSchemaOnCleanup(t, pool, prefix+svc)
 	}
+	return append([]string{"-database-url", dbtest.URL(), "-schema-prefix", prefix}, isolatedQueues(t)...)
+}
+
+// isolatedQueues returns flags that keep a run's queues to itself, and
+// removes them when the test ends.
+func isolatedQueues(t *testing.T) []string {
+	t.Helper()
 	cfg := amqptest.Config(t)
 	t.Cleanup(func() {
 		// Declare the example's queues through a test broker so that its
@@ -57,7 +66,7 @@ func isolated(t *testing.T) []string {
 		_ = b.Close()
 		amqptest.DeleteTopology(t, b)
 	})
-	return []string{"-database-url", dbtest.URL(), "-amqp-url", amqptest.URL(t), "-namespace", cfg.Namespace, "-schema-prefix", prefix}
+	return []string{"-amqp-url", amqptest.URL(t), "-namespace", cfg.Namespace}
 }
 
 type summary struct{ sagas, completed, compensated, failed, running int }
@@ -195,7 +204,7 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	// Kill inventory once sagas are in flight: it has reserved stock for
 	// some orders.
 	pool := dbtest.Pool(t)
-	prefix := common[7]
+	prefix := common[3]
 	require.Eventually(t, func() bool {
 		var n int
 		err := pool.QueryRow(context.Background(),
@@ -272,4 +281,43 @@ func TestCheckoutShowsTraceAndMetrics(t *testing.T) {
 		"component=participant", "process reply-success shipping.create", "component=orchestrator"} {
 		require.Contains(t, trace, want)
 	}
+}
+
+// The whole example rides through a crash and restart of its database
+// (a private cluster, stopped with -m immediate while sagas are in flight):
+// the orders service's own loops and every client wait for it, and every
+// saga still ends as planned.
+func TestCheckoutSurvivesDatabaseRestart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pg.Close()) })
+	pool, err := pgxpool.New(ctx, pg.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	var out, errOut lockedBuffer
+	args := append([]string{"-database-url", pg.URL(), "-orders", "40", "-fail-rate", "0.3", "-run-id", "dbrestart"}, isolatedQueues(t)...)
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, &out, &errOut) }()
+
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM inventory.reservation`).Scan(&n)
+		return err == nil && n > 0
+	}, 2*time.Minute, 5*time.Millisecond, "no reservation made:\n%s\n%s", out.String(), errOut.String())
+	require.NoError(t, pg.Restart(ctx, "immediate"))
+
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	case <-ctx.Done():
+		t.Fatalf("the example did not finish:\n%s\n%s", out.String(), errOut.String())
+	}
+	s := parseSummary(t, out.String())
+	require.Equal(t, summary{sagas: 40, completed: s.completed, compensated: 40 - s.completed}, s, out.String())
+	require.Contains(t, out.String(), "invariants: OK")
+	require.Contains(t, errOut.String(), "unreachable", "the restart was seen and waited out")
 }
