@@ -54,11 +54,13 @@ DELETE FROM /* TEMPLATE: schema */sagabox_saga
 WHERE id IN (SELECT id FROM doomed);
 
 -- name: OutboxStats :one
--- Backlog of unpublished rows and the age of the oldest one.
+-- Backlog of unpublished rows and the age of the oldest one, and the rows
+-- given up on.
 SELECT
     count(*)::bigint AS backlog,
     coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds,
-    count(*) FILTER (WHERE publish_attempts > 1)::bigint AS retrying
+    count(*) FILTER (WHERE publish_attempts > 1)::bigint AS retrying,
+    (SELECT count(*) FROM /* TEMPLATE: schema */sagabox_outbox d WHERE d.dead_at IS NOT NULL)::bigint AS dead
 FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE published_at IS NULL;
 

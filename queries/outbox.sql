@@ -29,8 +29,9 @@ SELECT
 -- Settles the relay's previous batch and claims its next one, in one
 -- statement: the rows @published were confirmed by the broker (deleted, or
 -- marked published when @keep_published), the rows @failed were not (they
--- become claimable again after @retry_after_seconds); then up to @max
--- unpublished rows are leased for @lease_seconds.
+-- become claimable again after @retry_after_seconds), the rows @dead are
+-- given up on (set aside with their @dead_reason, see sagabox_outbox_dead_v);
+-- then up to @max unpublished rows are leased for @lease_seconds.
 --
 -- A row is claimed only when every earlier unpublished row of its ordering key
 -- is claimed in the same batch: two relays never publish one key's rows out of
@@ -54,6 +55,11 @@ WITH RECURSIVE deleted AS (
     SET claimed_until = now() + make_interval(secs => @retry_after_seconds::float8),
         last_error = @last_error::text
     WHERE id = ANY(@failed::bigint[]) AND published_at IS NULL
+), buried AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox o
+    SET published_at = now(), dead_at = now(), claimed_until = NULL, last_error = d.reason
+    FROM (SELECT unnest(@dead::bigint[]) AS id, unnest(@dead_reason::text[]) AS reason) AS d
+    WHERE o.id = d.id AND o.published_at IS NULL
 ), candidates AS (
     SELECT o.id, o.ordering_key
     FROM /* TEMPLATE: schema */sagabox_outbox o
@@ -61,6 +67,7 @@ WITH RECURSIVE deleted AS (
       AND (o.claimed_until IS NULL OR o.claimed_until < now())
       AND o.id <> ALL(@published::bigint[])
       AND o.id <> ALL(@failed::bigint[])
+      AND o.id <> ALL(@dead::bigint[])
     ORDER BY o.id
     LIMIT @max::integer
     FOR UPDATE SKIP LOCKED
@@ -72,6 +79,7 @@ WITH RECURSIVE deleted AS (
           AND p.id < c.id
           AND p.published_at IS NULL
           AND p.id <> ALL(@published::bigint[])
+          AND p.id <> ALL(@dead::bigint[])
     ) AS prev_id
     FROM candidates c
 ), claimable (id) AS (
@@ -91,3 +99,23 @@ RETURNING o.*;
 -- transaction commits. Sent only when a client opts in: NOTIFY serialises
 -- commits.
 SELECT pg_notify(@channel::text, '');
+
+-- name: OutboxDeadList :many
+-- Lists up to @max rows the relay gave up on, most recent first.
+SELECT * FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE dead_at IS NOT NULL
+ORDER BY dead_at DESC, id DESC
+LIMIT @max::integer;
+
+-- name: OutboxDeadRetry :execrows
+-- Makes dead rows @ids unpublished again, with their attempts reset, for
+-- the relay to publish anew (once whatever made them unroutable is fixed).
+UPDATE /* TEMPLATE: schema */sagabox_outbox
+SET published_at = NULL, dead_at = NULL, claimed_until = NULL, publish_attempts = 0,
+    last_error = 'retried by an operator after: ' || last_error
+WHERE id = ANY(@ids::bigint[]) AND dead_at IS NOT NULL;
+
+-- name: OutboxDeadDelete :execrows
+-- Deletes dead rows @ids.
+DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE id = ANY(@ids::bigint[]) AND dead_at IS NOT NULL;

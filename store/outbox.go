@@ -115,9 +115,13 @@ func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts)
 	t := txOf(s.Begin())
 	defer t.Rollback(ctx)
 	t.queue(claimPlan)
+	dead, reasons := make([]int64, len(st.Dead)), make([]string, len(st.Dead))
+	for i, d := range st.Dead {
+		dead[i], reasons[i] = d.ID, storableText(d.Reason)
+	}
 	rows, err := s.queries.OutboxClaim(ctx, t.exec(ctx, true), &dbsqlc.OutboxClaimParams{
 		Published: nonNil(st.Published), KeepPublished: st.KeepPublished, Failed: nonNil(st.Failed),
-		RetryAfterSeconds: st.RetryAfter.Seconds(), LastError: cause,
+		RetryAfterSeconds: st.RetryAfter.Seconds(), LastError: cause, Dead: dead, DeadReason: reasons,
 		LeaseSeconds: opts.Lease.Seconds(), ClaimedBy: opts.ClaimedBy, Max: int32(opts.Max),
 	})
 	if err != nil {
@@ -183,4 +187,53 @@ func nullable(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// OutboxDeadList implements driver.Executor.
+func (s *executor) OutboxDeadList(ctx context.Context, max int) ([]driver.OutboxDead, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.OutboxDeadList(ctx, db, int32(max))
+	if err != nil {
+		return nil, fmt.Errorf("list dead outbox rows in schema %q: %w", s.schema, err)
+	}
+	out := make([]driver.OutboxDead, len(rows))
+	for i, r := range rows {
+		out[i] = driver.OutboxDead{
+			OutboxRow: driver.OutboxRow{ID: r.ID, Message: outboxMessage(r), PublishAttempts: int(r.PublishAttempts)},
+			Reason:    r.LastError,
+		}
+		if r.DeadAt != nil {
+			out[i].DeadAt = *r.DeadAt
+		}
+	}
+	return out, nil
+}
+
+// OutboxDeadRetry implements driver.Executor.
+func (s *executor) OutboxDeadRetry(ctx context.Context, ids []int64) (int64, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.queries.OutboxDeadRetry(ctx, db, nonNil(ids))
+	if err != nil {
+		return 0, fmt.Errorf("retry dead outbox rows in schema %q: %w", s.schema, err)
+	}
+	return n, nil
+}
+
+// OutboxDeadDelete implements driver.Executor.
+func (s *executor) OutboxDeadDelete(ctx context.Context, ids []int64) (int64, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.queries.OutboxDeadDelete(ctx, db, nonNil(ids))
+	if err != nil {
+		return 0, fmt.Errorf("delete dead outbox rows in schema %q: %w", s.schema, err)
+	}
+	return n, nil
 }

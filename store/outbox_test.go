@@ -264,7 +264,7 @@ func TestClaimPlanIgnoresPublishedBacklog(t *testing.T) {
 // claimArgs are the claim statement's arguments, in its parameter order, for
 // a claim of max rows that settles nothing.
 func claimArgs(max int) []any {
-	return []any{30.0, "explain", []int64{}, false, 0.0, "", []int64{}, max}
+	return []any{30.0, "explain", []int64{}, false, 0.0, "", []int64{}, []int64{}, []string{}, max}
 }
 
 func explainClaim(t *testing.T, s *dbtest.DB) string {

@@ -22,6 +22,7 @@ func (s *executor) OutboxStats(ctx context.Context) (driver.OutboxStats, error) 
 		Backlog:   r.Backlog,
 		OldestAge: time.Duration(r.OldestAgeSeconds * float64(time.Second)),
 		Retrying:  r.Retrying,
+		Dead:      r.Dead,
 	}, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/examples/checkout/orders"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -83,7 +84,7 @@ type listed struct {
 func TestCLIOnCheckoutDatabase(t *testing.T) {
 	t.Parallel()
 	flags := isolated(t)
-	prefix := flags[7]
+	prefix := flags[3]
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(context.Background(), append(flags, "-orders", "6", "-fail-rate", "0.5"), &out, &errOut), errOut.String())
 	db := []string{"--database-url", flags[1], "--schema", prefix + "orders"}
@@ -155,6 +156,30 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &istats))
 	require.Len(t, istats, 1)
 	require.GreaterOrEqual(t, istats[0].Processed, int64(6), "every reserve (and release) was recorded")
+
+	// Dead outbox rows: listed, retried, and an unknown id reported.
+	inv := []string{"--database-url", flags[1], "--schema", prefix + "inventory"}
+	pool := dbtest.Pool(t)
+	var deadID int64
+	require.NoError(t, pool.QueryRow(context.Background(), fmt.Sprintf(`INSERT INTO %q.sagabox_outbox
+		(message_id, ordering_key, kind, type, routing_key, payload, publish_attempts, published_at, dead_at, last_error)
+		VALUES (gen_random_uuid(), 'k', 'reply-failure', 'inventory.reserve', 'gone', '{}', 10, now(), now(), 'unroutable after 10 attempts: test')
+		RETURNING id`, prefix+"inventory")).Scan(&deadID))
+	code, stdout, stderr = sagabox(t, append([]string{"outbox", "dead", "--json"}, inv...)...)
+	require.Equal(t, exitOK, code, stderr)
+	var dead []struct {
+		ID     int64  `json:"id"`
+		Reason string `json:"reason"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &dead))
+	require.Equal(t, []struct {
+		ID     int64  `json:"id"`
+		Reason string `json:"reason"`
+	}{{deadID, "unroutable after 10 attempts: test"}}, dead)
+	code, _, stderr = sagabox(t, append([]string{"outbox", "retry-dead", "--id", fmt.Sprint(deadID), "--delete"}, inv...)...)
+	require.Equal(t, exitOK, code, stderr)
+	code, _, _ = sagabox(t, append([]string{"outbox", "retry-dead", "--id", fmt.Sprint(deadID)}, inv...)...)
+	require.Equal(t, exitNotFound, code, "the deleted row is gone")
 
 	// Exit codes scripts rely on.
 	code, _, stderr = sagabox(t, append([]string{"saga", "show", "01890000-0000-7000-8000-000000000000"}, db...)...)

@@ -149,6 +149,15 @@ type Executor interface {
 	// are never published out of order by two relays. Its cost is bounded by
 	// opts.Max whatever the backlog.
 	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
+	// OutboxDeadList lists up to max rows the relay gave up on, most
+	// recent first.
+	OutboxDeadList(ctx context.Context, max int) ([]OutboxDead, error)
+	// OutboxDeadRetry makes the dead rows ids unpublished again, attempts
+	// reset, and returns how many it found.
+	OutboxDeadRetry(ctx context.Context, ids []int64) (int64, error)
+	// OutboxDeadDelete deletes the dead rows ids and returns how many it
+	// found.
+	OutboxDeadDelete(ctx context.Context, ids []int64) (int64, error)
 	// Notify wakes the relays of the schema that Listen in other processes
 	// once tx commits.
 	Notify(ctx context.Context, tx pgx.Tx) error

@@ -17,6 +17,23 @@ type OutboxStats struct {
 	OldestAge time.Duration
 	// Retrying counts unpublished rows that were claimed at least once.
 	Retrying int64
+	// Dead counts rows the relay gave up on (OutboxSettle.Dead).
+	Dead int64
+}
+
+// OutboxDead is an outbox row the relay gave up on.
+type OutboxDead struct {
+	OutboxRow
+	// Reason is why it was given up on.
+	Reason string
+	// DeadAt is when.
+	DeadAt time.Time
+}
+
+// DeadRow is a row of a batch that the relay gives up on, and why.
+type DeadRow struct {
+	ID     int64
+	Reason string
 }
 
 // InboxStats is a summary of an inbox.
@@ -76,6 +93,9 @@ type OutboxSettle struct {
 	Failed     []int64
 	RetryAfter time.Duration
 	Cause      error
+	// Dead are the rows given up on: set aside, with their reason, until an
+	// operator retries or deletes them (OutboxDeadRetry, OutboxDeadDelete).
+	Dead []DeadRow
 }
 
 // Attempt is the record of a message's failed processing attempts.

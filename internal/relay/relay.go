@@ -40,6 +40,9 @@ const (
 	DefaultPollInterval   = time.Second
 	DefaultLease          = 10 * time.Second
 	DefaultPublishTimeout = 5 * time.Second
+	// DefaultUnroutableAttempts is the default of
+	// Options.UnroutableAttempts.
+	DefaultUnroutableAttempts = 10
 	// DefaultMinBackoff and DefaultMaxBackoff bound the wait after a failed
 	// batch (broker or database down).
 	DefaultMinBackoff = 100 * time.Millisecond
@@ -79,6 +82,15 @@ type Options struct {
 	// PublishTimeout bounds the wait for the broker's confirms of one batch.
 	// Defaults to DefaultPublishTimeout (5s).
 	PublishTimeout time.Duration
+	// UnroutableAttempts is how many times a reply or an event that the
+	// broker returns as unroutable (no queue is bound for it) is published
+	// before it is given up on: set aside, dead, with the reason, visible in
+	// the sagabox_outbox_dead_v view, `sagabox outbox dead` and the
+	// sagabox.outbox.dead gauge, until an operator retries or deletes it.
+	// Commands and compensations are retried for ever: their saga waits for
+	// the participant's queue to exist. Defaults to
+	// DefaultUnroutableAttempts (10, about 40 s of backoff).
+	UnroutableAttempts int
 }
 
 // WithDefaults returns a copy of o with every zero field set to its default.
@@ -97,6 +109,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.PublishTimeout == 0 {
 		o.PublishTimeout = DefaultPublishTimeout
+	}
+	if o.UnroutableAttempts == 0 {
+		o.UnroutableAttempts = DefaultUnroutableAttempts
 	}
 	return o
 }
@@ -118,6 +133,9 @@ func (o Options) Validate(name string) error {
 	}
 	if o.PublishTimeout < 0 {
 		f("PublishTimeout %s is negative", o.PublishTimeout)
+	}
+	if o.UnroutableAttempts < 1 {
+		f("UnroutableAttempts %d is less than 1", o.UnroutableAttempts)
 	}
 	if o.Lease <= o.PublishTimeout {
 		f("Lease %s must exceed PublishTimeout %s", o.Lease, o.PublishTimeout)
@@ -216,7 +234,7 @@ func (r *Relay) work(ctx context.Context) {
 	defer func() {
 		// A batch published but not settled yet is settled on the way out,
 		// so a clean shutdown leaves nothing leased.
-		if len(settle.Published) > 0 || len(settle.Failed) > 0 {
+		if len(settle.Published) > 0 || len(settle.Failed) > 0 || len(settle.Dead) > 0 {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			if _, err := r.claim(sctx, 0, settle); err != nil {
@@ -375,10 +393,19 @@ func (r *Relay) publish(ctx context.Context, rows []driver.OutboxRow) (driver.Ou
 		return driver.OutboxSettle{}, errCrashed
 	}
 	settle := driver.OutboxSettle{KeepPublished: r.keepPublished, Cause: pubErr}
+	var perr *transport.PublishError
+	errors.As(pubErr, &perr)
 	for i, row := range rows {
-		if confirmed[i] {
+		switch {
+		case confirmed[i]:
 			settle.Published = append(settle.Published, row.ID)
-		} else {
+		case r.givesUp(row, messageErr(pubErr, perr, i)):
+			reason := fmt.Sprintf("unroutable after %d attempts: %v", row.PublishAttempts, messageErr(pubErr, perr, i))
+			r.log.Warn("relay gave up on a message no queue takes; it is kept as dead (sagabox_outbox_dead_v, `sagabox outbox dead`)",
+				"message_id", row.Message.MessageID, "kind", row.Message.Kind, "type", row.Message.Type, "routing_key", row.Message.RoutingKey,
+				"saga_id", row.Message.SagaID, "attempts", row.PublishAttempts)
+			settle.Dead = append(settle.Dead, driver.DeadRow{ID: row.ID, Reason: reason})
+		default:
 			settle.Failed = append(settle.Failed, row.ID)
 		}
 	}
@@ -394,6 +421,27 @@ func (r *Relay) publish(ctx context.Context, rows []driver.OutboxRow) (driver.Ou
 		return settle, fmt.Errorf("%d of %d messages not confirmed: %w", len(settle.Failed), len(rows), pubErr)
 	}
 	return settle, nil
+}
+
+// messageErr returns the error of message i of a batch whose publish
+// returned err (perr, when it is a *transport.PublishError).
+func messageErr(err error, perr *transport.PublishError, i int) error {
+	if perr != nil {
+		if e, ok := perr.Failed[i]; ok {
+			return e
+		}
+	}
+	return err
+}
+
+// givesUp reports whether row, not confirmed because of err, is given up
+// on: a reply or an event that no queue takes, published
+// UnroutableAttempts times.
+func (r *Relay) givesUp(row driver.OutboxRow, err error) bool {
+	if !errors.Is(err, transport.ErrUnroutable) || row.PublishAttempts < r.opts.UnroutableAttempts {
+		return false
+	}
+	return row.Message.Kind.IsReply() || row.Message.Kind == message.KindEvent
 }
 
 // listen wakes the workers on NOTIFY, reconnecting with backoff. Every

@@ -484,3 +484,79 @@ func TestKeyChainWrittenAfterEachPublishArrives(t *testing.T) {
 	_, order := snk.snapshot()
 	require.IsIncreasing(t, order["chain"])
 }
+
+// A reply that no queue takes (its reply_to routes nowhere) is published
+// UnroutableAttempts times and then given up on: dead, with the reason,
+// out of the backlog and visible, so that it does not keep the relay failing
+// for ever; a command to nowhere keeps being retried (its saga waits for
+// the participant's queue). An operator's retry publishes the dead reply
+// once a queue takes it.
+func TestUnroutableReplyIsGivenUpAndCanBeRetried(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, amqptest.Config(t))
+	ctx := context.Background()
+	reply := message.Message{
+		Envelope: message.Envelope{Type: "inventory.reserve", Kind: message.KindReplyFailure, RoutingKey: "gone", SagaID: uuid.New(), Step: "reserve"},
+		Payload:  []byte(`{"reason":"poison"}`),
+	}
+	command := message.Message{
+		Envelope: message.Envelope{Type: "nowhere.do", Kind: message.KindCommand, SagaID: uuid.New(), Step: "do", ReplyTo: "orders"},
+		Payload:  []byte(`{}`),
+	}
+	msgs := []message.Message{reply, command}
+	writeCommitted(t, s, msgs)
+	reply, command = msgs[0], msgs[1]
+	const attempts = 3
+	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{UnroutableAttempts: attempts, PollInterval: 50 * time.Millisecond}})
+
+	require.Eventually(t, func() bool {
+		st, err := s.OutboxStats(ctx)
+		return err == nil && st.Dead == 1
+	}, waitFor, 20*time.Millisecond, "the reply is given up on")
+	dead, err := s.OutboxDeadList(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, reply.MessageID, dead[0].Message.MessageID)
+	require.Equal(t, attempts, dead[0].PublishAttempts)
+	require.Contains(t, dead[0].Reason, "unroutable after 3 attempts")
+	require.False(t, dead[0].DeadAt.IsZero())
+	var inView int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox_dead_v WHERE message_id = $1`, reply.MessageID).Scan(&inView))
+	require.Equal(t, 1, inView, "the view shows it")
+
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.Pool.QueryRow(ctx, `SELECT publish_attempts FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox WHERE message_id = $1`, command.MessageID).Scan(&n)
+		return err == nil && n > attempts+1
+	}, waitFor, 20*time.Millisecond, "the command is still retried")
+	st, err := s.OutboxStats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.Backlog, "only the command is still waiting")
+
+	// A queue for the reply appears; the operator retries it.
+	spec := transport.QueueSpec{Name: "gone", Replies: true}
+	require.NoError(t, b.Declare(ctx, spec))
+	n, err := s.OutboxDeadRetry(ctx, []int64{dead[0].ID})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	got := make(chan uuid.UUID, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Subscribe(sctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+			got <- d.MessageID
+			return transport.Ack()
+		}), nil)
+	}()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	select {
+	case id := <-got:
+		require.Equal(t, reply.MessageID, id)
+	case <-time.After(waitFor):
+		t.Fatal("the retried reply was not published")
+	}
+}

@@ -81,6 +81,9 @@ const (
 	ReasonRetriesExhausted  = "retries_exhausted"
 	ReasonUnknownDefinition = "unknown_definition"
 	ReasonInvalidInstance   = "invalid_instance"
+	// ReasonUnroutable: an outbox row (a reply, an event) no queue takes,
+	// given up on by the relay (sagabox.outbox.dead).
+	ReasonUnroutable = "unroutable"
 )
 
 // Retry causes (AttrCause).
@@ -113,6 +116,7 @@ type Telemetry struct {
 
 	backlog   metric.Int64ObservableGauge
 	oldestAge metric.Float64ObservableGauge
+	dead      metric.Int64ObservableGauge
 	overdue   metric.Int64ObservableGauge
 }
 
@@ -124,6 +128,7 @@ const (
 	MetricRelayPublishDuration = "sagabox.relay.publish.duration"
 	MetricOutboxBacklog        = "sagabox.outbox.backlog"
 	MetricOutboxOldestAge      = "sagabox.outbox.oldest_age"
+	MetricOutboxDead           = "sagabox.outbox.dead"
 	MetricInboxDuplicates      = "sagabox.inbox.duplicates"
 	MetricMessagesHandled      = "sagabox.messages.handled"
 	MetricDeadLetters          = "sagabox.dead_letters"
@@ -195,6 +200,10 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 		metric.WithDescription("Age of the oldest unpublished outbox row; 0 when none.")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	if t.dead, err = t.meter.Int64ObservableGauge(MetricOutboxDead, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows the relay gave up on (a reply or event no queue takes), by reason; kept until an operator retries or deletes them.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
 	if t.overdue, err = t.meter.Int64ObservableGauge(MetricSagasOverdue, metric.WithUnit("{saga}"),
 		metric.WithDescription("Running or compensating sagas whose deadline passed more than a grace period ago (the sweeper is not keeping up or not running).")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
@@ -222,8 +231,9 @@ func (t *Telemetry) RegisterOutboxGauges(st driver.Executor) (metric.Registratio
 		}
 		o.ObserveInt64(t.backlog, stats.Backlog, attrs)
 		o.ObserveFloat64(t.oldestAge, stats.OldestAge.Seconds(), attrs)
+		o.ObserveInt64(t.dead, stats.Dead, metric.WithAttributes(AttrSchema.String(st.Schema()), AttrReason.String(ReasonUnroutable)))
 		return nil
-	}, t.backlog, t.oldestAge)
+	}, t.backlog, t.oldestAge, t.dead)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: register outbox gauges: %w", err)
 	}

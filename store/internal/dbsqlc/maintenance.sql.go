@@ -142,7 +142,8 @@ const outboxStats = `-- name: OutboxStats :one
 SELECT
     count(*)::bigint AS backlog,
     coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds,
-    count(*) FILTER (WHERE publish_attempts > 1)::bigint AS retrying
+    count(*) FILTER (WHERE publish_attempts > 1)::bigint AS retrying,
+    (SELECT count(*) FROM /* TEMPLATE: schema */sagabox_outbox d WHERE d.dead_at IS NOT NULL)::bigint AS dead
 FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE published_at IS NULL
 `
@@ -151,13 +152,20 @@ type OutboxStatsRow struct {
 	Backlog          int64
 	OldestAgeSeconds float64
 	Retrying         int64
+	Dead             int64
 }
 
-// Backlog of unpublished rows and the age of the oldest one.
+// Backlog of unpublished rows and the age of the oldest one, and the rows
+// given up on.
 func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (*OutboxStatsRow, error) {
 	row := db.QueryRow(ctx, outboxStats)
 	var i OutboxStatsRow
-	err := row.Scan(&i.Backlog, &i.OldestAgeSeconds, &i.Retrying)
+	err := row.Scan(
+		&i.Backlog,
+		&i.OldestAgeSeconds,
+		&i.Retrying,
+		&i.Dead,
+	)
 	return &i, err
 }
 

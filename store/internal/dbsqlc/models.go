@@ -95,6 +95,7 @@ type SagaboxOutbox struct {
 	PublishAttempts int32
 	LastError       string
 	PublishedAt     *time.Time
+	DeadAt          *time.Time
 }
 
 type SagaboxOutboxBacklogV struct {
@@ -102,6 +103,23 @@ type SagaboxOutboxBacklogV struct {
 	OldestUnsentAt   interface{}
 	OldestAgeSeconds float64
 	Retrying         int64
+}
+
+type SagaboxOutboxDeadV struct {
+	ID              int64
+	MessageID       uuid.UUID
+	Kind            string
+	Type            string
+	RoutingKey      string
+	SagaID          uuid.NullUUID
+	SagaType        string
+	Step            string
+	Attempt         int32
+	CorrelationID   string
+	PublishAttempts int32
+	LastError       string
+	CreatedAt       time.Time
+	DeadAt          *time.Time
 }
 
 type SagaboxOutboxV struct {

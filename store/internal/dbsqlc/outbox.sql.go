@@ -25,6 +25,11 @@ WITH RECURSIVE deleted AS (
     SET claimed_until = now() + make_interval(secs => $5::float8),
         last_error = $6::text
     WHERE id = ANY($7::bigint[]) AND published_at IS NULL
+), buried AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox o
+    SET published_at = now(), dead_at = now(), claimed_until = NULL, last_error = d.reason
+    FROM (SELECT unnest($8::bigint[]) AS id, unnest($9::text[]) AS reason) AS d
+    WHERE o.id = d.id AND o.published_at IS NULL
 ), candidates AS (
     SELECT o.id, o.ordering_key
     FROM /* TEMPLATE: schema */sagabox_outbox o
@@ -32,8 +37,9 @@ WITH RECURSIVE deleted AS (
       AND (o.claimed_until IS NULL OR o.claimed_until < now())
       AND o.id <> ALL($3::bigint[])
       AND o.id <> ALL($7::bigint[])
+      AND o.id <> ALL($8::bigint[])
     ORDER BY o.id
-    LIMIT $8::integer
+    LIMIT $10::integer
     FOR UPDATE SKIP LOCKED
 ), linked AS (
     SELECT c.id, (
@@ -43,6 +49,7 @@ WITH RECURSIVE deleted AS (
           AND p.id < c.id
           AND p.published_at IS NULL
           AND p.id <> ALL($3::bigint[])
+          AND p.id <> ALL($8::bigint[])
     ) AS prev_id
     FROM candidates c
 ), claimable (id) AS (
@@ -55,7 +62,7 @@ SET claimed_until = now() + make_interval(secs => $1::float8),
     claimed_by = $2::text,
     publish_attempts = o.publish_attempts + 1
 WHERE o.id = ANY(ARRAY(SELECT claimable.id FROM claimable))
-RETURNING o.id, o.message_id, o.ordering_key, o.kind, o.type, o.routing_key, o.saga_id, o.saga_type, o.step, o.step_index, o.attempt, o.reply_to, o.correlation_id, o.traceparent, o.tracestate, o.headers, o.payload, o.created_at, o.claimed_until, o.claimed_by, o.publish_attempts, o.last_error, o.published_at
+RETURNING o.id, o.message_id, o.ordering_key, o.kind, o.type, o.routing_key, o.saga_id, o.saga_type, o.step, o.step_index, o.attempt, o.reply_to, o.correlation_id, o.traceparent, o.tracestate, o.headers, o.payload, o.created_at, o.claimed_until, o.claimed_by, o.publish_attempts, o.last_error, o.published_at, o.dead_at
 `
 
 type OutboxClaimParams struct {
@@ -66,14 +73,17 @@ type OutboxClaimParams struct {
 	RetryAfterSeconds float64
 	LastError         string
 	Failed            []int64
+	Dead              []int64
+	DeadReason        []string
 	Max               int32
 }
 
 // Settles the relay's previous batch and claims its next one, in one
 // statement: the rows @published were confirmed by the broker (deleted, or
 // marked published when @keep_published), the rows @failed were not (they
-// become claimable again after @retry_after_seconds); then up to @max
-// unpublished rows are leased for @lease_seconds.
+// become claimable again after @retry_after_seconds), the rows @dead are
+// given up on (set aside with their @dead_reason, see sagabox_outbox_dead_v);
+// then up to @max unpublished rows are leased for @lease_seconds.
 //
 // A row is claimed only when every earlier unpublished row of its ordering key
 // is claimed in the same batch: two relays never publish one key's rows out of
@@ -94,6 +104,8 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimPara
 		arg.RetryAfterSeconds,
 		arg.LastError,
 		arg.Failed,
+		arg.Dead,
+		arg.DeadReason,
 		arg.Max,
 	)
 	if err != nil {
@@ -127,6 +139,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimPara
 			&i.PublishAttempts,
 			&i.LastError,
 			&i.PublishedAt,
+			&i.DeadAt,
 		); err != nil {
 			return nil, err
 		}
@@ -136,6 +149,90 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimPara
 		return nil, err
 	}
 	return items, nil
+}
+
+const outboxDeadDelete = `-- name: OutboxDeadDelete :execrows
+DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE id = ANY($1::bigint[]) AND dead_at IS NOT NULL
+`
+
+// Deletes dead rows @ids.
+func (q *Queries) OutboxDeadDelete(ctx context.Context, db DBTX, ids []int64) (int64, error) {
+	result, err := db.Exec(ctx, outboxDeadDelete, ids)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const outboxDeadList = `-- name: OutboxDeadList :many
+SELECT id, message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step, step_index, attempt, reply_to, correlation_id, traceparent, tracestate, headers, payload, created_at, claimed_until, claimed_by, publish_attempts, last_error, published_at, dead_at FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE dead_at IS NOT NULL
+ORDER BY dead_at DESC, id DESC
+LIMIT $1::integer
+`
+
+// Lists up to @max rows the relay gave up on, most recent first.
+func (q *Queries) OutboxDeadList(ctx context.Context, db DBTX, max int32) ([]*SagaboxOutbox, error) {
+	rows, err := db.Query(ctx, outboxDeadList, max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxOutbox{}
+	for rows.Next() {
+		var i SagaboxOutbox
+		if err := rows.Scan(
+			&i.ID,
+			&i.MessageID,
+			&i.OrderingKey,
+			&i.Kind,
+			&i.Type,
+			&i.RoutingKey,
+			&i.SagaID,
+			&i.SagaType,
+			&i.Step,
+			&i.StepIndex,
+			&i.Attempt,
+			&i.ReplyTo,
+			&i.CorrelationID,
+			&i.Traceparent,
+			&i.Tracestate,
+			&i.Headers,
+			&i.Payload,
+			&i.CreatedAt,
+			&i.ClaimedUntil,
+			&i.ClaimedBy,
+			&i.PublishAttempts,
+			&i.LastError,
+			&i.PublishedAt,
+			&i.DeadAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxDeadRetry = `-- name: OutboxDeadRetry :execrows
+UPDATE /* TEMPLATE: schema */sagabox_outbox
+SET published_at = NULL, dead_at = NULL, claimed_until = NULL, publish_attempts = 0,
+    last_error = 'retried by an operator after: ' || last_error
+WHERE id = ANY($1::bigint[]) AND dead_at IS NOT NULL
+`
+
+// Makes dead rows @ids unpublished again, with their attempts reset, for
+// the relay to publish anew (once whatever made them unroutable is fixed).
+func (q *Queries) OutboxDeadRetry(ctx context.Context, db DBTX, ids []int64) (int64, error) {
+	result, err := db.Exec(ctx, outboxDeadRetry, ids)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const outboxInsert = `-- name: OutboxInsert :exec

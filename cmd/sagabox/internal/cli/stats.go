@@ -64,7 +64,7 @@ func (a *app) outboxCommand() *cobra.Command {
 		},
 	}
 	stats.Flags().BoolVar(&all, "all-schemas", false, "report every schema that has sagabox tables")
-	cmd.AddCommand(stats)
+	cmd.AddCommand(stats, a.outboxDeadCommand(), a.outboxRetryDeadCommand())
 	return cmd
 }
 

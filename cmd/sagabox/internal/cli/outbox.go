@@ -1,0 +1,111 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// deadRow is one outbox row the relay gave up on, as `outbox dead` prints
+// it.
+type deadRow struct {
+	ID              int64     `json:"id"`
+	MessageID       string    `json:"message_id"`
+	Kind            string    `json:"kind"`
+	Type            string    `json:"type"`
+	RoutingKey      string    `json:"routing_key"`
+	SagaID          string    `json:"saga_id,omitempty"`
+	PublishAttempts int       `json:"publish_attempts"`
+	Reason          string    `json:"reason"`
+	DeadAt          time.Time `json:"dead_at"`
+}
+
+func (a *app) outboxDeadCommand() *cobra.Command {
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "dead",
+		Short: "List outbox messages the relay gave up on (replies and events no queue takes), most recent first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 1 {
+				return withCode(ExitUsage, fmt.Errorf("--limit %d: want 1 or more", limit))
+			}
+			st, pool, err := a.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			dead, err := st.Executor().OutboxDeadList(cmd.Context(), limit)
+			if err != nil {
+				return err
+			}
+			rows := make([]deadRow, len(dead))
+			for i, d := range dead {
+				rows[i] = deadRow{
+					ID: d.ID, MessageID: d.Message.MessageID.String(), Kind: string(d.Message.Kind), Type: d.Message.Type,
+					RoutingKey: d.Message.RoutingKey, PublishAttempts: d.PublishAttempts, Reason: d.Reason, DeadAt: d.DeadAt,
+				}
+				if d.Message.SagaID != [16]byte{} {
+					rows[i].SagaID = d.Message.SagaID.String()
+				}
+			}
+			return a.print(rows, func(w io.Writer) {
+				fmt.Fprintln(w, "ID\tKIND\tTYPE\tROUTING KEY\tATTEMPTS\tDEAD SINCE\tREASON")
+				for _, r := range rows {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Kind, r.Type, r.RoutingKey, r.PublishAttempts, r.DeadAt.Format(time.RFC3339), r.Reason)
+				}
+			})
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 100, "most rows to list")
+	return cmd
+}
+
+func (a *app) outboxRetryDeadCommand() *cobra.Command {
+	var ids []int64
+	var drop bool
+	cmd := &cobra.Command{
+		Use:   "retry-dead",
+		Short: "Publish dead outbox messages again (after fixing what made them unroutable), or delete them with --delete",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(ids) == 0 {
+				return withCode(ExitUsage, errors.New("--id is required (the ids `sagabox outbox dead` lists)"))
+			}
+			st, pool, err := a.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			ex := st.Executor()
+			var n int64
+			verb := "made unpublished again (the relay publishes them)"
+			if drop {
+				n, err = ex.OutboxDeadDelete(cmd.Context(), ids)
+				verb = "deleted"
+			} else {
+				n, err = ex.OutboxDeadRetry(cmd.Context(), ids)
+			}
+			if err != nil {
+				return err
+			}
+			out := struct {
+				Matched int64 `json:"matched"`
+				Deleted bool  `json:"deleted"`
+			}{n, drop}
+			if err := a.print(out, func(w io.Writer) { fmt.Fprintf(w, "%d of %d dead messages %s\n", n, len(ids), verb) }); err != nil {
+				return err
+			}
+			if n < int64(len(ids)) {
+				return withCode(ExitNotFound, fmt.Errorf("%d of the %d ids are not dead outbox rows of schema %s", int64(len(ids))-n, len(ids), a.schema))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Int64SliceVar(&ids, "id", nil, "outbox row id (repeat or comma-separate)")
+	cmd.Flags().BoolVar(&drop, "delete", false, "delete the rows instead of publishing them again")
+	return cmd
+}
