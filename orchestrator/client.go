@@ -57,6 +57,9 @@ type Client struct {
 	sweepMu   sync.Mutex
 	sweepNext time.Time
 	sweepWake chan struct{}
+
+	// outage keeps the broker's outages out of step timeouts.
+	outage outageClock
 }
 
 // NewClient validates cfg and returns a Client. It connects to nothing yet:

@@ -13,6 +13,7 @@ import (
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/transport"
 )
 
 // noteDeadline tells the sweeper about a deadline just written; it wakes the
@@ -104,10 +105,14 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 	var trs []transition
 	err = engine.Retrying(ctx, func() error {
 		trs, failed = trs[:0], 0
+		now := c.now()
+		due, paused := c.dueBefore(now)
+		if paused {
+			return nil
+		}
 		t := c.db.Begin()
 		defer t.Rollback(ctx)
-		now := c.now()
-		recs, err := c.db.ClaimDueSagas(ctx, t, now, c.cfg.SweepBatch, keys)
+		recs, err := c.db.ClaimDueSagas(ctx, t, due, c.cfg.SweepBatch, keys)
 		if err != nil {
 			return err
 		}
@@ -251,4 +256,19 @@ func earliestDeadline(steps []saga.StepState) time.Time {
 		}
 	}
 	return d
+}
+
+// dueBefore returns the time deadlines are due before at now: now, or
+// earlier after the broker was away (outageClock); paused while the broker
+// is unreachable, when no deadline fires.
+func (c *Client) dueBefore(now time.Time) (time.Time, bool) {
+	a, ok := c.cfg.Broker.(transport.Availability)
+	if !ok {
+		return now, false
+	}
+	due, paused := c.outage.at(now, a.Unavailable())
+	if paused {
+		c.log.Debug("deadlines paused: the broker is unreachable")
+	}
+	return due, paused
 }

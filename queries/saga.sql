@@ -100,13 +100,22 @@ FOR UPDATE;
 -- Locks up to @max running or compensating sagas whose deadline is at or
 -- before @now, skipping sagas another orchestrator (or reply) holds. Only
 -- sagas of the definitions (type, version pairs) the caller runs are
--- claimed: an orchestrator never starves on sagas it cannot run.
+-- claimed: an orchestrator never starves on sagas it cannot run. A saga
+-- whose command or compensation is still in the outbox, unpublished, is
+-- not due: the time a command waits for the relay or the broker is not the
+-- participant's (its deadline is pushed back once it is published, see
+-- SagaShiftDeadlines), and a re-send would only queue behind it.
 SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= @now::timestamptz
   AND s.deadline IS NOT NULL
   AND s.status IN ('running', 'compensating')
   AND (s.saga_type, s.version) IN (
       SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
+  )
+  AND NOT EXISTS (
+      SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
+      WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
+        AND o.kind IN ('command', 'compensation')
   )
 ORDER BY s.deadline
 LIMIT @max::integer
@@ -216,3 +225,31 @@ LIMIT @max::integer;
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga_history
 WHERE saga_id = @saga_id::uuid
 ORDER BY id;
+
+-- name: SagaShiftDeadlines :exec
+-- Pushes back the deadlines of steps whose command or compensation was
+-- published late (held in the outbox by a broker outage or a backlog), by
+-- the time it waited: a step's timeout measures the participant, from when
+-- the broker has its command. Each row of the arrays is one published
+-- message: its saga, step, phase, attempt and delay; a step that has moved
+-- on since (another attempt, or settled) is left alone. The shift is
+-- computed from the row as locked, so it composes with a concurrent
+-- transition.
+UPDATE /* TEMPLATE: schema */sagabox_saga s
+SET steps = /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds),
+    deadline = /* TEMPLATE: schema */sagabox_earliest_deadline(
+        /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds)),
+    revision = s.revision + 1
+FROM (
+    SELECT r.saga_id, array_agg(r.step_index) AS step_index, array_agg(r.phase) AS phase,
+           array_agg(r.attempt) AS attempt, array_agg(r.delay_seconds) AS delay_seconds
+    FROM (
+        SELECT unnest(@saga_id::uuid[]) AS saga_id, unnest(@step_index::integer[]) AS step_index,
+               unnest(@phase::text[]) AS phase, unnest(@attempt::integer[]) AS attempt,
+               unnest(@delay_seconds::float8[]) AS delay_seconds
+    ) AS r
+    GROUP BY r.saga_id
+) AS l
+WHERE s.id = l.saga_id
+  AND s.status IN ('running', 'compensating')
+  AND /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds) IS DISTINCT FROM s.steps;

@@ -115,6 +115,13 @@ func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts)
 	t := txOf(s.Begin())
 	defer t.Rollback(ctx)
 	t.queue(claimPlan)
+	if len(st.Late) > 0 {
+		// A round trip of its own, only after an outage or a backlog: the
+		// sagas whose commands went out late get their deadlines back.
+		if err := s.shiftDeadlines(ctx, t, st.Late); err != nil {
+			return nil, err
+		}
+	}
 	dead, reasons := make([]int64, len(st.Dead)), make([]string, len(st.Dead))
 	for i, d := range st.Dead {
 		dead[i], reasons[i] = d.ID, storableText(d.Reason)
@@ -236,4 +243,21 @@ func (s *executor) OutboxDeadDelete(ctx context.Context, ids []int64) (int64, er
 		return 0, fmt.Errorf("delete dead outbox rows in schema %q: %w", s.schema, err)
 	}
 	return n, nil
+}
+
+// shiftDeadlines pushes back, in t, the deadlines of the steps whose
+// commands late were published late.
+func (s *executor) shiftDeadlines(ctx context.Context, t *engineTx, late []driver.LateSend) error {
+	p := &dbsqlc.SagaShiftDeadlinesParams{
+		SagaID: make([]uuid.UUID, len(late)), StepIndex: make([]int32, len(late)), Phase: make([]string, len(late)),
+		Attempt: make([]int32, len(late)), DelaySeconds: make([]float64, len(late)),
+	}
+	for i, l := range late {
+		p.SagaID[i], p.StepIndex[i], p.Phase[i] = l.SagaID, int32(l.StepIndex), string(l.Phase)
+		p.Attempt[i], p.DelaySeconds[i] = int32(l.Attempt), l.Delay.Seconds()
+	}
+	if err := s.queries.SagaShiftDeadlines(ctx, t.exec(ctx, false), p); err != nil {
+		return fmt.Errorf("push back the deadlines of %d late commands in schema %q: %w", len(late), s.schema, err)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -262,4 +263,76 @@ func TestOperationRequests(t *testing.T) {
 	require.Error(t, err, "only retry and abort are actions")
 	_, err = s.Operation(ctx, 999999)
 	require.ErrorIs(t, err, message.ErrNotFound)
+}
+
+// A saga whose command is still in the outbox, unpublished, is not due: its
+// deadline waits for the relay. Once the command is settled, it is.
+func TestClaimDueSagasWaitsForTheCommandToBePublished(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	now := time.Now()
+	rec := newSaga("", now.Add(-time.Minute))
+	require.True(t, start(t, s, rec, now.Add(-2*time.Minute))) // writes its command
+	keys := []driver.SagaKey{{Type: "checkout", Version: 1}}
+	claimDue := func() int {
+		tx := s.Begin()
+		defer tx.Rollback(ctx)
+		recs, err := s.ClaimDueSagas(ctx, tx, now, 10, keys)
+		require.NoError(t, err)
+		return len(recs)
+	}
+	require.Zero(t, claimDue(), "its command is unpublished")
+	rows, err := s.OutboxClaim(ctx, driver.OutboxClaimOpts{Max: 10, Lease: time.Minute, ClaimedBy: "r"})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Zero(t, claimDue(), "claimed but not confirmed is still unpublished")
+	_, err = s.OutboxClaim(ctx, driver.OutboxClaimOpts{Lease: time.Minute, ClaimedBy: "r", Settle: driver.OutboxSettle{Published: []int64{rows[0].ID}}})
+	require.NoError(t, err)
+	require.Equal(t, 1, claimDue(), "published: the deadline counts")
+}
+
+// A command published late pushes its step's deadline back by the delay,
+// with the saga's; a step that moved on (another attempt) is left alone.
+func TestLatePublishPushesTheStepDeadlineBack(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	deadline := now.Add(30 * time.Second)
+	rec := newSaga("", deadline)
+	rec.Steps = []byte(fmt.Sprintf(`[{"name":"reserve","status":"running","attempt":2,"deadline":%q},{"name":"charge","status":"pending"}]`, deadline.Format(time.RFC3339Nano)))
+	require.True(t, start(t, s, rec, now))
+	before, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	rows, err := s.OutboxClaim(ctx, driver.OutboxClaimOpts{Max: 10, Lease: time.Minute, ClaimedBy: "r"})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	settle := driver.OutboxSettle{Published: []int64{rows[0].ID}, Late: []driver.LateSend{
+		{SagaID: rec.ID, StepIndex: 0, Phase: message.PhaseAction, Attempt: 1, Delay: time.Hour}, // an earlier attempt: ignored
+		{SagaID: rec.ID, StepIndex: 0, Phase: message.PhaseAction, Attempt: 2, Delay: 20 * time.Second},
+	}}
+	_, err = s.OutboxClaim(ctx, driver.OutboxClaimOpts{Lease: time.Minute, ClaimedBy: "r", Settle: settle})
+	require.NoError(t, err)
+	got, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	require.WithinDuration(t, deadline.Add(20*time.Second), got.Deadline, time.Millisecond, "the saga's deadline moved")
+	var steps []struct {
+		Deadline time.Time `json:"deadline"`
+		Status   string    `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal(got.Steps, &steps))
+	require.WithinDuration(t, deadline.Add(20*time.Second), steps[0].Deadline, time.Millisecond, "the step's deadline moved")
+	require.True(t, steps[1].Deadline.IsZero())
+	require.Equal(t, before.Revision+1, got.Revision)
+
+	// The step moved on (attempt 3): a late publish of attempt 2 changes
+	// nothing.
+	_, err = s.OutboxClaim(ctx, driver.OutboxClaimOpts{Lease: time.Minute, ClaimedBy: "r", Settle: driver.OutboxSettle{Late: []driver.LateSend{
+		{SagaID: rec.ID, StepIndex: 1, Phase: message.PhaseAction, Attempt: 1, Delay: time.Hour},
+	}}})
+	require.NoError(t, err)
+	again, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	require.Equal(t, got.Revision, again.Revision, "a step without a deadline is not touched")
 }

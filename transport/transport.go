@@ -231,6 +231,16 @@ type Subscriber interface {
 	Subscribe(ctx context.Context, spec QueueSpec, h Handler, opts *SubscribeOpts) error
 }
 
+// Availability is implemented by a Broker that knows whether it is
+// connected. The orchestrator stops its step timeouts from running while
+// the broker is away: a participant cannot answer through a broker that is
+// down, and its reply may be waiting in its outbox.
+type Availability interface {
+	// Unavailable returns since when the broker has been unreachable, or the
+	// zero time while it is connected.
+	Unavailable() time.Time
+}
+
 // Broker is a Publisher and Subscriber over one connection.
 type Broker interface {
 	Publisher

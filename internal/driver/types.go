@@ -30,6 +30,16 @@ type OutboxDead struct {
 	DeadAt time.Time
 }
 
+// LateSend is a saga's command or compensation that was published Delay
+// after it was written.
+type LateSend struct {
+	SagaID    uuid.UUID
+	StepIndex int
+	Phase     message.Phase
+	Attempt   int
+	Delay     time.Duration
+}
+
 // DeadRow is a row of a batch that the relay gives up on, and why.
 type DeadRow struct {
 	ID     int64
@@ -96,6 +106,10 @@ type OutboxSettle struct {
 	// Dead are the rows given up on: set aside, with their reason, until an
 	// operator retries or deletes them (OutboxDeadRetry, OutboxDeadDelete).
 	Dead []DeadRow
+	// Late are the saga commands and compensations among Published that
+	// were published late: their steps' deadlines are pushed back by the
+	// delay in the same transaction (a schema with sagas only).
+	Late []LateSend
 }
 
 // Attempt is the record of a message's failed processing attempts.

@@ -162,7 +162,8 @@ type Engine struct {
 
 // New returns an Engine for cfg that applies deliveries with p.
 func New(cfg Config, p Processor) (*Engine, error) {
-	r, err := relay.New(cfg.DB, cfg.Telemetry.Publisher(cfg.DB.Schema(), cfg.Broker), cfg.Relay, cfg.Retention.Outbox > 0, cfg.Logger)
+	r, err := relay.New(cfg.DB, cfg.Telemetry.Publisher(cfg.DB.Schema(), cfg.Broker), cfg.Relay,
+		relay.Schema{KeepPublished: cfg.Retention.Outbox > 0, Sagas: cfg.KeepsSagas}, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -150,8 +150,9 @@ type Relay struct {
 	pub  transport.Publisher
 	name string
 	log  *slog.Logger
-	// keepPublished marks published rows instead of deleting them.
-	keepPublished bool
+	// keepPublished marks published rows instead of deleting them; sagas
+	// shifts the deadlines of steps whose commands were published late.
+	keepPublished, sagas bool
 	// wake hands a wake-up to one idle worker: one claim per wake-up, not a
 	// claim by every worker (which, at thousands of commits per second,
 	// costs more database time than the publishing itself).
@@ -163,11 +164,26 @@ type Relay struct {
 	testHookAfterPublish func(rows []driver.OutboxRow) (crash bool)
 }
 
+// Schema says what the relay's schema keeps besides its outbox.
+type Schema struct {
+	// KeepPublished marks published rows (for retention to delete later)
+	// instead of deleting them once confirmed.
+	KeepPublished bool
+	// Sagas: the schema holds sagas (an orchestrator's). A command or
+	// compensation published more than LateSend after it was written
+	// pushes its step's deadline back by that delay, in the statement that
+	// settles it (driver.OutboxSettle.Late).
+	Sagas bool
+}
+
+// LateSend is how long after it was written a saga message must be
+// published for its step's deadline to be pushed back (Schema.Sagas):
+// below it, the time the relay takes is part of the normal hop.
+const LateSend = time.Second
+
 // New returns a Relay that publishes db's outbox with pub. Telemetry, if
-// any, is pub's: wrap it (telemetry.Telemetry.Publisher). With
-// keepPublished, published rows are marked (for retention to delete later)
-// instead of deleted once confirmed.
-func New(db driver.Executor, pub transport.Publisher, opts Options, keepPublished bool, log *slog.Logger) (*Relay, error) {
+// any, is pub's: wrap it (telemetry.Telemetry.Publisher).
+func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schema, log *slog.Logger) (*Relay, error) {
 	opts = opts.WithDefaults()
 	if err := opts.Validate("Options"); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
@@ -183,7 +199,8 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, keepPublishe
 		opts:          opts,
 		db:            db,
 		pub:           pub,
-		keepPublished: keepPublished,
+		keepPublished: schema.KeepPublished,
+		sagas:         schema.Sagas,
 		name:          fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
 		log:           log.With("component", "relay", "schema", db.Schema()),
 		wake:          make(chan struct{}, 1),
@@ -395,10 +412,16 @@ func (r *Relay) publish(ctx context.Context, rows []driver.OutboxRow) (driver.Ou
 	settle := driver.OutboxSettle{KeepPublished: r.keepPublished, Cause: pubErr}
 	var perr *transport.PublishError
 	errors.As(pubErr, &perr)
+	now := time.Now()
 	for i, row := range rows {
 		switch {
 		case confirmed[i]:
 			settle.Published = append(settle.Published, row.ID)
+			if m := row.Message; r.sagas && m.Kind.Phase() != "" && now.Sub(m.CreatedAt) > LateSend {
+				settle.Late = append(settle.Late, driver.LateSend{
+					SagaID: m.SagaID, StepIndex: m.StepIndex, Phase: m.Kind.Phase(), Attempt: m.Attempt, Delay: now.Sub(m.CreatedAt),
+				})
+			}
 		case r.givesUp(row, messageErr(pubErr, perr, i)):
 			reason := fmt.Sprintf("unroutable after %d attempts: %v", row.PublishAttempts, messageErr(pubErr, perr, i))
 			r.log.Warn("relay gave up on a message no queue takes; it is kept as dead (sagabox_outbox_dead_v, `sagabox outbox dead`)",

@@ -160,7 +160,7 @@ func runRelay(t *testing.T, cfg testConfig) (*Relay, func()) {
 		cfg.Observer.Publisher = pub
 		pub = cfg.Observer
 	}
-	r, err := New(cfg.Store.Executor, pub, cfg.Options, false, amqptest.Logger(t))
+	r, err := New(cfg.Store.Executor, pub, cfg.Options, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -189,12 +189,12 @@ func waitBacklogZero(t *testing.T, s *dbtest.DB) {
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
-	_, err := New(nil, nil, Options{}, false, nil)
+	_, err := New(nil, nil, Options{}, Schema{}, nil)
 	require.ErrorContains(t, err, "a store and a publisher are required")
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
-	_, err = New(s.Executor, b, Options{Lease: time.Second, PublishTimeout: 2 * time.Second}, false, nil)
+	_, err = New(s.Executor, b, Options{Lease: time.Second, PublishTimeout: 2 * time.Second}, Schema{}, nil)
 	require.ErrorContains(t, err, "Options.Lease 1s must exceed PublishTimeout 2s")
-	_, err = New(s.Executor, b, Options{BatchSize: -1}, false, nil)
+	_, err = New(s.Executor, b, Options{BatchSize: -1}, Schema{}, nil)
 	require.ErrorContains(t, err, "Options.BatchSize -1 is less than 1")
 }
 
@@ -241,7 +241,7 @@ func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 	ids := writeCommitted(t, s, events("k", 0, 30))
 
 	crashed := make(chan struct{})
-	r, err := New(s.Executor, b, Options{Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, false, amqptest.Logger(t))
+	r, err := New(s.Executor, b, Options{Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
 	var once sync.Once
 	r.testHookAfterPublish = func([]driver.OutboxRow) bool {

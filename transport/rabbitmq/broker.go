@@ -67,7 +67,10 @@ var (
 	ErrNacked = errors.New("rabbitmq: message nacked by the broker")
 )
 
-var _ transport.Broker = (*Broker)(nil)
+var (
+	_ transport.Broker       = (*Broker)(nil)
+	_ transport.Availability = (*Broker)(nil)
+)
 
 // Broker is a transport.Broker over two RabbitMQ connections, one for
 // publishing and one for consuming. It is safe for concurrent use.
@@ -108,9 +111,31 @@ const (
 type link struct {
 	role string
 
-	mu    sync.Mutex
-	sess  *session      // nil while disconnected
-	ready chan struct{} // closed when sess becomes non-nil
+	mu     sync.Mutex
+	sess   *session      // nil while disconnected
+	ready  chan struct{} // closed when sess becomes non-nil
+	lostAt time.Time     // when sess became nil; zero while connected
+}
+
+// down returns since when l has been disconnected, or the zero time.
+func (l *link) down() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lostAt
+}
+
+// Unavailable implements transport.Availability: since when either of the
+// broker's connections (consuming, publishing) has been lost, or the zero
+// time while both are up.
+func (b *Broker) Unavailable() time.Time {
+	c, p := b.con.down(), b.pub.down()
+	switch {
+	case c.IsZero():
+		return p
+	case p.IsZero() || c.Before(p):
+		return c
+	}
+	return p
 }
 
 // current returns the live session, or nil while disconnected.
@@ -272,6 +297,7 @@ func (b *Broker) serve(l *link, sess *session) (closed bool) {
 
 	l.mu.Lock()
 	l.sess = sess
+	l.lostAt = time.Time{}
 	close(l.ready)
 	l.mu.Unlock()
 
@@ -284,6 +310,7 @@ func (b *Broker) serve(l *link, sess *session) (closed bool) {
 
 	l.mu.Lock()
 	l.sess = nil
+	l.lostAt = time.Now()
 	l.ready = make(chan struct{})
 	l.mu.Unlock()
 	close(sess.lost)

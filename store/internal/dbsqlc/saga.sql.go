@@ -21,6 +21,11 @@ WHERE s.deadline <= $1::timestamptz
   AND (s.saga_type, s.version) IN (
       SELECT unnest($2::text[]), unnest($3::integer[])
   )
+  AND NOT EXISTS (
+      SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
+      WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
+        AND o.kind IN ('command', 'compensation')
+  )
 ORDER BY s.deadline
 LIMIT $4::integer
 FOR UPDATE OF s SKIP LOCKED
@@ -36,7 +41,11 @@ type SagaClaimDueParams struct {
 // Locks up to @max running or compensating sagas whose deadline is at or
 // before @now, skipping sagas another orchestrator (or reply) holds. Only
 // sagas of the definitions (type, version pairs) the caller runs are
-// claimed: an orchestrator never starves on sagas it cannot run.
+// claimed: an orchestrator never starves on sagas it cannot run. A saga
+// whose command or compensation is still in the outbox, unpublished, is
+// not due: the time a command waits for the relay or the broker is not the
+// participant's (its deadline is pushed back once it is published, see
+// SagaShiftDeadlines), and a re-send would only queue behind it.
 func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDueParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaClaimDue,
 		arg.Now,
@@ -404,6 +413,54 @@ func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceivePara
 		return nil, err
 	}
 	return items, nil
+}
+
+const sagaShiftDeadlines = `-- name: SagaShiftDeadlines :exec
+UPDATE /* TEMPLATE: schema */sagabox_saga s
+SET steps = /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds),
+    deadline = /* TEMPLATE: schema */sagabox_earliest_deadline(
+        /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds)),
+    revision = s.revision + 1
+FROM (
+    SELECT r.saga_id, array_agg(r.step_index) AS step_index, array_agg(r.phase) AS phase,
+           array_agg(r.attempt) AS attempt, array_agg(r.delay_seconds) AS delay_seconds
+    FROM (
+        SELECT unnest($1::uuid[]) AS saga_id, unnest($2::integer[]) AS step_index,
+               unnest($3::text[]) AS phase, unnest($4::integer[]) AS attempt,
+               unnest($5::float8[]) AS delay_seconds
+    ) AS r
+    GROUP BY r.saga_id
+) AS l
+WHERE s.id = l.saga_id
+  AND s.status IN ('running', 'compensating')
+  AND /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds) IS DISTINCT FROM s.steps
+`
+
+type SagaShiftDeadlinesParams struct {
+	SagaID       []uuid.UUID
+	StepIndex    []int32
+	Phase        []string
+	Attempt      []int32
+	DelaySeconds []float64
+}
+
+// Pushes back the deadlines of steps whose command or compensation was
+// published late (held in the outbox by a broker outage or a backlog), by
+// the time it waited: a step's timeout measures the participant, from when
+// the broker has its command. Each row of the arrays is one published
+// message: its saga, step, phase, attempt and delay; a step that has moved
+// on since (another attempt, or settled) is left alone. The shift is
+// computed from the row as locked, so it composes with a concurrent
+// transition.
+func (q *Queries) SagaShiftDeadlines(ctx context.Context, db DBTX, arg *SagaShiftDeadlinesParams) error {
+	_, err := db.Exec(ctx, sagaShiftDeadlines,
+		arg.SagaID,
+		arg.StepIndex,
+		arg.Phase,
+		arg.Attempt,
+		arg.DelaySeconds,
+	)
+	return err
 }
 
 const sagaStart = `-- name: SagaStart :one

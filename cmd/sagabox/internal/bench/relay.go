@@ -195,7 +195,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	}
 	// No ANALYZE: the claim's plan must stay bounded by the batch on a
 	// backlog the planner has never seen, as after an outage.
-	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, false, quiet)
+	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, relay.Schema{}, quiet)
 	if err != nil {
 		return nil, err
 	}
