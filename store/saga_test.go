@@ -139,6 +139,12 @@ func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
 	for _, r := range []driver.SagaRecord{due1, due2, later} {
 		require.True(t, start(t, s, r, now))
 	}
+	// Their commands are published: a saga whose command waits in the
+	// outbox is not due (TestClaimDueSagasWaitsForTheCommandToBePublished).
+	sent, err := s.OutboxClaim(ctx, driver.OutboxClaimOpts{Max: 10, Lease: time.Minute, ClaimedBy: "r"})
+	require.NoError(t, err)
+	_, err = s.OutboxClaim(ctx, driver.OutboxClaimOpts{Lease: time.Minute, ClaimedBy: "r", Settle: driver.OutboxSettle{Published: ids(sent)}})
+	require.NoError(t, err)
 	keys := []driver.SagaKey{{Type: "checkout", Version: 1}}
 	txA := s.Begin()
 	defer txA.Rollback(ctx)

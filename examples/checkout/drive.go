@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -257,10 +259,12 @@ func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`)
 // retryTransient runs fn until it succeeds, ctx ends, or it fails with an
 // error other than a lost or refused database connection: a database
 // restart pauses the example instead of ending it. Each failure is logged.
+// fn must be safe to run again after a connection lost mid-commit, whose
+// outcome is unknown (placing an order is: its saga has a start key).
 func (a *app) retryTransient(ctx context.Context, what string, fn func(context.Context) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
-		if err == nil || ctx.Err() != nil || !store.IsConnectionError(err) {
+		if err == nil || ctx.Err() != nil || !connectionLost(err) {
 			return err
 		}
 		wait := min(100*time.Millisecond<<min(attempt-1, 6), 5*time.Second)
@@ -271,4 +275,14 @@ func (a *app) retryTransient(ctx context.Context, what string, fn func(context.C
 		case <-time.After(wait):
 		}
 	}
+}
+
+// connectionLost reports whether err says the database connection was
+// refused or lost. Besides store.IsConnectionError, a connection that dies
+// mid-statement surfaces from pgx as the raw read error (an unexpected EOF or
+// a network error); fn here does nothing but database work, so such an error
+// is the database's.
+func connectionLost(err error) bool {
+	var netErr net.Error
+	return store.IsConnectionError(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr)
 }

@@ -268,7 +268,15 @@ func (r *Relay) work(ctx context.Context) {
 	// few times, before it falls back to the poll.
 	rechecks, woken := 0, false
 	for ctx.Err() == nil {
-		rows, err := r.claim(ctx, r.opts.BatchSize, settle)
+		// A relay that knows its broker to be unreachable claims one row,
+		// a probe whose failure is counted and backs the worker off, not a
+		// batch: the rows it would hold under its lease are for relays that
+		// can publish (in other processes).
+		max := r.opts.BatchSize
+		if r.unavailable() {
+			max = 1
+		}
+		rows, err := r.claim(ctx, max, settle)
 		if err != nil {
 			failures++
 			wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
@@ -333,6 +341,13 @@ func (r *Relay) work(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// unavailable reports whether the publisher knows its broker to be
+// unreachable (transport.Availability).
+func (r *Relay) unavailable() bool {
+	a, ok := r.pub.(transport.Availability)
+	return ok && !a.Unavailable().IsZero()
 }
 
 // maxRechecks bounds the short waits after empty claims that followed a

@@ -503,6 +503,16 @@ type publisher struct {
 	attrs metric.MeasurementOption
 }
 
+// Unavailable implements transport.Availability for a publisher that
+// knows whether it is connected, and reports it always available
+// otherwise.
+func (p *publisher) Unavailable() time.Time {
+	if a, ok := p.pub.(transport.Availability); ok {
+		return a.Unavailable()
+	}
+	return time.Time{}
+}
+
 func (p *publisher) Publish(ctx context.Context, msgs ...message.Message) error {
 	spans := make([]trace.Span, len(msgs))
 	for i := range msgs {
