@@ -238,11 +238,14 @@ func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind 
 	if err != nil {
 		return transition{}, err
 	}
+	now := c.now()
+	if saga.Status(rec.Status) == saga.StatusQueued {
+		return c.withdrawQueued(rec, kind, actor, reason, now)
+	}
 	s, err := sagaFromRecord(&rec)
 	if err != nil {
 		return transition{}, err
 	}
-	now := c.now()
 	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
 	if err != nil {
 		return transition{}, err

@@ -31,6 +31,12 @@ func sagaRecord(r *dbsqlc.SagaboxSaga) driver.SagaRecord {
 	if r.FinishedAt != nil {
 		rec.FinishedAt = *r.FinishedAt
 	}
+	if r.ConcurrencyKey != nil {
+		rec.ConcurrencyKey = *r.ConcurrencyKey
+	}
+	if r.AdmittedAt != nil {
+		rec.AdmittedAt = *r.AdmittedAt
+	}
 	return rec
 }
 
@@ -91,7 +97,7 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 		ID: r.ID, SagaType: r.Type, Version: int32(r.Version), Status: r.Status, StartKey: nullable(r.StartKey),
 		Data: r.Data, Steps: r.Steps, CurrentStep: int32(r.CurrentStep), Phase: r.Phase, Deadline: timePtr(r.Deadline),
 		Attempts: int32(r.Attempts), LastError: r.LastError, Now: now, FinishedAt: timePtr(r.FinishedAt),
-		Traceparent: r.TraceParent, Tracestate: r.TraceState,
+		Traceparent: r.TraceParent, Tracestate: r.TraceState, ConcurrencyKey: nullable(r.ConcurrencyKey),
 		HAt: nonNil(h.at), HEvent: nonNil(h.event), HStep: nonNil(h.step), HStepIndex: nonNil(h.stepIndex),
 		HPhase: nonNil(h.phase), HAttempt: nonNil(h.attempt), HDetail: nonNil(h.detail), HActor: nonNil(h.actor),
 		HMessageID: nonNil(h.messageID),
@@ -180,6 +186,12 @@ func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
 	}
 	if r.FinishedAt != nil {
 		rec.FinishedAt = *r.FinishedAt
+	}
+	if r.ConcurrencyKey != nil {
+		rec.ConcurrencyKey = *r.ConcurrencyKey
+	}
+	if r.AdmittedAt != nil {
+		rec.AdmittedAt = *r.AdmittedAt
 	}
 	return rec
 }

@@ -160,6 +160,7 @@ func (a *app) orchestrator() (*orchestrator.Client, error) {
 		Pool: a.pool, Schema: a.orders.Schema(), Service: contract.ServiceOrders, Broker: a.broker,
 		Logger:         a.log,
 		Relay:          orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Admission:      orchestrator.AdmissionConfig{MaxRunning: a.o.maxRunning},
 		TracerProvider: a.obs.tracerProvider, MeterProvider: a.obs.meterProvider,
 	})
 }

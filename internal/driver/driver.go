@@ -65,6 +65,34 @@ type Executor interface {
 	// nothing and returns false (a concurrent start with the same key waits
 	// for the other transaction to end).
 	StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
+	// SagaAdmission reads, in tx (the caller's transaction), what a start
+	// of a saga of sagaType needs to run at once or be queued: its running
+	// sagas counted up to maxRunning, whether sagas without a concurrency
+	// key wait for admission, and whether a saga holds or waits for key
+	// ("" for none).
+	SagaAdmission(ctx context.Context, tx pgx.Tx, sagaType string, maxRunning int, key string) (Admission, error)
+	// LockConcurrencyKey takes, in tx and until it ends, the lock of the
+	// concurrency key key of sagaType, waiting for a transaction that holds
+	// it. SagaAdmission must follow it, as a statement of its own.
+	LockConcurrencyKey(ctx context.Context, tx pgx.Tx, sagaType, key string) error
+	// TryLockAdmission takes, in t and until it ends, the schema's
+	// admission lock, and reports false when another transaction holds it.
+	TryLockAdmission(ctx context.Context, t Tx) (bool, error)
+	// CountRunning counts, in t, the running and compensating sagas of
+	// sagaType, up to max.
+	CountRunning(ctx context.Context, t Tx, sagaType string, max int) (int, error)
+	// ClaimQueuedSagas locks in t, in start order, up to max queued sagas
+	// of sagaType and of one of the versions that may be admitted now:
+	// those without a concurrency key and the first queued saga of each key
+	// no saga of the type is running or compensating for.
+	ClaimQueuedSagas(ctx context.Context, t Tx, sagaType string, versions []int, max int) ([]SagaRecord, error)
+	// FreeConcurrencyKeys takes, in t, the locks of those keys of sagaType
+	// that no transaction holds and returns those of them that no saga of
+	// the type is running or compensating for: two statements, so that the
+	// second sees what the lock's last holder committed.
+	FreeConcurrencyKeys(ctx context.Context, t Tx, sagaType string, keys []string) (map[string]bool, error)
+	// SagaQueued counts the sagas waiting for admission, per type.
+	SagaQueued(ctx context.Context) ([]QueuedCount, error)
 	// SagaByStartKey returns the saga of type sagaType started with
 	// startKey, read in tx (nil: on the pool), or an error wrapping
 	// message.ErrNotFound.

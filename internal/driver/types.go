@@ -171,6 +171,34 @@ type SagaRecord struct {
 	// TraceParent and TraceState are the W3C trace context of the span that
 	// started the saga; empty without tracing.
 	TraceParent, TraceState string
+	// ConcurrencyKey is the key of which at most one saga of the type runs
+	// at a time; empty for none.
+	ConcurrencyKey string
+	// AdmittedAt is when the saga left the queue (its start time if it
+	// never waited); zero while it is queued.
+	AdmittedAt time.Time
+}
+
+// Admission is what a start needs to know to run a saga at once or queue
+// it (Executor.SagaAdmission).
+type Admission struct {
+	// Running counts the type's running and compensating sagas, up to the
+	// limit asked for.
+	Running int
+	// Queued is true when sagas of the type without a concurrency key wait
+	// for admission.
+	Queued bool
+	// KeyTaken is true when a saga of the type and the start's concurrency
+	// key is queued, running or compensating.
+	KeyTaken bool
+}
+
+// QueuedCount counts the queued sagas of a type.
+type QueuedCount struct {
+	Type  string
+	Count int64
+	// Oldest is the start time of the longest-waiting saga.
+	Oldest time.Time
 }
 
 // HistoryRecord is one entry of a saga's history.

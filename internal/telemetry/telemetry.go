@@ -111,6 +111,7 @@ type Telemetry struct {
 	sagasFinished   metric.Int64Counter
 	stepLatency     metric.Float64Histogram
 	sagaDuration    metric.Float64Histogram
+	admissionWait   metric.Float64Histogram
 	deadlines       metric.Int64Counter
 	retries         metric.Int64Counter
 
@@ -118,6 +119,8 @@ type Telemetry struct {
 	oldestAge metric.Float64ObservableGauge
 	dead      metric.Int64ObservableGauge
 	overdue   metric.Int64ObservableGauge
+	queued    metric.Int64ObservableGauge
+	queueAge  metric.Float64ObservableGauge
 }
 
 // Metric names, documented in docs/operations.md.
@@ -138,6 +141,9 @@ const (
 	MetricSagasOverdue         = "sagabox.sagas.overdue"
 	MetricStepDuration         = "sagabox.saga.step.duration"
 	MetricSagaDuration         = "sagabox.saga.duration"
+	MetricAdmissionWait        = "sagabox.saga.admission_wait"
+	MetricSagasQueued          = "sagabox.sagas.queued"
+	MetricQueuedOldestAge      = "sagabox.sagas.queued.oldest_age"
 	MetricDeadlinesFired       = "sagabox.sweeper.deadlines_fired"
 )
 
@@ -190,6 +196,19 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 	if t.sagaDuration, err = t.meter.Float64Histogram(MetricSagaDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from a saga's start to its terminal status."),
 		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.admissionWait, err = t.meter.Float64Histogram(MetricAdmissionWait, metric.WithUnit("s"),
+		metric.WithDescription("Time a saga waited for admission (flow control) before its first step ran; 0 for a saga started at once."),
+		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.queued, err = t.meter.Int64ObservableGauge(MetricSagasQueued, metric.WithUnit("{saga}"),
+		metric.WithDescription("Sagas waiting for admission (flow control), by type.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.queueAge, err = t.meter.Float64ObservableGauge(MetricQueuedOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("How long the longest-waiting queued saga of a type has waited for admission.")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	if t.backlog, err = t.meter.Int64ObservableGauge(MetricOutboxBacklog, metric.WithUnit("{message}"),
@@ -281,6 +300,35 @@ func (t *Telemetry) DeadLetter(ctx context.Context, schema, component, reason st
 // SagaStarted counts a started saga.
 func (t *Telemetry) SagaStarted(ctx context.Context, sagaType string) {
 	t.sagasStarted.Add(ctx, 1, metric.WithAttributes(AttrSagaType.String(sagaType)))
+}
+
+// SagaAdmitted records how long a saga of sagaType waited for admission.
+func (t *Telemetry) SagaAdmitted(ctx context.Context, sagaType string, wait time.Duration) {
+	t.admissionWait.Record(ctx, max(wait, 0).Seconds(), metric.WithAttributes(AttrSagaType.String(sagaType)))
+}
+
+// RegisterQueuedGauges reports, at every collection, the sagas of st waiting
+// for admission and the wait of the oldest, per type (no series for a type
+// with none queued).
+func (t *Telemetry) RegisterQueuedGauges(st driver.Executor, now func() time.Time) (metric.Registration, error) {
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		counts, err := st.SagaQueued(ctx)
+		if err != nil {
+			return err
+		}
+		for _, q := range counts {
+			attrs := metric.WithAttributes(AttrSchema.String(st.Schema()), AttrSagaType.String(q.Type))
+			o.ObserveInt64(t.queued, q.Count, attrs)
+			o.ObserveFloat64(t.queueAge, max(now().Sub(q.Oldest), 0).Seconds(), attrs)
+		}
+		return nil
+	}, t.queued, t.queueAge)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register queued saga gauges: %w", err)
+	}
+	return reg, nil
 }
 
 // SagaFinished counts a saga that reached status and records its duration.
