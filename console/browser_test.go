@@ -222,6 +222,14 @@ func TestConsoleInBrowser(t *testing.T) {
 		waitStatus(t, orch, held, saga.StatusCompensated)
 	})
 
+	t.Run("the outbox page shows each schema's backlog and dead letters", func(t *testing.T) {
+		do(t, tab, chromedp.Navigate(rwSrv.URL+"/outbox"), chromedp.WaitVisible(chromedp.CSS("section.schema")))
+		require.Equal(t, []string{schema, w.svc.Store.Schema()}, attrs(t, tab, "section.schema", "data-schema"))
+		for _, backlog := range eval[[]string](t, tab, `Array.from(document.querySelectorAll('section.schema .backlog')).map(e => e.textContent)`) {
+			require.Regexp(t, `^\d+$`, backlog)
+		}
+	})
+
 	t.Run("a read-only console refuses it", func(t *testing.T) {
 		do(t, tab, chromedp.Navigate(roSrv.URL+"/sagas/"+heldToo.ID.String()), chromedp.WaitVisible(chromedp.CSS("#history")))
 		require.Equal(t, "read-only", text(t, tab, "#mode"))

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/console"
@@ -91,7 +93,8 @@ func TestConsoleActionsNeedAllowActionsAndCSRF(t *testing.T) {
 	require.Zero(t, w.pendingRequests(), "a refused POST records nothing")
 
 	rw, err := console.New(console.Config{
-		Pool: w.pool, Schema: w.orch.Store.Schema(), AllowActions: true, BasePath: "/console", ActionWait: 100 * time.Millisecond,
+		Pool: w.pool, Schema: w.orch.Store.Schema(), MessagingSchemas: []string{w.svc.Store.Schema()},
+		AllowActions: true, BasePath: "/console", ActionWait: 100 * time.Millisecond,
 		Actor: func(*http.Request) string { return "alice" },
 	})
 	require.NoError(t, err)
@@ -149,5 +152,27 @@ func TestConsoleActionsNeedAllowActionsAndCSRF(t *testing.T) {
 
 	// A completed saga's abort is refused at once.
 	code, body, _ = post(t, c, base+"/sagas/00000000-0000-0000-0000-000000000001/abort", url.Values{"reason": {"x"}, "csrf": {token}}, nil)
+	require.Equal(t, http.StatusNotFound, code, body)
+
+	// A dead outbox row shows with its reason, and replays.
+	svc := pgx.Identifier{w.svc.Store.Schema()}.Sanitize()
+	var row int64
+	require.NoError(t, w.pool.QueryRow(context.Background(), `INSERT INTO `+svc+`.sagabox_outbox
+		(message_id, ordering_key, kind, type, routing_key, payload, published_at, dead_at, last_error, publish_attempts)
+		VALUES (gen_random_uuid(), 'k', 'event', 'shop.noticed', 'nowhere', '\x7b7d', now(), now(), 'unroutable: no queue for nowhere', 5)
+		RETURNING id`).Scan(&row))
+	code, body = get(t, c, base+"/outbox")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "unroutable: no queue for nowhere")
+	replay := fmt.Sprintf("%s/outbox/%s/dead/%d/replay", base, w.svc.Store.Schema(), row)
+	code, body, _ = post(t, c, replay, url.Values{"reason": {"queue declared now"}}, nil)
+	require.Equal(t, http.StatusForbidden, code, "replay needs the token too: %s", body)
+	code, body, location = post(t, c, replay, url.Values{"reason": {"queue declared now"}, "csrf": {token}}, nil)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	require.Contains(t, location, "/console/outbox")
+	var dead bool
+	require.NoError(t, w.pool.QueryRow(context.Background(), `SELECT dead_at IS NOT NULL FROM `+svc+`.sagabox_outbox WHERE id = $1`, row).Scan(&dead))
+	require.False(t, dead, "the replayed row is unpublished again")
+	code, body, _ = post(t, c, replay, url.Values{"reason": {"again"}, "csrf": {token}}, nil)
 	require.Equal(t, http.StatusNotFound, code, body)
 }
