@@ -59,6 +59,9 @@ type Saga struct {
 	// started at once, later for one that was queued (flow control), zero
 	// while it is queued.
 	AdmittedAt time.Time
+	// TraceParent is the W3C trace context of the span that started the
+	// saga (its trace id is the saga's trace); empty without tracing.
+	TraceParent string
 }
 
 // Instance returns the saga as the saga core sees it.
@@ -74,7 +77,7 @@ func sagaFromRecord(rec *driver.SagaRecord) (*Saga, error) {
 		ID: rec.ID, Type: rec.Type, Version: rec.Version, Status: saga.Status(rec.Status), Phase: saga.Phase(rec.Phase),
 		CurrentStep: rec.CurrentStep, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
 		Revision: rec.Revision, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, Deadline: rec.Deadline,
-		FinishedAt: rec.FinishedAt, ConcurrencyKey: rec.ConcurrencyKey, AdmittedAt: rec.AdmittedAt,
+		FinishedAt: rec.FinishedAt, ConcurrencyKey: rec.ConcurrencyKey, AdmittedAt: rec.AdmittedAt, TraceParent: rec.TraceParent,
 	}
 	if err := json.Unmarshal(rec.Steps, &s.Steps); err != nil {
 		return nil, fmt.Errorf("%w: saga %s: decode step states: %w", saga.ErrInvalidInstance, rec.ID, err)

@@ -124,3 +124,11 @@ WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text;
 INSERT INTO /* TEMPLATE: schema */sagabox_barrier (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
 VALUES (@saga_id::uuid, @step::text, @phase::text, @message_id::uuid, @outcome::text, @reply_kind::text, @reply_payload::bytea)
 ON CONFLICT (saga_id, step, phase) DO NOTHING;
+
+-- name: BarrierListBySaga :many
+-- The marks saga @saga_id left at this participant (its primary key's
+-- prefix), in the order they were left: what the barrier decided for each
+-- step and phase, for inspection.
+SELECT * FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = @saga_id::uuid
+ORDER BY created_at, step, phase;

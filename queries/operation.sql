@@ -30,3 +30,11 @@ WHERE id = @id::bigint;
 
 -- name: SagaOperationGet :one
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = @id::bigint;
+
+-- name: SagaOperationListPending :many
+-- Lists pending operator requests oldest first, after request @after_id
+-- (keyset paging on the pending index).
+SELECT * FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL AND id > @after_id::bigint
+ORDER BY id
+LIMIT @max::integer;

@@ -294,13 +294,23 @@ SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
 
 -- name: SagaList :many
--- Lists sagas oldest first (by start), filtered by type, status and the
--- time of their last change, with keyset paging on (created_at, id), which
--- never change: a page follows the previous one however the sagas move on.
+-- Lists sagas oldest first (by start), filtered by type, version, status,
+-- start key, the time of their last change and an overdue deadline, with
+-- keyset paging on (created_at, id), which never change: a page follows the
+-- previous one however the sagas move on. Each filter has an index to
+-- start from: type and status (sagabox_saga_type_status_created_at_idx,
+-- sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_idx
+-- with a type, sagabox_saga_start_key_only_idx without), overdue deadline
+-- (sagabox_saga_deadline_idx).
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE (sqlc.narg('saga_type')::text IS NULL OR saga_type = sqlc.narg('saga_type')::text)
+  AND (sqlc.narg('version')::integer IS NULL OR version = sqlc.narg('version')::integer)
   AND (cardinality(@statuses::text[]) = 0 OR status = ANY(@statuses::text[]))
+  AND (sqlc.narg('start_key')::text IS NULL OR start_key = sqlc.narg('start_key')::text)
   AND (sqlc.narg('updated_before')::timestamptz IS NULL OR updated_at < sqlc.narg('updated_before')::timestamptz)
+  AND (sqlc.narg('deadline_before')::timestamptz IS NULL
+       OR (deadline < sqlc.narg('deadline_before')::timestamptz AND deadline IS NOT NULL
+           AND status IN ('running', 'compensating')))
   AND (sqlc.narg('after_created_at')::timestamptz IS NULL
        OR (created_at, id) > (sqlc.narg('after_created_at')::timestamptz, sqlc.narg('after_id')::uuid))
 ORDER BY created_at, id

@@ -86,3 +86,21 @@ func (s *executor) Operation(ctx context.Context, id int64) (driver.Operation, e
 	}
 	return operation(r), nil
 }
+
+// OperationListPending lists up to max pending requests, oldest first, after
+// request afterID.
+func (s *executor) OperationListPending(ctx context.Context, afterID int64, max int) ([]driver.Operation, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.SagaOperationListPending(ctx, db, &dbsqlc.SagaOperationListPendingParams{AfterID: afterID, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("list pending operator requests: %w", err)
+	}
+	out := make([]driver.Operation, len(rows))
+	for i, r := range rows {
+		out[i] = operation(r)
+	}
+	return out, nil
+}

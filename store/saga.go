@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
@@ -320,6 +321,11 @@ func (s *executor) SagaList(ctx context.Context, f driver.SagaFilter) ([]driver.
 		p.Max = 100
 	}
 	p.UpdatedBefore = timePtr(f.UpdatedBefore)
+	p.DeadlineBefore = timePtr(f.DeadlineBefore)
+	p.StartKey = nullable(f.StartKey)
+	if f.Version != 0 {
+		p.Version = pgtype.Int4{Int32: int32(f.Version), Valid: true}
+	}
 	if f.After != nil {
 		at := f.After.CreatedAt
 		p.AfterCreatedAt = &at

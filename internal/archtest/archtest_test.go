@@ -106,6 +106,7 @@ var rules = []rule{
 	// against) talks AMQP directly, by design; nothing else in the bench does
 	// beyond reading the server version and deleting its queues.
 	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest", "cmd/sagabox/internal/bench")), external("github.com/rabbitmq/amqp091-go")},
+	{"the console is a tool above the clients", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant"), in("console")},
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
 }
 
@@ -142,6 +143,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		"internal/ is below the clients":                          {module + "/internal/relay", module + "/orchestrator"},
 		"store is below the engine and the clients":               {module + "/store", module + "/internal/engine"},
 		"the driver contract imports nothing of ours but message": {module + "/internal/driver", module + "/store"},
+		"the console is a tool above the clients":                 {module + "/orchestrator", module + "/console"},
 	}
 	for _, r := range rules {
 		v, ok := violations[r.why]

@@ -144,6 +144,9 @@ type Executor interface {
 	// Barrier returns, read in t, the mark of env's saga step in phase, or
 	// an error wrapping message.ErrNotFound.
 	Barrier(ctx context.Context, t Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error)
+	// BarrierList returns the barrier marks saga id left in this schema, in
+	// the order they were left.
+	BarrierList(ctx context.Context, id uuid.UUID) ([]BarrierRecord, error)
 	// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
 	// phase unless one is there, and reports whether it did.
 	LeaveBarrier(ctx context.Context, t Tx, env *message.Envelope, mark BarrierMark) (bool, error)
@@ -214,6 +217,9 @@ type Executor interface {
 	// Operation returns request id, or an error wrapping
 	// message.ErrNotFound.
 	Operation(ctx context.Context, id int64) (Operation, error)
+	// OperationListPending lists up to max pending requests, oldest first,
+	// after request afterID (0: from the first).
+	OperationListPending(ctx context.Context, afterID int64, max int) ([]Operation, error)
 	// ClaimOperation begins t by locking the oldest pending request for a
 	// saga of the definitions keys (or for a saga that does not exist),
 	// skipping requests another orchestrator holds; nil when there is none.

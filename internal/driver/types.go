@@ -257,10 +257,17 @@ type Transition struct {
 type SagaFilter struct {
 	// Type keeps only sagas of this definition name; empty keeps all.
 	Type string
+	// Version keeps only sagas of this definition version; 0 keeps all.
+	Version int
+	// StartKey keeps only sagas started with this key; empty keeps all.
+	StartKey string
 	// Statuses keeps only sagas in one of these statuses; empty keeps all.
 	Statuses []string
 	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
 	UpdatedBefore time.Time
+	// DeadlineBefore keeps only running or compensating sagas whose
+	// deadline is before it (overdue ones); zero keeps all.
+	DeadlineBefore time.Time
 	// After continues a listing after this saga (its CreatedAt and ID).
 	After *SagaRecord
 	// Limit is the page size. Defaults to 100.
@@ -352,4 +359,15 @@ type DeliveryEnd struct {
 	Mark *BarrierMark
 	// Reply, when set, is written to the outbox (it is prepared in place).
 	Reply *message.Message
+}
+
+// BarrierRecord is one barrier mark as stored, for inspection.
+type BarrierRecord struct {
+	SagaID    uuid.UUID
+	Step      string
+	Phase     message.Phase
+	MessageID uuid.UUID
+	Outcome   BarrierOutcome
+	ReplyKind message.Kind
+	CreatedAt time.Time
 }

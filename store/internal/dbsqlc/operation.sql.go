@@ -108,6 +108,49 @@ func (q *Queries) SagaOperationInsert(ctx context.Context, db DBTX, arg *SagaOpe
 	return &i, err
 }
 
+const sagaOperationListPending = `-- name: SagaOperationListPending :many
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL AND id > $1::bigint
+ORDER BY id
+LIMIT $2::integer
+`
+
+type SagaOperationListPendingParams struct {
+	AfterID int64
+	Max     int32
+}
+
+// Lists pending operator requests oldest first, after request @after_id
+// (keyset paging on the pending index).
+func (q *Queries) SagaOperationListPending(ctx context.Context, db DBTX, arg *SagaOperationListPendingParams) ([]*SagaboxSagaOperation, error) {
+	rows, err := db.Query(ctx, sagaOperationListPending, arg.AfterID, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSagaOperation{}
+	for rows.Next() {
+		var i SagaboxSagaOperation
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaID,
+			&i.Action,
+			&i.Actor,
+			&i.Reason,
+			&i.RequestedAt,
+			&i.AppliedAt,
+			&i.Error,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sagaOperationMarkApplied = `-- name: SagaOperationMarkApplied :exec
 UPDATE /* TEMPLATE: schema */sagabox_saga_operation
 SET applied_at = $1::timestamptz, error = $2::text

@@ -346,31 +346,47 @@ func (q *Queries) SagaKeysRunning(ctx context.Context, db DBTX, arg *SagaKeysRun
 const sagaList = `-- name: SagaList :many
 SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
-  AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
-  AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
-  AND ($4::timestamptz IS NULL
-       OR (created_at, id) > ($4::timestamptz, $5::uuid))
+  AND ($2::integer IS NULL OR version = $2::integer)
+  AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
+  AND ($4::text IS NULL OR start_key = $4::text)
+  AND ($5::timestamptz IS NULL OR updated_at < $5::timestamptz)
+  AND ($6::timestamptz IS NULL
+       OR (deadline < $6::timestamptz AND deadline IS NOT NULL
+           AND status IN ('running', 'compensating')))
+  AND ($7::timestamptz IS NULL
+       OR (created_at, id) > ($7::timestamptz, $8::uuid))
 ORDER BY created_at, id
-LIMIT $6::integer
+LIMIT $9::integer
 `
 
 type SagaListParams struct {
 	SagaType       *string
+	Version        pgtype.Int4
 	Statuses       []string
+	StartKey       *string
 	UpdatedBefore  *time.Time
+	DeadlineBefore *time.Time
 	AfterCreatedAt *time.Time
 	AfterID        uuid.NullUUID
 	Max            int32
 }
 
-// Lists sagas oldest first (by start), filtered by type, status and the
-// time of their last change, with keyset paging on (created_at, id), which
-// never change: a page follows the previous one however the sagas move on.
+// Lists sagas oldest first (by start), filtered by type, version, status,
+// start key, the time of their last change and an overdue deadline, with
+// keyset paging on (created_at, id), which never change: a page follows the
+// previous one however the sagas move on. Each filter has an index to
+// start from: type and status (sagabox_saga_type_status_created_at_idx,
+// sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_idx
+// with a type, sagabox_saga_start_key_only_idx without), overdue deadline
+// (sagabox_saga_deadline_idx).
 func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaList,
 		arg.SagaType,
+		arg.Version,
 		arg.Statuses,
+		arg.StartKey,
 		arg.UpdatedBefore,
+		arg.DeadlineBefore,
 		arg.AfterCreatedAt,
 		arg.AfterID,
 		arg.Max,
