@@ -30,13 +30,31 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 		p.runID, len(p.orders), p.completedExpected, len(p.orders)-p.completedExpected)
 	start := time.Now()
 	ids := make([]uuid.UUID, len(p.orders))
+	var pace <-chan time.Time
+	if a.o.rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / a.o.rate))
+		defer t.Stop()
+		pace = t.C
+	}
+	paced := false
 	for i, o := range p.orders {
+		// Only new orders wait for the pace: a restarted orders service
+		// goes quickly over those it placed before.
+		if pace != nil && paced {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-pace:
+			}
+		}
+		paced = false
 		// Placing an order again is safe (its ID is the saga's start key),
 		// so a placement whose outcome a database restart hid is repeated.
 		err := a.retryTransient(ctx, "place order "+o.ID, func(ctx context.Context) error {
 			started, err := a.orders.Place(ctx, a.pool, orch, o)
 			if err == nil {
 				ids[i] = started.ID
+				paced = !started.Existing
 			}
 			return err
 		})
