@@ -2,7 +2,7 @@
 
 SQLC := bin/sqlc
 
-.PHONY: test check lint generate sqlc-diff fault fuzz bench example
+.PHONY: test check lint generate sqlc-diff fault fuzz bench example chaos chaos-long chaos-cluster
 
 test:            ## the README's test command
 	go test -race ./...
@@ -34,3 +34,12 @@ bench:           ## relay throughput and latency against raw ceilings, in one ru
 
 example:
 	go run ./examples/checkout
+
+chaos:           ## the chaos run, short form: private servers, 500 sagas under kills and restarts (see docs/chaos.md)
+	go run ./internal/chaos
+
+chaos-long:      ## the chaos run, long form: 10,000 sagas, 24 kills, 3 broker and 2 database restarts
+	go run ./internal/chaos -long
+
+chaos-cluster:   ## the chaos run against a three-node RabbitMQ cluster, killing the node leading the queues
+	go run ./internal/chaos -cluster

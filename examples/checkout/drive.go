@@ -111,13 +111,31 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 // -placers goroutines at once, and returns their sagas' ids in plan order.
 func (a *app) place(ctx context.Context, orch *orchestrator.Client, p *plan) ([]uuid.UUID, error) {
 	ids := make([]uuid.UUID, len(p.orders))
+	var pace <-chan time.Time
+	if a.o.rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / a.o.rate))
+		defer t.Stop()
+		pace = t.C
+	}
 	next := make(chan int)
 	errs := make(chan error, a.o.placers)
 	var wg sync.WaitGroup
 	for range a.o.placers {
 		wg.Go(func() {
+			paced := false
 			for i := range next {
 				o := p.orders[i]
+				// Only new orders wait for the pace (-rate): a restarted
+				// orders service goes quickly over those it placed before.
+				if pace != nil && paced {
+					select {
+					case <-ctx.Done():
+						errs <- ctx.Err()
+						return
+					case <-pace:
+					}
+				}
+				paced = false
 				// Placing an order again is safe (its ID is the saga's start
 				// key), so a placement whose outcome a database restart hid
 				// is repeated.
@@ -125,6 +143,7 @@ func (a *app) place(ctx context.Context, orch *orchestrator.Client, p *plan) ([]
 					started, err := a.orders.Place(ctx, a.pool, orch, o)
 					if err == nil {
 						ids[i] = started.ID
+						paced = !started.Existing
 					}
 					return err
 				})

@@ -345,3 +345,25 @@ func TestCheckoutBurstIsAdmittedWithoutTimeouts(t *testing.T) {
 	require.Equal(t, "0", m[3], "no step timed out: %s", m[0])
 	require.Contains(t, out.String(), "invariants: OK")
 }
+
+// With -place=false the orders service runs its orchestrator only, as a
+// further instance next to the one that places the orders: it places
+// nothing and runs until stopped.
+func TestCheckoutFurtherOrdersInstance(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out lockedBuffer
+	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5")
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, &out, io.Discard) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "orders service running") },
+		60*time.Second, 20*time.Millisecond, out.String())
+	require.NotContains(t, out.String(), "placing")
+	cancel()
+	require.Equal(t, 0, <-done, out.String())
+
+	var errOut bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"-rate", "-1"}, io.Discard, &errOut))
+	require.Contains(t, errOut.String(), "-rate")
+}
