@@ -3,7 +3,7 @@ package faulttest
 import (
 	"context"
 	"errors"
-		"time"
+	"time"
 
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/transport"

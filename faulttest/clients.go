@@ -30,7 +30,9 @@ const defaultSweep = 250 * time.Millisecond
 const clientPoolSize = 12
 
 // runner is a client's blocking Run.
-type runner interface{ Run(ctx context.Context) error }
+type runner interface {
+	Run(ctx context.Context) error
+}
 
 // node is one client of a run, which it can close hard and start again.
 type node struct {

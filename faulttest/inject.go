@@ -25,8 +25,8 @@ type injector struct {
 	// gate, while not nil, holds the orchestrator's deliveries until it is
 	// closed.
 	gate chan struct{}
-	ctx   context.Context //nolint:containedctx // the run's, for the delayed duplicates it owns
-	wg    sync.WaitGroup
+	ctx  context.Context //nolint:containedctx // the run's, for the delayed duplicates it owns
+	wg   sync.WaitGroup
 }
 
 func newInjector(ctx context.Context, rng *rand.Rand, f Faults, spare transport.Publisher) *injector {
