@@ -32,7 +32,7 @@ var (
 // again: what a relay that crashed between publish and mark does.
 func (b *faultyBroker) Publish(ctx context.Context, msgs ...message.Message) error {
 	if err := b.inner.Publish(ctx, msgs...); err != nil {
-		return err //nolint:wrapcheck // the adapter's error, as the relay expects it
+		return err
 	}
 	for _, m := range msgs {
 		if b.inj.roll(b.inj.faults.Duplicate) {
@@ -57,20 +57,20 @@ func (b *faultyBroker) Publish(ctx context.Context, msgs ...message.Message) err
 
 // Declare declares spec on the wrapped broker.
 func (b *faultyBroker) Declare(ctx context.Context, spec transport.QueueSpec) error {
-	return b.inner.Declare(ctx, spec) //nolint:wrapcheck // the adapter's error, unchanged
+	return b.inner.Declare(ctx, spec)
 }
 
 // Subscribe subscribes h, wrapped so that its deliveries suffer faults.
 func (b *faultyBroker) Subscribe(ctx context.Context, spec transport.QueueSpec, h transport.Handler, opts *transport.SubscribeOpts) error {
 	w := &faultyHandler{inner: h, inj: b.inj, gated: b.gated}
 	if bh, ok := h.(transport.BatchHandler); ok {
-		return b.inner.Subscribe(ctx, spec, &faultyBatchHandler{faultyHandler: w, batch: bh}, opts) //nolint:wrapcheck // unchanged
+		return b.inner.Subscribe(ctx, spec, &faultyBatchHandler{faultyHandler: w, batch: bh}, opts)
 	}
-	return b.inner.Subscribe(ctx, spec, w, opts) //nolint:wrapcheck // unchanged
+	return b.inner.Subscribe(ctx, spec, w, opts)
 }
 
 // Close closes the wrapped broker.
-func (b *faultyBroker) Close() error { return b.inner.Close() } //nolint:wrapcheck // unchanged
+func (b *faultyBroker) Close() error { return b.inner.Close() }
 
 // Unavailable passes on the wrapped broker's availability, if it knows it.
 func (b *faultyBroker) Unavailable() time.Time {

@@ -192,7 +192,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 			c, err := participant.NewClient(cfg)
 			if err != nil {
 				_ = b.Close()
-				return nil, nil, err //nolint:wrapcheck // the client's error names it
+				return nil, nil, err
 			}
 			p.Register(c)
 			if err := declarer.Declare(ctx, c.QueueSpec()); err != nil {
@@ -232,7 +232,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 		c, err := orchestrator.NewClient(cfg)
 		if err != nil {
 			_ = b.Close()
-			return nil, nil, err //nolint:wrapcheck // the client's error names it
+			return nil, nil, err
 		}
 		if err := declarer.Declare(ctx, transport.QueueSpec{Name: cfg.Service, Replies: true}); err != nil {
 			_ = b.Close()

@@ -25,7 +25,7 @@ type injector struct {
 	// gate, while not nil, holds the orchestrator's deliveries until it is
 	// closed.
 	gate chan struct{}
-	ctx  context.Context //nolint:containedctx // the run's, for the delayed duplicates it owns
+	ctx  context.Context
 	wg   sync.WaitGroup
 }
 

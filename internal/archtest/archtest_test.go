@@ -106,6 +106,11 @@ var rules = []rule{
 	// against) talks AMQP directly, by design; nothing else in the bench does
 	// beyond reading the server version and deleting its queues.
 	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest", "cmd/sagabox/internal/bench")), external("github.com/rabbitmq/amqp091-go")},
+	// faulttest is test support for users' services, like saga/sagatest:
+	// the library never depends on it, and it drives sagabox through the
+	// public API only, as a user's test does.
+	{"the library never imports the fault kit", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant", "cmd"), in("faulttest")},
+	{"the fault kit uses the public API only", in("faulttest"), in("internal")},
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
 }
 
@@ -142,6 +147,8 @@ func TestRulesCatchViolations(t *testing.T) {
 		"internal/ is below the clients":                          {module + "/internal/relay", module + "/orchestrator"},
 		"store is below the engine and the clients":               {module + "/store", module + "/internal/engine"},
 		"the driver contract imports nothing of ours but message": {module + "/internal/driver", module + "/store"},
+		"the library never imports the fault kit":                 {module + "/participant", module + "/faulttest"},
+		"the fault kit uses the public API only":                  {module + "/faulttest", module + "/internal/engine"},
 	}
 	for _, r := range rules {
 		v, ok := violations[r.why]
