@@ -523,7 +523,7 @@ func (r *run[In]) execute(ctx context.Context, seed uint64) error {
 		return fmt.Errorf("faulttest: connect the broker: %w", err)
 	}
 	defer func() { _ = spare.Close() }()
-	r.inj = newInjector(runCtx, rand.New(rand.NewPCG(seed, 2)), r.faults, spare)
+	r.inj = newInjector(runCtx.Done(), rand.New(rand.NewPCG(seed, 2)), r.faults, spare)
 	defer r.inj.wg.Wait()
 
 	reader, err := orchestrator.NewClient(orchestrator.Config{

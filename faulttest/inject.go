@@ -10,6 +10,9 @@ import (
 	"github.com/sagabox/sagabox/transport"
 )
 
+// publishTimeout bounds the publish of a delayed duplicate.
+const publishTimeout = 10 * time.Second
+
 // injector draws the faults of a run from its seeded generator and counts
 // the ones injected.
 type injector struct {
@@ -22,15 +25,15 @@ type injector struct {
 	// Delayed duplicates are published by a connection of the kit's own,
 	// which outlives the clients' restarts.
 	spare transport.Publisher
+	done  <-chan struct{} // closed when the run ends
 	// gate, while not nil, holds the orchestrator's deliveries until it is
 	// closed.
 	gate chan struct{}
-	ctx  context.Context
 	wg   sync.WaitGroup
 }
 
-func newInjector(ctx context.Context, rng *rand.Rand, f Faults, spare transport.Publisher) *injector {
-	return &injector{faults: f, rng: rng, counts: make(map[Fault]int), spare: spare, ctx: ctx}
+func newInjector(done <-chan struct{}, rng *rand.Rand, f Faults, spare transport.Publisher) *injector {
+	return &injector{faults: f, rng: rng, counts: make(map[Fault]int), spare: spare, done: done}
 }
 
 // roll reports true with probability p.
@@ -75,11 +78,13 @@ func (in *injector) later(m message.Message) {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
-		case <-in.ctx.Done():
+		case <-in.done:
 			return
 		case <-t.C:
 		}
-		if in.spare.Publish(in.ctx, m) == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+		defer cancel()
+		if in.spare.Publish(ctx, m) == nil {
 			in.count(FaultDelayedDuplicate)
 		}
 	}()

@@ -277,13 +277,19 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 func TestCheckoutUnderFaults(t *testing.T) {
 	t.Parallel()
 	cf := newCheckoutFaults(t)
-	sagas := 30
+	sagas, timeout := 30, 3*time.Minute
 	faults := faulttest.DefaultFaults()
 	if os.Getenv("FAULTTEST_LONG") != "" {
+		timeout = 15 * time.Minute
 		sagas = 300
-		faults.Restarts, faults.Timeouts, faults.Window = 10, 3, 30*time.Second
+		faults = faulttest.Faults{
+			Duplicate: 0.3, DelayedDuplicate: 0.3, LostConfirm: 0.2, LostAck: 0.3, Hold: 0.3,
+			KillEvery: 20 * time.Millisecond, Restarts: 12, Timeouts: 4, Window: 30 * time.Second,
+		}
 	}
-	rep := faulttest.Run(t, cf.scenario(sagas, 0, &faults))
+	sc := cf.scenario(sagas, 0, &faults)
+	sc.Timeout = timeout
+	rep := faulttest.Run(t, sc)
 	require.Equal(t, sagas, rep.Sagas)
 	require.Positive(t, rep.Outcomes[saga.StatusCompleted])
 	require.Positive(t, rep.Outcomes[saga.StatusCompensated])
