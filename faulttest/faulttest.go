@@ -144,8 +144,9 @@ type Faults struct {
 	// Hold is the probability that a delivery waits up to MaxDelay before it
 	// is handled.
 	Hold float64
-	// Restarts is how many times a client (a participant or the
-	// orchestrator, drawn at random) is closed hard and started again.
+	// Restarts is how many times a client is closed hard and started
+	// again, at random times: the orchestrator, then each participant (in a
+	// seeded order), then round again.
 	Restarts int
 	// Timeouts is how many times the orchestrator's clock jumps TimeoutJump
 	// forward.
@@ -156,8 +157,14 @@ type Faults struct {
 	// MaxDelay bounds a held delivery and a delayed duplicate. Defaults to
 	// DefaultMaxDelay (500ms).
 	MaxDelay time.Duration
+	// TimeoutRounds is how many times the clock jumps at each timeout, the
+	// replies held throughout: with as many rounds as a step's
+	// RetryPolicy.MaxAttempts, its saga compensates while the replies of
+	// its attempts are still on their way, and they arrive after the
+	// compensation. Defaults to 1.
+	TimeoutRounds int
 	// TimeoutJump is how far the orchestrator's clock moves at each
-	// timeout. Make it longer than the longest step timeout. Defaults to
+	// round of a timeout. Make it longer than the longest step timeout. Defaults to
 	// DefaultTimeoutJump (1h).
 	TimeoutJump time.Duration
 }
@@ -177,6 +184,9 @@ func (f Faults) withDefaults() Faults {
 	}
 	if f.MaxDelay == 0 {
 		f.MaxDelay = DefaultMaxDelay
+	}
+	if f.TimeoutRounds == 0 {
+		f.TimeoutRounds = 1
 	}
 	if f.TimeoutJump == 0 {
 		f.TimeoutJump = DefaultTimeoutJump
@@ -319,6 +329,12 @@ type Report struct {
 	Faults map[Fault]int
 	// TimedOut counts the sagas with a step that timed out.
 	TimedOut int
+	// CompensatedByTimeout counts the sagas planned to complete that
+	// compensated because a step timed out.
+	CompensatedByTimeout int
+	// IgnoredReplies counts the sagas that ignored a reply: a duplicate, or
+	// a late one (after its step was re-sent or compensated).
+	IgnoredReplies int
 	// Duration is how long the run took.
 	Duration time.Duration
 	// Violations are the invariants that did not hold, the engine's first.
@@ -362,7 +378,8 @@ func (r *Report) String() string {
 			first = false
 		}
 	}
-	fmt.Fprintf(&b, "; %d with a step timed out", r.TimedOut)
+	fmt.Fprintf(&b, "; %d with a step timed out, %d of them compensated for it; %d ignored a duplicate or late reply",
+		r.TimedOut, r.CompensatedByTimeout, r.IgnoredReplies)
 	b.WriteString(")\n  faults:")
 	for _, f := range allFaults {
 		fmt.Fprintf(&b, " %s=%d", f, r.Faults[f])
@@ -654,10 +671,12 @@ type event struct {
 func (r *run[In]) schedule(rng *rand.Rand) []event {
 	var evs []event
 	window := int64(r.faults.Window)
-	for range r.faults.Restarts {
-		k := rng.IntN(len(r.parts) + 1)
+	// Every client is restarted once before any is restarted twice: the
+	// orchestrator first, then the participants in a seeded order.
+	order := append([]int{-1}, rng.Perm(len(r.parts))...)
+	for i := range r.faults.Restarts {
 		e := event{at: time.Duration(rng.Int64N(window)), fault: FaultRestartOrchestrator}
-		if k < len(r.parts) {
+		if k := order[i%len(order)]; k >= 0 {
 			e.fault, e.target = FaultRestartParticipant, k
 		}
 		evs = append(evs, e)
@@ -684,14 +703,16 @@ func (r *run[In]) chaos(ctx context.Context, evs []event) error {
 			// Hold the replies, move the clock past the deadlines, let the
 			// sweeper fire them, then let the late replies in.
 			r.inj.closeGate()
-			r.clock.Add(int64(r.faults.TimeoutJump))
-			r.s.Logger.Info("faulttest: clock jumps", "by", r.faults.TimeoutJump)
-			t := time.NewTimer(4 * r.sweepInterval())
-			select {
-			case <-ctx.Done():
-			case <-t.C:
+			for range r.faults.TimeoutRounds {
+				r.clock.Add(int64(r.faults.TimeoutJump))
+				r.s.Logger.Info("faulttest: clock jumps", "by", r.faults.TimeoutJump)
+				t := time.NewTimer(3 * r.sweepInterval())
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
 			}
-			t.Stop()
 			r.inj.openGate()
 		case FaultRestartOrchestrator:
 			if err := r.orch.restart(ctx); err != nil {
@@ -789,10 +810,20 @@ func (r *run[In]) check(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("faulttest: %w", err)
 		}
+		ignored := false
 		for _, h := range hist {
-			if h.Event == saga.HistoryTimedOut {
+			switch h.Event {
+			case saga.HistoryTimedOut:
 				res.TimedOut = true
+			case saga.HistoryReplyIgnored:
+				ignored = true
 			}
+		}
+		if ignored {
+			r.rep.IgnoredReplies++
+		}
+		if res.TimedOut && res.Status == saga.StatusCompensated && res.Planned != saga.StatusCompensated {
+			r.rep.CompensatedByTimeout++
 		}
 		r.rep.Outcomes[res.Status]++
 		if res.TimedOut {

@@ -279,12 +279,16 @@ func TestCheckoutUnderFaults(t *testing.T) {
 	cf := newCheckoutFaults(t)
 	sagas, timeout := 30, 3*time.Minute
 	faults := faulttest.DefaultFaults()
+	// Six rounds exhaust the checkout steps' three attempts (each timeout
+	// and each backoff takes a round): the sagas in
+	// flight compensate, and their steps' replies arrive after that.
+	faults.TimeoutRounds = 6
 	if os.Getenv("FAULTTEST_LONG") != "" {
 		timeout = 15 * time.Minute
 		sagas = 300
 		faults = faulttest.Faults{
 			Duplicate: 0.3, DelayedDuplicate: 0.3, LostConfirm: 0.2, LostAck: 0.3, Hold: 0.3,
-			KillEvery: 20 * time.Millisecond, Restarts: 12, Timeouts: 4, Window: 30 * time.Second,
+			KillEvery: 20 * time.Millisecond, Restarts: 12, Timeouts: 4, TimeoutRounds: 6, Window: 30 * time.Second,
 		}
 	}
 	sc := cf.scenario(sagas, 0, &faults)
