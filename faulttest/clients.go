@@ -25,9 +25,9 @@ const defaultPoll = 100 * time.Millisecond
 // none.
 const defaultSweep = 250 * time.Millisecond
 
-// clientPoolSize is the size of each client's pool: its workers, its relay,
-// its sweeper or retention, with room to spare.
-const clientPoolSize = 12
+// poolSize is the size of a client's pool: its workers, its relay's, and
+// two for its sweeper, retention and listener.
+func poolSize(workers, relayWorkers int) int32 { return int32(workers + relayWorkers + 2) }
 
 // runner is a client's blocking Run.
 type runner interface {
@@ -134,7 +134,7 @@ func (r *run[In]) clientFailure() error {
 
 // clientPool opens a pool for the client name on Scenario.Pool's database,
 // with an application name that the connection killer selects by.
-func (r *run[In]) clientPool(ctx context.Context, name string) (*pgxpool.Pool, error) {
+func (r *run[In]) clientPool(ctx context.Context, name string, size int32) (*pgxpool.Pool, error) {
 	cfg := r.s.Pool.Config()
 	params := make(map[string]string, len(cfg.ConnConfig.RuntimeParams)+1)
 	for k, v := range cfg.ConnConfig.RuntimeParams {
@@ -146,7 +146,7 @@ func (r *run[In]) clientPool(ctx context.Context, name string) (*pgxpool.Pool, e
 	}
 	params["application_name"] = app
 	cfg.ConnConfig.RuntimeParams = params
-	cfg.MaxConns = clientPoolSize
+	cfg.MaxConns = size
 	cfg.MinConns = 0
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -171,7 +171,8 @@ func (r *run[In]) dial(ctx context.Context, name string) (*faultyBroker, error) 
 func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) error {
 	for i := range r.s.Participants {
 		p := r.s.Participants[i]
-		pool, err := r.clientPool(ctx, p.Config.Service)
+		d := p.Config.WithDefaults()
+		pool, err := r.clientPool(ctx, p.Config.Service, poolSize(d.Workers, d.Relay.Workers))
 		if err != nil {
 			return err
 		}
@@ -207,7 +208,8 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 		}
 	}
 	o := r.s.Orchestrator.Config
-	pool, err := r.clientPool(ctx, "orchestrator")
+	d := o.WithDefaults()
+	pool, err := r.clientPool(ctx, "orchestrator", poolSize(d.Workers, d.Relay.Workers))
 	if err != nil {
 		return err
 	}

@@ -67,7 +67,7 @@ type checkoutFaults struct {
 
 func newCheckoutFaults(t *testing.T) *checkoutFaults {
 	t.Helper()
-	pool := dbtest.PoolWith(t, func(c *pgxpool.Config) { c.MaxConns = 40 })
+	pool := dbtest.PoolWith(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	prefix := dbtest.SchemaName(t) + "_"
 	for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
 		dbtest.DropSchemaOnCleanup(t, pool, prefix+svc)
