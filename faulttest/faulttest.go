@@ -65,6 +65,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagabox/sagabox/orchestrator"
@@ -541,7 +542,7 @@ func (r *run[In]) execute(ctx context.Context, seed uint64) error {
 	}
 	defer func() { _ = spare.Close() }()
 	r.inj = newInjector(runCtx.Done(), rand.New(rand.NewPCG(seed, 2)), r.faults, spare)
-	defer r.inj.wg.Wait()
+	defer r.inj.quietDown()
 
 	reader, err := orchestrator.NewClient(orchestrator.Config{
 		Pool: s.Pool, Schema: s.Orchestrator.Config.Schema, Service: s.Orchestrator.Config.Service,
@@ -611,9 +612,9 @@ func (r *run[In]) execute(ctx context.Context, seed uint64) error {
 		return err
 	default:
 	}
-	// Let the delayed duplicates go out and every outbox drain before the
-	// clients stop, so that the checks see the end state.
-	r.inj.wg.Wait()
+	// Stop injecting, let the delayed duplicates go out and every outbox
+	// drain before the clients stop, so that the checks see the end state.
+	r.inj.quietDown()
 	if err := r.drain(runCtx); err != nil {
 		return err
 	}
@@ -768,9 +769,13 @@ func (r *run[In]) await(ctx context.Context) error {
 	}
 }
 
+// drainTimeout bounds the wait for the outboxes to empty once the sagas
+// have ended: longer than a relay's lease and its longest backoff.
+const drainTimeout = time.Minute
+
 // drain waits, a bounded time, until every outbox is empty.
 func (r *run[In]) drain(ctx context.Context) error {
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(drainTimeout)
 	for time.Now().Before(deadline) {
 		backlog := int64(0)
 		for _, schema := range r.schemas() {
@@ -786,6 +791,9 @@ func (r *run[In]) drain(ctx context.Context) error {
 		}
 		if backlog == 0 {
 			return nil
+		}
+		if err := r.clientFailure(); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -849,8 +857,9 @@ func (r *run[In]) check(ctx context.Context) error {
 			return fmt.Errorf("faulttest: read outbox of %s: %w", schema, err)
 		}
 		if stats.Backlog > 0 || stats.Dead > 0 {
-			r.violate(Violation{Invariant: InvariantOutbox,
-				Err: fmt.Errorf("schema %s: %d outbox rows unpublished, %d given up on", schema, stats.Backlog, stats.Dead)})
+			rows, sagaID := r.unpublished(ctx, schema)
+			r.violate(Violation{Invariant: InvariantOutbox, SagaID: sagaID,
+				Err: fmt.Errorf("schema %s: %d outbox rows unpublished, %d given up on%s", schema, stats.Backlog, stats.Dead, rows)})
 		}
 		dead, err := ex.AttemptList(ctx, true, 10)
 		if err != nil {
@@ -878,4 +887,33 @@ func (r *run[In]) check(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// unpublished describes a few of schema's unpublished outbox rows, read
+// from the sagabox_outbox_v inspection view, and names the saga of the
+// first.
+func (r *run[In]) unpublished(ctx context.Context, schema string) (string, uuid.UUID) {
+	rows, err := r.s.Pool.Query(ctx, `SELECT kind, type, coalesce(saga_id::text, ''), coalesce(step, ''), coalesce(attempt, 0),
+			publish_attempts, coalesce(last_error, ''), created_at
+		FROM `+pgx.Identifier{schema, "sagabox_outbox_v"}.Sanitize()+` WHERE NOT published ORDER BY id LIMIT 5`)
+	if err != nil {
+		return fmt.Sprintf(" (cannot list them: %v)", err), uuid.Nil
+	}
+	defer rows.Close()
+	var b strings.Builder
+	first := uuid.Nil
+	for rows.Next() {
+		var kind, typ, sagaID, step, lastErr string
+		var attempt, publishAttempts int
+		var created time.Time
+		if err := rows.Scan(&kind, &typ, &sagaID, &step, &attempt, &publishAttempts, &lastErr, &created); err != nil {
+			return fmt.Sprintf(" (cannot list them: %v)", err), uuid.Nil
+		}
+		if id, err := uuid.Parse(sagaID); err == nil && first == uuid.Nil {
+			first = id
+		}
+		fmt.Fprintf(&b, "; %s %s of saga %s step %s attempt %d, written %s, %d publish attempts, last error %q",
+			kind, typ, sagaID, step, attempt, created.Format(time.RFC3339Nano), publishAttempts, lastErr)
+	}
+	return b.String(), first
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sagabox/sagabox/message"
@@ -17,6 +18,10 @@ const publishTimeout = 10 * time.Second
 // the ones injected.
 type injector struct {
 	faults Faults
+
+	// quiet ends the injection: once the sagas have ended, the outboxes
+	// drain without faults.
+	quiet atomic.Bool
 
 	mu     sync.Mutex
 	rng    *rand.Rand
@@ -38,7 +43,7 @@ func newInjector(done <-chan struct{}, rng *rand.Rand, f Faults, spare transport
 
 // roll reports true with probability p.
 func (in *injector) roll(p float64) bool {
-	if p <= 0 {
+	if p <= 0 || in.quiet.Load() {
 		return false
 	}
 	in.mu.Lock()
@@ -72,7 +77,13 @@ func (in *injector) count(f Fault) {
 // later publishes m again after a random delay.
 func (in *injector) later(m message.Message) {
 	d := in.duration(in.faults.MaxDelay)
-	in.wg.Add(1)
+	in.mu.Lock()
+	if in.quiet.Load() {
+		in.mu.Unlock()
+		return
+	}
+	in.wg.Add(1) // before quietDown's Wait: both under mu
+	in.mu.Unlock()
 	go func() {
 		defer in.wg.Done()
 		t := time.NewTimer(d)
@@ -131,4 +142,12 @@ func (in *injector) waitGate(ctx context.Context) {
 	case <-ctx.Done():
 	case <-g:
 	}
+}
+
+// quietDown ends the injection and waits for the delayed duplicates.
+func (in *injector) quietDown() {
+	in.mu.Lock()
+	in.quiet.Store(true)
+	in.mu.Unlock()
+	in.wg.Wait()
 }
