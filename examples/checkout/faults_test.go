@@ -408,7 +408,7 @@ func runWrong(t *testing.T, w func(cf *checkoutFaults) *wrongPayment, invariant 
 			},
 		}}
 		cf.participantRetryInitialWait = 100 * time.Millisecond
-		rep, err := faulttest.Execute(t.Context(), cf.scenario(30, seed, &faults))
+		rep, err := faulttest.Execute(t.Context(), cf.scenario(20, seed, &faults))
 		require.NoError(t, err)
 		t.Logf("run %d:\n%s", i+1, rep)
 		require.True(t, rep.Failed(), "the kit missed the bug (seed %d)", rep.Seed)
