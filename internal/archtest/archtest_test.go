@@ -107,6 +107,11 @@ var rules = []rule{
 	// beyond reading the server version and deleting its queues.
 	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest", "cmd/sagabox/internal/bench")), external("github.com/rabbitmq/amqp091-go")},
 	{"the console is a tool above the clients", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant"), in("console")},
+	// faulttest is test support for users' services, like saga/sagatest:
+	// the library never depends on it, and it drives sagabox through the
+	// public API only, as a user's test does.
+	{"the library never imports the fault kit", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant", "cmd"), in("faulttest")},
+	{"the fault kit uses the public API only", in("faulttest"), in("internal")},
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
 }
 
@@ -144,6 +149,8 @@ func TestRulesCatchViolations(t *testing.T) {
 		"store is below the engine and the clients":               {module + "/store", module + "/internal/engine"},
 		"the driver contract imports nothing of ours but message": {module + "/internal/driver", module + "/store"},
 		"the console is a tool above the clients":                 {module + "/orchestrator", module + "/console"},
+		"the library never imports the fault kit":                 {module + "/participant", module + "/faulttest"},
+		"the fault kit uses the public API only":                  {module + "/faulttest", module + "/internal/engine"},
 	}
 	for _, r := range rules {
 		v, ok := violations[r.why]
