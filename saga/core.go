@@ -443,6 +443,7 @@ func (m *machine[D]) reply() error {
 			return m.errorf(i, "apply reply: %w", err)
 		}
 		st.Status, st.FinishedAt = StepSucceeded, m.now
+		m.resolve(st)
 		entry.Event = HistoryReplyApplied
 		m.record(entry)
 		return m.advance(i + 1)
@@ -454,6 +455,7 @@ func (m *machine[D]) reply() error {
 		return m.compensateFrom(i - 1)
 	case ev.Kind == EventReplySuccess:
 		st.Status, st.FinishedAt = StepCompensated, m.now
+		m.resolve(st)
 		entry.Event = HistoryStepCompensated
 		m.record(entry)
 		return m.compensateFrom(i - 1)
@@ -465,6 +467,29 @@ func (m *machine[D]) reply() error {
 		m.record(entry)
 		m.record(HistoryEntry{Event: HistoryFailed, StepIndex: -1, Phase: PhaseCompensation, Detail: reason})
 		return nil
+	}
+}
+
+// resolve clears the failure reason of step st, which has just succeeded
+// (after a timeout retry or an operator retry). If the saga's LastError was
+// that reason, it becomes the reason the saga compensates (the rejected,
+// timed out or aborted step's), or "" when there is none: a saga's
+// LastError never names a failure that a later attempt repaired.
+func (m *machine[D]) resolve(st *StepState) {
+	if st.LastError == "" {
+		return
+	}
+	stale := st.LastError
+	st.LastError = ""
+	if m.inst.LastError != stale {
+		return
+	}
+	m.inst.LastError = ""
+	for _, other := range m.inst.Steps {
+		switch other.Status {
+		case StepRejected, StepTimedOut, StepAborted:
+			m.inst.LastError = other.LastError
+		}
 	}
 }
 
@@ -515,6 +540,7 @@ func (m *machine[D]) retry() error {
 		if st.Status != StepRunning && st.Status != StepWaitingRetry {
 			break
 		}
+		entry.Attempt = st.Attempt + 1
 		m.record(entry)
 		return m.sendAction(i, st.Attempt+1)
 	case StatusCompensating, StatusFailed:
@@ -522,6 +548,7 @@ func (m *machine[D]) retry() error {
 		if st.Status != StepCompensating && st.Status != StepCompensationFailed {
 			break
 		}
+		entry.Attempt = st.CompensationAttempt + 1
 		m.record(entry)
 		return m.sendCompensation(i, st.CompensationAttempt+1)
 	default:

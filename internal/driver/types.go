@@ -144,7 +144,15 @@ type Operation struct {
 	AppliedAt time.Time
 	// Error is why the orchestrator refused the action; empty when applied.
 	Error string
+	// WithdrawnAt is when the request was withdrawn (no orchestrator
+	// applies it), and WithdrawnBy who withdrew it; zero and empty unless
+	// withdrawn.
+	WithdrawnAt time.Time
+	WithdrawnBy string
 }
+
+// Pending reports whether the request waits for an orchestrator.
+func (o *Operation) Pending() bool { return o.AppliedAt.IsZero() && o.WithdrawnAt.IsZero() }
 
 // SagaRecord is a saga instance row.
 type SagaRecord struct {
@@ -231,6 +239,8 @@ type SagaFilter struct {
 	Type string
 	// Statuses keeps only sagas in one of these statuses; empty keeps all.
 	Statuses []string
+	// StartKey keeps only sagas started with this key; empty keeps all.
+	StartKey string
 	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
 	UpdatedBefore time.Time
 	// After continues a listing after this saga (its CreatedAt and ID).
