@@ -178,6 +178,10 @@ type Executor interface {
 	InboxStats(ctx context.Context, recent time.Duration) (InboxStats, error)
 	// SagaCounts counts sagas by type and status.
 	SagaCounts(ctx context.Context) ([]SagaCount, error)
+	// SagaCountOpen counts the running, compensating and failed sagas of
+	// the given types, by type and status (statuses without sagas are
+	// left out).
+	SagaCountOpen(ctx context.Context, sagaTypes []string) ([]SagaCount, error)
 	// SagaCountOverdue counts running or compensating sagas whose deadline
 	// is before before.
 	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
