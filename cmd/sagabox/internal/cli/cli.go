@@ -157,7 +157,7 @@ func strictGroup(cmd *cobra.Command) {
 // target describes the database of --database-url for messages: host,
 // port, user and database from the parsed configuration, never the URL's
 // text, so that a password cannot appear in a message.
-type target struct{ host, user, database string }
+type target struct{ host, hostname, port, user, database string }
 
 func (t target) String() string {
 	return fmt.Sprintf("%s (user %s, database %s)", t.host, t.user, t.database)
@@ -173,8 +173,9 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, withCode(ExitUsage, fmt.Errorf("--database-url (or DATABASE_URL) is not a valid PostgreSQL URL or connection string"))
 	}
 	cfg.MaxConns = 4
+	port := strconv.Itoa(int(cfg.ConnConfig.Port))
 	tgt := target{
-		host: net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))),
+		host: net.JoinHostPort(cfg.ConnConfig.Host, port), hostname: cfg.ConnConfig.Host, port: port,
 		user: cfg.ConnConfig.User, database: cfg.ConnConfig.Database,
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -196,11 +197,11 @@ func connectError(t target, err error) error {
 	case store.ConnectAuthFailed:
 		return fmt.Errorf("authentication failed for user %s at %s: check the password in --database-url (or DATABASE_URL, or ~/.pgpass)", t.user, t.host)
 	case store.ConnectRoleRejected:
-		return fmt.Errorf("PostgreSQL at %s refused user %s: the role does not exist or pg_hba.conf does not let it connect; create it (createuser -h HOST -p PORT %s) or pass another user in --database-url",
-			t.host, t.user, t.user)
+		return fmt.Errorf("PostgreSQL at %s refused user %s: the role does not exist or pg_hba.conf does not let it connect; create it (createuser -h %s -p %s %s) or pass another user in --database-url",
+			t.host, t.user, t.hostname, t.port, t.user)
 	case store.ConnectNoDatabase:
-		return fmt.Errorf("database %s does not exist at %s: create it (createdb -h HOST -p PORT %s) or pass another database in --database-url",
-			t.database, t.host, t.database)
+		return fmt.Errorf("database %s does not exist at %s: create it (createdb -h %s -p %s %s) or pass another database in --database-url",
+			t.database, t.host, t.hostname, t.port, t.database)
 	case store.ConnectUnreachable:
 		return fmt.Errorf("cannot reach PostgreSQL at %s (%w); is it running? On a development machine start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
 			t.host, err)

@@ -319,3 +319,37 @@ func TestConnectErrorsSayWhich(t *testing.T) {
 		require.NotContains(t, errOut.String(), "***", "no text is replaced")
 	}
 }
+
+// Ctrl-C while waiting withdraws the request too: an interrupted command
+// leaves nothing queued to fire later.
+func TestOperatorRequestWithdrawnOnInterrupt(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Store(t)
+	id := sagaIn(t, db, "running", 1, twoSteps, "", "")
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	var out, errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(ctx, []string{"--database-url", dbtest.URL(), "--schema", db.Store.Schema(),
+			"saga", "retry", id.String(), "--reason", "resend", "--wait", "1h"}, &out, &errOut)
+	}()
+	require.Eventually(t, func() bool {
+		n, err := db.OperationsPending(context.Background())
+		return err == nil && n == 1
+	}, 60*time.Second, 50*time.Millisecond, "the request is recorded")
+	interrupt()
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the command did not return after the interrupt")
+	}
+	require.Equal(t, cli.ExitPending, code, errOut.String())
+	require.Contains(t, errOut.String(), "interrupted")
+	ops, err := db.Operations(context.Background(), true, 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 1)
+	require.False(t, ops[0].WithdrawnAt.IsZero(), "the interrupted request is withdrawn")
+	requireNothingToClaim(t, db)
+}

@@ -291,11 +291,11 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 				}
 				op = withdrawn
 				if op.Pending() || !op.WithdrawnAt.IsZero() {
-					why := fmt.Sprintf("no orchestrator applied it within %s; is an orchestrator running for schema %s?", wait, a.schema)
+					why := fmt.Sprintf("no orchestrator applied it within %s (is an orchestrator running for schema %s?)", wait, a.schema)
 					if ctx.Err() != nil {
 						why = "interrupted"
 					}
-					return a.pending(op, withCode(ExitPending, fmt.Errorf("%s of saga %s not applied: %s Request %d withdrawn: it will not be applied (--keep leaves it queued)",
+					return a.pending(op, withCode(ExitPending, fmt.Errorf("%s of saga %s not applied: %s. Request %d withdrawn: it will not be applied (--keep leaves it queued)",
 						action, s.ID, why, op.ID)))
 				}
 			}
