@@ -276,7 +276,7 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			op, waitErr := waitApplied(ctx, st, op.ID, wait)
+			op, waitErr := waitApplied(ctx, st, op, wait)
 			if waitErr != nil && ctx.Err() == nil {
 				return waitErr
 			}
@@ -336,14 +336,19 @@ func (a *app) pending(op driver.Operation, err error) error {
 	return err
 }
 
-// waitApplied polls request id until an orchestrator handled it, wait has
-// passed or ctx is done; it returns the request as last read.
-func waitApplied(ctx context.Context, st *store.Store, id int64, wait time.Duration) (driver.Operation, error) {
+// waitApplied polls request op until an orchestrator handled it, wait has
+// passed or ctx is done; it returns the request as last read (op itself if
+// no read succeeded).
+func waitApplied(ctx context.Context, st *store.Store, op driver.Operation, wait time.Duration) (driver.Operation, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		op, err := st.Executor().Operation(ctx, id)
-		if err != nil || !op.Pending() || !time.Now().Before(deadline) {
+		read, err := st.Executor().Operation(ctx, op.ID)
+		if err != nil {
 			return op, err
+		}
+		op = read
+		if !op.Pending() || !time.Now().Before(deadline) {
+			return op, nil
 		}
 		select {
 		case <-ctx.Done():
