@@ -455,7 +455,11 @@ func (m *machine[D]) reply() error {
 		return m.compensateFrom(i - 1)
 	case ev.Kind == EventReplySuccess:
 		st.Status, st.FinishedAt = StepCompensated, m.now
-		m.resolve(st)
+		if st.LastError != m.inst.LastError {
+			// A compensation failure an operator's retry repaired; the
+			// saga's own reason (why it compensates) stays.
+			st.LastError = ""
+		}
 		entry.Event = HistoryStepCompensated
 		m.record(entry)
 		return m.compensateFrom(i - 1)
@@ -470,27 +474,30 @@ func (m *machine[D]) reply() error {
 	}
 }
 
-// resolve clears the failure reason of step st, which has just succeeded
-// (after a timeout retry or an operator retry). If the saga's LastError was
-// that reason, it becomes the reason the saga compensates (the rejected,
-// timed out or aborted step's), or "" when there is none: a saga's
-// LastError never names a failure that a later attempt repaired.
+// resolve clears the failure reason of step st, whose action has just
+// succeeded (after a timeout or an operator retry). If the saga's LastError
+// was that reason, it is cleared too: a saga's LastError never names a
+// failure that a later attempt repaired.
 func (m *machine[D]) resolve(st *StepState) {
 	if st.LastError == "" {
 		return
 	}
-	stale := st.LastError
-	st.LastError = ""
-	if m.inst.LastError != stale {
-		return
+	if m.inst.LastError == st.LastError {
+		m.inst.LastError = ""
 	}
-	m.inst.LastError = ""
-	for _, other := range m.inst.Steps {
-		switch other.Status {
+	st.LastError = ""
+}
+
+// compensationCause returns why the saga compensates: the reason of its
+// rejected, timed-out or aborted step, or "" when no such step is left.
+func (m *machine[D]) compensationCause() string {
+	for _, st := range m.inst.Steps {
+		switch st.Status {
 		case StepRejected, StepTimedOut, StepAborted:
-			m.inst.LastError = other.LastError
+			return st.LastError
 		}
 	}
+	return ""
 }
 
 func (m *machine[D]) timer() error {
@@ -550,6 +557,12 @@ func (m *machine[D]) retry() error {
 		}
 		entry.Attempt = st.CompensationAttempt + 1
 		m.record(entry)
+		if cause := m.compensationCause(); m.inst.Status == StatusFailed && cause != "" {
+			// Compensating again: the saga's reason is again why it
+			// compensates; the step keeps its compensation failure until
+			// the retried compensation succeeds.
+			m.inst.LastError = cause
+		}
 		return m.sendCompensation(i, st.CompensationAttempt+1)
 	default:
 		return fmt.Errorf("%w: retry saga %s: a %s saga has nothing to retry", ErrInvalidTransition, m.inst.ID, m.inst.Status)

@@ -352,6 +352,10 @@ func TestTimeoutWithoutRetryCompensatesTimedOutStepThenEarlierOnes(t *testing.T)
 	s.RequireStatus(saga.StatusCompensated)
 	s.RequireStepStatus("charge-card", saga.StepCompensated)
 	s.RequireStepStatus("reserve-stock", saga.StepCompensated)
+	// The timed-out step's own compensation succeeding does not repair its
+	// timeout: the saga still says why it compensated.
+	require.Contains(t, s.Instance().LastError, "timed out")
+	require.Contains(t, s.Instance().Steps[1].LastError, "timed out")
 }
 
 func TestTimeoutOfStepWithoutCompensation(t *testing.T) {
