@@ -1,5 +1,7 @@
 // Package cli implements the sagabox command: migrations, inspection of
-// sagas, outboxes and inboxes, operator actions and benchmarks. It is a
+// sagas, outboxes and inboxes, operator actions and their requests, dead
+// letters, namespace teardown and benchmarks. Its JSON output is the
+// structs of package view. It is a
 // package of its own so that tests run the real command in-process.
 package cli
 
@@ -109,7 +111,7 @@ func withJSON(cmd *cobra.Command) *cobra.Command {
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "sagabox",
-		Short:         "Operate sagabox: migrations, saga inspection, outbox and inbox stats, operator actions",
+		Short:         "Operate sagabox: migrations, saga inspection, outbox and inbox stats, operator actions, dead letters",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
