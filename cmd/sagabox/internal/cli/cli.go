@@ -1,8 +1,8 @@
 // Package cli implements the sagabox command: migrations, inspection of
 // sagas, outboxes and inboxes, operator actions and their requests, dead
 // letters, namespace teardown and benchmarks. Its JSON output is the
-// structs of package view. It is a
-// package of its own so that tests run the real command in-process.
+// structs of package view. It is a package of its own so that tests run
+// the real command in-process.
 package cli
 
 import (
