@@ -2,7 +2,7 @@
 
 SQLC := bin/sqlc
 
-.PHONY: test check lint generate sqlc-diff fault fuzz bench example chaos chaos-long chaos-cluster
+.PHONY: test check lint generate sqlc-diff fault fuzz bench example chaos chaos-long chaos-cluster rules
 
 test:            ## the README's test command
 	go test -race ./...
@@ -25,6 +25,10 @@ sqlc-diff: $(SQLC)
 
 fault:           ## tests that restart PostgreSQL or RabbitMQ (run alone)
 	go test -race -count=1 -p 1 -tags fault -run 'Restart|Restarts' ./internal/relay ./participant ./transport/rabbitmq
+
+rules:           ## check and unit-test the Prometheus alert rules in deploy/ (promtool: Debian package prometheus)
+	promtool check rules deploy/prometheus/sagabox.rules.yml
+	cd deploy/prometheus && promtool test rules sagabox.rules.test.yml
 
 fuzz:            ## a longer fuzz run of envelope decoding
 	go test -run '^$$' -fuzz '^FuzzDecodeDelivery$$' -fuzztime 5m ./transport/rabbitmq

@@ -73,8 +73,8 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 	// Refuse at once what the saga core would refuse: the request would
 	// only be recorded and refused later.
 	switch {
-	case action == "abort" && s.Status != saga.StatusRunning:
-		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a running saga can be aborted", id, s.Status))
+	case action == "abort" && s.Status != saga.StatusRunning && s.Status != saga.StatusQueued:
+		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a running or queued saga can be aborted", id, s.Status))
 		return
 	case action == "retry" && s.Status != saga.StatusRunning && s.Status != saga.StatusCompensating && s.Status != saga.StatusFailed:
 		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a running, compensating or failed saga can be retried", id, s.Status))

@@ -285,7 +285,7 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 		Saga: rowOf(s, time.Now()), TraceID: traceID(s.TraceParent), Data: string(data), History: rows,
 		Barrier: marks, BarrierEr: markErrs, Pending: pending, Op: op,
 		CanRetry: s.Status == saga.StatusRunning || s.Status == saga.StatusCompensating || s.Status == saga.StatusFailed,
-		CanAbort: s.Status == saga.StatusRunning,
+		CanAbort: s.Status == saga.StatusRunning || s.Status == saga.StatusQueued,
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -207,6 +208,13 @@ func (c *Client) Run(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	defer func() { _ = queued.Unregister() }()
+	types := c.sagaTypes()
+	sagaGauges, err := c.tel.RegisterSagaGauges(c.db, types)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = sagaGauges.Unregister() }()
+	c.tel.ZeroSagaCounters(ctx, types)
 
 	c.log.Info("orchestrator started", "queue", spec.Name, "schema", c.cfg.Schema, "definitions", c.definitionNames(), "workers", c.cfg.Workers)
 	err = c.engine.Run(ctx, spec, c.sweepLoop, c.admitLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) })
@@ -216,6 +224,18 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	c.log.Info("orchestrator stopped")
 	return nil
+}
+
+// sagaTypes names the saga types of the definitions the Client runs, each
+// once.
+func (c *Client) sagaTypes() []string {
+	var out []string
+	for _, r := range c.registry.Runners() {
+		if !slices.Contains(out, r.Name()) {
+			out = append(out, r.Name())
+		}
+	}
+	return out
 }
 
 func (c *Client) definitionNames() []string {

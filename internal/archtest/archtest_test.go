@@ -1,5 +1,5 @@
-// Package archtest holds the import rules of sagabox's layout (STYLE.md) as
-// a test, so that they cannot erode unnoticed. The linter's depguard rules
+// Package archtest holds the import rules of sagabox's layout (README.md,
+// "Layout") as a test, so that they cannot erode unnoticed. The linter's depguard rules
 // (.golangci.yml) say the same for each file; this test checks the built
 // packages, tests included where a rule covers them.
 package archtest
@@ -115,7 +115,7 @@ var rules = []rule{
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
 }
 
-// TestImportRules checks the import direction that STYLE.md sets: every
+// TestImportRules checks the import direction that README.md sets: every
 // arrow points down (cmd → clients → internal engine → store, transport →
 // message; saga is a leaf), the two clients never import each other, and
 // only store, transport/rabbitmq and the test kit see pgx's lower layers and

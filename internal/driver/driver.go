@@ -10,6 +10,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -208,6 +209,10 @@ type Executor interface {
 	InboxStats(ctx context.Context, recent time.Duration) (InboxStats, error)
 	// SagaCounts counts sagas by type and status.
 	SagaCounts(ctx context.Context) ([]SagaCount, error)
+	// SagaCountOpen counts the running, compensating and failed sagas of
+	// the given types, by type and status (statuses without sagas are
+	// left out).
+	SagaCountOpen(ctx context.Context, sagaTypes []string) ([]SagaCount, error)
 	// SagaCountOverdue counts running or compensating sagas whose deadline
 	// is before before.
 	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
@@ -227,4 +232,19 @@ type Executor interface {
 	// MarkOperation records in t that request id was handled at at (refusal
 	// is why it was refused, or empty) and commits t, in one round trip.
 	MarkOperation(ctx context.Context, t Tx, id int64, at time.Time, refusal string) error
+	// WithdrawOperation withdraws pending request id on behalf of actor so
+	// that no orchestrator applies it, and returns it. It returns an error
+	// wrapping ErrNotPending, with the request, if it was applied or
+	// withdrawn before, and one wrapping message.ErrNotFound if it does not
+	// exist.
+	WithdrawOperation(ctx context.Context, id int64, actor string) (Operation, error)
+	// Operations returns up to limit requests: the pending ones oldest
+	// first, or with all every one newest first.
+	Operations(ctx context.Context, all bool, limit int) ([]Operation, error)
+	// OperationsPending counts the pending requests.
+	OperationsPending(ctx context.Context) (int64, error)
 }
+
+// ErrNotPending says an operator request was already applied, refused or
+// withdrawn.
+var ErrNotPending = errors.New("operator request is not pending")

@@ -144,7 +144,15 @@ type Operation struct {
 	AppliedAt time.Time
 	// Error is why the orchestrator refused the action; empty when applied.
 	Error string
+	// WithdrawnAt is when the request was withdrawn (no orchestrator
+	// applies it), and WithdrawnBy who withdrew it; zero and empty unless
+	// withdrawn.
+	WithdrawnAt time.Time
+	WithdrawnBy string
 }
+
+// Pending reports whether the request waits for an orchestrator.
+func (o *Operation) Pending() bool { return o.AppliedAt.IsZero() && o.WithdrawnAt.IsZero() }
 
 // SagaRecord is a saga instance row.
 type SagaRecord struct {

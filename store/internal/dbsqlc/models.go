@@ -200,6 +200,8 @@ type SagaboxSagaOperation struct {
 	RequestedAt time.Time
 	AppliedAt   *time.Time
 	Error       string
+	WithdrawnAt *time.Time
+	WithdrawnBy string
 }
 
 type SagaboxSagaQueuedV struct {

@@ -11,15 +11,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
-}
 
 // syncBuffer is a buffer the command writes while the test reads.
 type syncBuffer struct {
