@@ -189,6 +189,9 @@ type Loop func(ctx, workCtx context.Context)
 // loops), stops the relay and returns nil; or it returns the subscription's
 // error if the broker gives up on it.
 func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Loop) error {
+	if err := e.relay.Check(ctx); err != nil {
+		return err
+	}
 	gauges, err := e.cfg.Telemetry.RegisterOutboxGauges(e.cfg.DB)
 	if err != nil {
 		return err
@@ -241,12 +244,21 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 // for retention, plus the listener's own when the relay listens.
 func ConnsNeeded(workers int, relay relay.Options, loops int) int {
 	relay = relay.WithDefaults()
-	n := workers + relay.Workers + loops + 1
+	relayConns := relay.Workers
+	if relay.Mode == relayModeLog {
+		// One connection settles; the replication connection is its own.
+		relayConns = 1
+	}
+	n := workers + relayConns + loops + 1
 	if relay.Listen {
 		n++
 	}
 	return n
 }
+
+// relayModeLog is relay.ModeLog (the parameter of ConnsNeeded shadows the
+// package).
+const relayModeLog = relay.ModeLog
 
 // checkPool warns when the pool is smaller than what the engine can hold at
 // once: deliveries would queue for connections, a bottleneck that shows as

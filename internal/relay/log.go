@@ -1,0 +1,183 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sagabox/sagabox/internal/driver"
+)
+
+// Log mode (Options.Mode = ModeLog): instead of claiming rows, the relay
+// reads the outbox's inserts from PostgreSQL's write-ahead log through a
+// logical replication slot (pgoutput over a replication connection of its
+// own), in commit order, and publishes them with the same publisher and
+// confirms as the polling relay. Once a batch is confirmed it settles it in
+// one statement (the confirmed rows are deleted, or marked published for
+// retention; those given up on are set aside as dead), then moves the
+// slot's confirmed position past it. Nothing is confirmed past a message the
+// broker did not confirm: a relay that dies anywhere leaves the slot at its
+// last confirmed position, and the next reader streams again from there
+// (duplicates, never loss). A transaction's rows go out in order, and
+// transactions in commit order, so one key's rows keep their order.
+//
+// A slot has one reader at a time: the server refuses a second one while the
+// first holds it. A relay refused stands by, trying again every
+// PollInterval, and takes over once the reader's connection is gone (its
+// process died, or stopped).
+
+// LogNames returns the replication slot and the publication of schema's
+// outbox in log mode: both "sagabox_<schema>" (cut to PostgreSQL's 63
+// characters).
+func LogNames(schema string) (slot, publication string) {
+	n := "sagabox_" + schema
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n, n
+}
+
+// Check verifies, for a relay in log mode, that the server can stream the
+// outbox: wal_level is logical, and the slot and publication exist. Its
+// error says what to change. A database it cannot reach is not an error
+// here: the relay waits for it.
+func (r *Relay) Check(ctx context.Context) error {
+	if r.opts.Mode != ModeLog {
+		return nil
+	}
+	st, err := r.db.OutboxLogStatus(ctx, r.opts.Slot, r.opts.Publication)
+	if err != nil {
+		r.log.Warn("relay could not check its replication slot; it retries", "err", err)
+		return nil
+	}
+	switch {
+	case st.WALLevel != "logical":
+		return fmt.Errorf("relay: Relay.Mode is %q but the server has wal_level = %s: set wal_level = logical (ALTER SYSTEM SET wal_level = logical, or in postgresql.conf) and restart PostgreSQL, or use Relay.Mode = %q", ModeLog, st.WALLevel, ModePoll)
+	case !st.PublicationExists || !st.SlotExists:
+		return fmt.Errorf("relay: Relay.Mode is %q but the publication %q or the replication slot %q does not exist: run `sagabox relay setup-log --schema %s`", ModeLog, r.opts.Publication, r.opts.Slot, r.db.Schema())
+	}
+	return nil
+}
+
+// runLog runs the relay in log mode until ctx is cancelled.
+func (r *Relay) runLog(ctx context.Context) error {
+	r.log.Info("relay started", "mode", ModeLog, "slot", r.opts.Slot, "publication", r.opts.Publication, "batch_size", r.opts.BatchSize)
+	failures, standby := 0, false
+	for ctx.Err() == nil {
+		err := r.streamLog(ctx)
+		if ctx.Err() != nil || errors.Is(err, errCrashed) {
+			break
+		}
+		wait := r.opts.PollInterval
+		switch {
+		case errors.Is(err, driver.ErrLogSlotBusy):
+			if !standby {
+				r.log.Info("relay standing by: another reader holds the replication slot", "slot", r.opts.Slot, "err", err)
+				standby = true
+			}
+		default:
+			standby = false
+			failures++
+			wait = backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
+			r.log.Warn("relay lost its replication stream; reconnecting", "err", err, "retry_in", wait, "failures", failures)
+		}
+		if !sleepFor(ctx, wait) {
+			break
+		}
+	}
+	r.log.Info("relay stopped")
+	return nil
+}
+
+// sleepFor waits d or until ctx is done; it reports false once ctx is done.
+func sleepFor(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// streamLog holds the slot: it reads batches, publishes and settles them,
+// and confirms the slot's position past them, until ctx is done (nil) or
+// the stream, the broker or the database fails.
+func (r *Relay) streamLog(ctx context.Context) error {
+	lg, err := r.db.OpenOutboxLog(ctx, r.opts.Slot, r.opts.Publication)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lg.Close(ctx) }()
+	r.log.Info("relay reading the replication slot", "slot", r.opts.Slot)
+	for {
+		b, err := lg.Next(ctx, r.opts.BatchSize)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if len(b.Rows) > 0 {
+			if err := r.publishLog(ctx, lg, b.Rows); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
+		if b.Through > 0 {
+			if err := lg.Confirm(ctx, b.Through); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// publishLog publishes rows until each is confirmed or given up on
+// (dead), settling each attempt's outcome in one statement; only then may
+// the slot move past them. It returns early when ctx is done, the test
+// hook crashes it, or the settle fails (the stream is read again from the
+// last confirmed position).
+func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driver.OutboxRow) error {
+	for attempt := 1; ; attempt++ {
+		for i := range rows {
+			rows[i].PublishAttempts = attempt
+		}
+		settle, pubErr := r.publish(ctx, rows)
+		if errors.Is(pubErr, errCrashed) {
+			return pubErr
+		}
+		if len(settle.Published) > 0 || len(settle.Dead) > 0 {
+			done := driver.OutboxSettle{KeepPublished: r.keepPublished, Published: settle.Published, Dead: settle.Dead, Late: settle.Late}
+			if _, err := r.claim(ctx, 0, done); err != nil {
+				return fmt.Errorf("settle %d published rows: %w", len(settle.Published)+len(settle.Dead), err)
+			}
+		}
+		if pubErr == nil {
+			return nil
+		}
+		failed := make(map[int64]bool, len(settle.Failed))
+		for _, id := range settle.Failed {
+			failed[id] = true
+		}
+		left := rows[:0:0]
+		for _, row := range rows {
+			if failed[row.ID] {
+				left = append(left, row)
+			}
+		}
+		rows = left
+		wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, attempt)
+		r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "attempt", attempt)
+		// The stream waits meanwhile: tell the server the reader is alive.
+		if err := lg.Confirm(ctx, 0); err != nil {
+			return err
+		}
+		if !sleepFor(ctx, wait) {
+			return ctx.Err()
+		}
+	}
+}
