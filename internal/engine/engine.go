@@ -197,6 +197,13 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 		return err
 	}
 	defer func() { _ = gauges.Unregister() }()
+	if slot, pub, ok := e.relay.LogSlot(); ok {
+		slotGauges, err := e.cfg.Telemetry.RegisterSlotGauges(e.cfg.DB, slot, pub)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = slotGauges.Unregister() }()
+	}
 
 	// Deliveries and loops run on workCtx, which outlives ctx by at most
 	// StopTimeout so that a shutdown lets transactions in flight finish.

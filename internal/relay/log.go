@@ -38,6 +38,12 @@ func LogNames(schema string) (slot, publication string) {
 	return n, n
 }
 
+// LogSlot returns the replication slot and publication of a relay in log
+// mode, and false for ok in polling mode.
+func (r *Relay) LogSlot() (slot, publication string, ok bool) {
+	return r.opts.Slot, r.opts.Publication, r.opts.Mode == ModeLog
+}
+
 // Check verifies, for a relay in log mode, that the server can stream the
 // outbox: wal_level is logical, and the slot and publication exist. Its
 // error says what to change. A database it cannot reach is not an error

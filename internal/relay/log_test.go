@@ -16,11 +16,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
+	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
@@ -397,4 +400,37 @@ func TestGuaranteeNoLostMessageLogRelayCrashBeforeConfirm(t *testing.T) {
 		require.Contains(t, seen, id)
 	}
 	require.IsIncreasing(t, order["k"])
+}
+
+// The slot gauges show a slot nobody reads holding log (the alert's
+// case), and a reader once a relay takes the slot.
+func TestLogRelaySlotGauges(t *testing.T) {
+	t.Parallel()
+	s := logStore(t, logPostgres(t))
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	meter := telemetrytest.NewMeter(t)
+	tel, err := telemetry.New(nil, meter.Provider)
+	require.NoError(t, err)
+	slot, pub := LogNames(s.Schema())
+	reg, err := tel.RegisterSlotGauges(s.Executor, slot, pub)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, reg.Unregister()) }()
+	attrs := []attribute.KeyValue{telemetry.AttrSchema.String(s.Schema()), telemetry.AttrSlot.String(slot)}
+
+	ids := writeCommitted(t, s, events("k", 0, 20))
+	m := meter.Collect(t)
+	lag, ok := m.Gauge(telemetry.MetricRelaySlotLag, attrs...)
+	require.True(t, ok)
+	require.Positive(t, lag, "an unread slot holds the log of the rows written since")
+	active, ok := m.Gauge(telemetry.MetricRelaySlotActive, attrs...)
+	require.True(t, ok)
+	require.Zero(t, active)
+
+	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModeLog}})
+	snk.waitDistinct(t, len(ids))
+	require.Eventually(t, func() bool {
+		active, _ := meter.Collect(t).Gauge(telemetry.MetricRelaySlotActive, attrs...)
+		return active == 1
+	}, waitFor, 50*time.Millisecond)
 }

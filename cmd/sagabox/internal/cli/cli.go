@@ -101,7 +101,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", env, "PostgreSQL URL (env DATABASE_URL)")
 	root.PersistentFlags().StringVar(&a.schema, "schema", schema, "schema of the service to operate on (env SAGABOX_SCHEMA)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables")
-	root.AddCommand(a.migrateCommand(), a.outboxCommand(), a.inboxCommand(), a.sagaCommand(), a.benchCommand())
+	root.AddCommand(a.migrateCommand(), a.outboxCommand(), a.inboxCommand(), a.sagaCommand(), a.relayCommand(), a.benchCommand())
 	for _, group := range root.Commands() {
 		strictGroup(group)
 	}
