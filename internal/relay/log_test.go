@@ -434,3 +434,79 @@ func TestLogRelaySlotGauges(t *testing.T) {
 		return active == 1
 	}, waitFor, 50*time.Millisecond)
 }
+
+// A running service switches from polling to log mode and back while it
+// keeps writing, by the procedure of docs/operations.md: set up the slot
+// while the polling relay runs; start the log relay; stop the polling
+// relay once everything written before the slot existed is out; later,
+// start a polling relay, stop the log relay and drop the slot. Nothing is
+// lost (duplicates are allowed: the inbox absorbs them).
+func TestSwitchingRelayModesLosesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := logStore(t, logPostgres(t))
+	slot, pub := LogNames(s.Schema())
+	require.NoError(t, s.OutboxLogDrop(ctx, slot, pub)) // a service that never ran in log mode
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+
+	var mu sync.Mutex
+	var ids []uuid.UUID
+	written := func() []uuid.UUID {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]uuid.UUID(nil), ids...)
+	}
+	wctx, stopWriting := context.WithCancel(ctx)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for n := 0; wctx.Err() == nil; n++ {
+			got, err := tryWrite(s, events(fmt.Sprintf("k%d", n%4), n/4, 1))
+			if err == nil {
+				mu.Lock()
+				ids = append(ids, got...)
+				mu.Unlock()
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	waitWritten := func(n int) {
+		require.Eventually(t, func() bool { return len(written()) >= n }, waitFor, 5*time.Millisecond)
+	}
+
+	_, stopPoll := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModePoll}})
+	waitWritten(50)
+	_, err := s.OutboxLogSetup(ctx, slot, pub)
+	require.NoError(t, err)
+	beforeSlot := written()
+	_, stopLog := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModeLog}})
+	waitWritten(len(beforeSlot) + 100)
+	// What was written before the slot existed has arrived: the polling
+	// relay can go.
+	snk.waitDistinct(t, len(beforeSlot))
+	seen, _ := snk.snapshot()
+	for _, id := range beforeSlot {
+		require.Contains(t, seen, id)
+	}
+	stopPoll()
+	waitWritten(len(beforeSlot) + 250)
+
+	// And back to polling.
+	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModePoll}})
+	waitWritten(len(beforeSlot) + 300)
+	stopLog()
+	require.NoError(t, s.OutboxLogDrop(ctx, slot, pub))
+	waitWritten(len(beforeSlot) + 400)
+	stopWriting()
+	<-writerDone
+	all := written()
+	snk.waitDistinct(t, len(all))
+	waitBacklogZero(t, s)
+	seen, _ = snk.snapshot()
+	for _, id := range all {
+		require.Contains(t, seen, id, "message lost in the switch")
+	}
+	_, err = s.OutboxLogSetup(ctx, slot, pub) // for the cleanup's drop
+	require.NoError(t, err)
+}
