@@ -203,7 +203,7 @@ const (
 )
 
 // Next implements driver.OutboxLog.
-func (l *outboxLog) Next(ctx context.Context, max int) (driver.LogBatch, error) {
+func (l *outboxLog) Next(ctx context.Context, max int, idle time.Duration) (driver.LogBatch, error) {
 	var b driver.LogBatch
 	for {
 		if time.Since(l.lastStatus) >= logStatusInterval {
@@ -212,6 +212,9 @@ func (l *outboxLog) Next(ctx context.Context, max int) (driver.LogBatch, error) 
 			}
 		}
 		wait := logStatusInterval
+		if idle > 0 {
+			wait = idle
+		}
 		if len(b.Rows) > 0 || b.Through > 0 {
 			wait = logLinger
 		}
@@ -223,7 +226,7 @@ func (l *outboxLog) Next(ctx context.Context, max int) (driver.LogBatch, error) 
 				return b, ctx.Err()
 			}
 			if pgconn.Timeout(err) {
-				if len(b.Rows) > 0 || b.Through > 0 {
+				if len(b.Rows) > 0 || b.Through > 0 || idle > 0 {
 					return b, nil
 				}
 				continue

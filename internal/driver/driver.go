@@ -219,8 +219,9 @@ type OutboxLog interface {
 	// Next waits for the next committed rows, in commit order, up to max
 	// (a transaction larger than max spans several batches), or for the
 	// server's keepalive when idle; it then returns at once with what it has
-	// read.
-	Next(ctx context.Context, max int) (LogBatch, error)
+	// read. With wait above 0 it returns an empty batch when nothing came
+	// within wait.
+	Next(ctx context.Context, max int, wait time.Duration) (LogBatch, error)
 	// Confirm reports to the server that everything up to lsn is
 	// processed: the slot's confirmed flush position moves there and the
 	// server may recycle the log before it. With lsn 0 (or behind the last

@@ -108,9 +108,13 @@ func sleepFor(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// streamLog holds the slot: it reads batches, publishes and settles them,
-// and confirms the slot's position past them, until ctx is done (nil) or
-// the stream, the broker or the database fails.
+// streamLog holds the slot: it reads batches and publishes them, and
+// settles what the broker confirmed and confirms the slot's position past
+// it, until ctx is done (nil: what was published is settled and confirmed)
+// or the stream, the broker or the database fails (nothing more is
+// confirmed: the next reader streams it again). Settling waits for a full
+// batch of rows, an idle stream or settleDelay, so that a trickle of small
+// batches costs one statement per batch of rows, not per read.
 func (r *Relay) streamLog(ctx context.Context) error {
 	lg, err := r.db.OpenOutboxLog(ctx, r.opts.Slot, r.opts.Publication)
 	if err != nil {
@@ -118,24 +122,58 @@ func (r *Relay) streamLog(ctx context.Context) error {
 	}
 	defer func() { _ = lg.Close(ctx) }()
 	r.log.Info("relay reading the replication slot", "slot", r.opts.Slot)
+	var done driver.OutboxSettle
+	var through uint64
+	var since time.Time
+	flush := func() error {
+		if n := len(done.Published) + len(done.Dead); n > 0 {
+			done.KeepPublished = r.keepPublished
+			if _, err := r.claim(ctx, 0, done); err != nil {
+				return fmt.Errorf("settle %d published rows: %w", n, err)
+			}
+			done = driver.OutboxSettle{}
+		}
+		if through > 0 {
+			if err := lg.Confirm(ctx, through); err != nil {
+				return err
+			}
+			through = 0
+		}
+		return nil
+	}
 	for {
-		b, err := lg.Next(ctx, r.opts.BatchSize)
+		wait := time.Duration(0)
+		if through > 0 {
+			wait = max(settleDelay-time.Since(since), time.Millisecond)
+		}
+		b, err := lg.Next(ctx, r.opts.BatchSize, wait)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return flush()
 			}
 			return err
 		}
 		if len(b.Rows) > 0 {
-			if err := r.publishLog(ctx, lg, b.Rows); err != nil {
-				if ctx.Err() != nil {
-					return nil
+			settled, err := r.publishLog(ctx, lg, b.Rows)
+			done.Published = append(done.Published, settled.Published...)
+			done.Dead = append(done.Dead, settled.Dead...)
+			done.Late = append(done.Late, settled.Late...)
+			if err != nil {
+				if ctx.Err() != nil && !errors.Is(err, errCrashed) {
+					return flush()
 				}
 				return err
 			}
 		}
 		if b.Through > 0 {
-			if err := lg.Confirm(ctx, b.Through); err != nil {
+			if through == 0 {
+				since = time.Now()
+			}
+			through = b.Through
+		}
+		full := len(done.Published)+len(done.Dead) >= r.opts.BatchSize
+		if full || through > 0 && (len(b.Rows) == 0 || time.Since(since) >= settleDelay) {
+			if err := flush(); err != nil {
 				return err
 			}
 		}
@@ -143,27 +181,24 @@ func (r *Relay) streamLog(ctx context.Context) error {
 }
 
 // publishLog publishes rows until each is confirmed or given up on
-// (dead), settling each attempt's outcome in one statement; only then may
-// the slot move past them. It returns early when ctx is done, the test
-// hook crashes it, or the settle fails (the stream is read again from the
-// last confirmed position).
-func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driver.OutboxRow) error {
+// (dead), and returns how to settle them; only once they are settled may
+// the slot move past them. It returns early, with what was confirmed so
+// far, when ctx is done or the test hook crashes it.
+func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driver.OutboxRow) (driver.OutboxSettle, error) {
+	var done driver.OutboxSettle
 	for attempt := 1; ; attempt++ {
 		for i := range rows {
 			rows[i].PublishAttempts = attempt
 		}
 		settle, pubErr := r.publish(ctx, rows)
 		if errors.Is(pubErr, errCrashed) {
-			return pubErr
+			return driver.OutboxSettle{}, pubErr
 		}
-		if len(settle.Published) > 0 || len(settle.Dead) > 0 {
-			done := driver.OutboxSettle{KeepPublished: r.keepPublished, Published: settle.Published, Dead: settle.Dead, Late: settle.Late}
-			if _, err := r.claim(ctx, 0, done); err != nil {
-				return fmt.Errorf("settle %d published rows: %w", len(settle.Published)+len(settle.Dead), err)
-			}
-		}
+		done.Published = append(done.Published, settle.Published...)
+		done.Dead = append(done.Dead, settle.Dead...)
+		done.Late = append(done.Late, settle.Late...)
 		if pubErr == nil {
-			return nil
+			return done, nil
 		}
 		failed := make(map[int64]bool, len(settle.Failed))
 		for _, id := range settle.Failed {
@@ -180,10 +215,10 @@ func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driv
 		r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "attempt", attempt)
 		// The stream waits meanwhile: tell the server the reader is alive.
 		if err := lg.Confirm(ctx, 0); err != nil {
-			return err
+			return done, err
 		}
 		if !sleepFor(ctx, wait) {
-			return ctx.Err()
+			return done, ctx.Err()
 		}
 	}
 }
