@@ -23,6 +23,23 @@ import (
 // statements here are catalog and replication commands on names the caller
 // gives (the slot and publication), like the migrations' DDL.
 
+// SetupOutboxLog creates, unless they exist, the publication of the
+// schema's outbox inserts and the logical replication slot that a relay in
+// log mode reads under its default names (sagabox_<schema>), as `sagabox
+// relay setup-log` does, and reports whether it created the slot. The
+// server needs wal_level = logical.
+func (s *Store) SetupOutboxLog(ctx context.Context) (bool, error) {
+	slot, pub := driver.LogNames(s.schema)
+	return s.Executor().OutboxLogSetup(ctx, slot, pub)
+}
+
+// DropOutboxLog drops the slot and publication SetupOutboxLog creates, as
+// `sagabox relay drop-log` does; it refuses while a relay reads the slot.
+func (s *Store) DropOutboxLog(ctx context.Context) error {
+	slot, pub := driver.LogNames(s.schema)
+	return s.Executor().OutboxLogDrop(ctx, slot, pub)
+}
+
 // SQLSTATEs of the replication commands.
 const (
 	sqlstateObjectInUse     = "55006" // the slot is active for another PID

@@ -235,3 +235,14 @@ type OutboxLog interface {
 // ErrLogSlotBusy is the error OpenOutboxLog wraps when another reader holds
 // the replication slot: the caller stands by.
 var ErrLogSlotBusy = errors.New("the replication slot is in use by another reader")
+
+// LogNames returns the replication slot and the publication of schema's
+// outbox in log mode: both "sagabox_<schema>" (cut to PostgreSQL's 63
+// characters).
+func LogNames(schema string) (slot, publication string) {
+	n := "sagabox_" + schema
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n, n
+}

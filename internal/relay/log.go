@@ -28,15 +28,8 @@ import (
 // process died, or stopped).
 
 // LogNames returns the replication slot and the publication of schema's
-// outbox in log mode: both "sagabox_<schema>" (cut to PostgreSQL's 63
-// characters).
-func LogNames(schema string) (slot, publication string) {
-	n := "sagabox_" + schema
-	if len(n) > 63 {
-		n = n[:63]
-	}
-	return n, n
-}
+// outbox in log mode: both "sagabox_<schema>" (driver.LogNames).
+func LogNames(schema string) (slot, publication string) { return driver.LogNames(schema) }
 
 // LogSlot returns the replication slot and publication of a relay in log
 // mode, and false for ok in polling mode.
