@@ -19,9 +19,9 @@ import (
 
 // Log mode: the relay reads the outbox's inserts from the write-ahead log
 // through a logical replication slot with the pgoutput plugin, over a
-// replication connection (pglogrepl), instead of claiming rows. The
-// statements here are catalog and replication commands on names the caller
-// gives (the slot and publication), like the migrations' DDL.
+// replication connection (pglogrepl), instead of claiming rows. The queries
+// are in queries/outboxlog.sql; the publication's DDL names the publication
+// and the schema's table, like the migrations' DDL.
 
 // SetupOutboxLog creates, unless they exist, the publication of the
 // schema's outbox inserts and the logical replication slot that a relay in
@@ -66,19 +66,15 @@ func (s *executor) OutboxLogStatus(ctx context.Context, slot, publication string
 	if s.pool == nil {
 		return driver.LogStatus{}, fmt.Errorf("store for schema %q has no connection pool", s.schema)
 	}
-	var st driver.LogStatus
-	var lsn string
-	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'),
-		EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2),
-		s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.active_pid, 0),
-		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint,
-		coalesce(s.confirmed_flush_lsn, '0/0'::pg_lsn)::text
-		FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot, publication).
-		Scan(&st.WALLevel, &st.PublicationExists, &st.SlotExists, &st.Active, &st.ActivePID, &st.LagBytes, &lsn)
+	row, err := s.queries.OutboxLogStatus(ctx, s.pool, &dbsqlc.OutboxLogStatusParams{Publication: publication, Slot: slot})
 	if err != nil {
 		return driver.LogStatus{}, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
-	l, err := pglogrepl.ParseLSN(lsn)
+	st := driver.LogStatus{
+		WALLevel: row.WalLevel, PublicationExists: row.PublicationExists, SlotExists: row.SlotExists,
+		Active: row.Active, ActivePID: int(row.ActivePid), LagBytes: row.LagBytes,
+	}
+	l, err := pglogrepl.ParseLSN(row.ConfirmedLsn)
 	if err != nil {
 		return driver.LogStatus{}, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
@@ -108,7 +104,7 @@ func (s *executor) OutboxLogSetup(ctx context.Context, slot, publication string)
 	if st.SlotExists {
 		return false, nil
 	}
-	_, err = s.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	err = s.queries.OutboxLogCreateSlot(ctx, s.pool, slot)
 	var pgErr *pgconn.PgError
 	if err != nil && errors.As(err, &pgErr) && pgErr.Code == sqlstateDuplicateObject {
 		return false, nil
@@ -119,17 +115,30 @@ func (s *executor) OutboxLogSetup(ctx context.Context, slot, publication string)
 	return true, nil
 }
 
-// OutboxLogDrop implements driver.Executor.
+// OutboxLogDrop implements driver.Executor. It waits up to 5 s for a
+// reader that is going away.
 func (s *executor) OutboxLogDrop(ctx context.Context, slot, publication string) error {
 	st, err := s.OutboxLogStatus(ctx, slot, publication)
 	if err != nil {
 		return err
 	}
+	// A relay that has just stopped leaves its server process behind for
+	// a moment: wait a few seconds for the slot to be released.
+	for wait := 0; st.SlotExists && st.Active && wait < 50; wait++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if st, err = s.OutboxLogStatus(ctx, slot, publication); err != nil {
+			return err
+		}
+	}
 	if st.SlotExists {
 		if st.Active {
 			return fmt.Errorf("drop replication slot %q: a relay (backend PID %d) is reading it: stop the relays in log mode first", slot, st.ActivePID)
 		}
-		_, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		err := s.queries.OutboxLogDropSlot(ctx, s.pool, slot)
 		if err != nil && !isCode(err, sqlstateUndefinedObject) {
 			return fmt.Errorf("drop replication slot %q: %w", slot, err)
 		}

@@ -286,15 +286,9 @@ func measureMode(ctx context.Context, cfg RelayConfig, mode relay.Mode, pool *pg
 			return mr, nil, err
 		}
 		cleanup = func() {
-			// The stopped relay's server process may take a moment to go.
-			var err error
-			for range 100 {
-				if err = st.Executor().OutboxLogDrop(context.WithoutCancel(ctx), slot, pub); err == nil {
-					return
-				}
-				time.Sleep(100 * time.Millisecond)
+			if err := st.Executor().OutboxLogDrop(context.WithoutCancel(ctx), slot, pub); err != nil {
+				logf("drop the replication slot: %v", err)
 			}
-			logf("drop the replication slot: %v", err)
 		}
 	}
 	logf("%s relay drain: pre-filling %d rows", mode, cfg.Backlog)
