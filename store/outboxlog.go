@@ -225,7 +225,7 @@ const (
 	// nothing else makes it (well within wal_sender_timeout, 60 s).
 	logStatusInterval = 10 * time.Second
 	// logLinger is how long a batch that has rows waits for more.
-	logLinger = 2 * time.Millisecond
+	logLinger = 500 * time.Microsecond
 )
 
 // Next implements driver.OutboxLog.
