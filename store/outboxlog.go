@@ -58,7 +58,7 @@ func walLevelAdvice(level string) error {
 	return fmt.Errorf("relay log mode needs wal_level = logical, but the server has wal_level = %s: "+
 		"run ALTER SYSTEM SET wal_level = logical (or set wal_level = logical in postgresql.conf), "+
 		"check that max_replication_slots and max_wal_senders are at least 1 each (their defaults are 10), "+
-		"and restart PostgreSQL; or use the polling relay (Relay.Mode = relay.ModePoll)", level)
+		"and restart PostgreSQL; or keep the polling relay (Relay.Mode = orchestrator.RelayModePoll, participant.RelayModePoll)", level)
 }
 
 // OutboxLogStatus implements driver.Executor.
