@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -509,4 +510,29 @@ func TestSwitchingRelayModesLosesNothing(t *testing.T) {
 	}
 	_, err = s.OutboxLogSetup(ctx, slot, pub) // for the cleanup's drop
 	require.NoError(t, err)
+}
+
+// With published rows kept for retention, the log relay marks them
+// published (in its settling statement) instead of deleting them.
+func TestLogRelayKeepsPublishedRowsMarked(t *testing.T) {
+	t.Parallel()
+	s := logStore(t, logPostgres(t))
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	ids := writeCommitted(t, s, events("k", 0, 30))
+	r, err := New(s.Executor, b, Options{Mode: ModeLog, BatchSize: 10}, Schema{KeepPublished: true}, amqptest.Logger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	snk.waitDistinct(t, len(ids))
+	waitBacklogZero(t, s)
+	var marked int
+	require.NoError(t, s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{s.Schema()}.Sanitize()+
+		`.sagabox_outbox WHERE published_at IS NOT NULL`).Scan(&marked))
+	require.Equal(t, len(ids), marked)
 }
