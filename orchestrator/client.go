@@ -60,6 +60,10 @@ type Client struct {
 
 	// outage keeps the broker's outages out of step timeouts.
 	outage outageClock
+
+	// waiters are the callers of Wait, woken when this Client ends their
+	// saga.
+	waiters waiters
 }
 
 // NewClient validates cfg and returns a Client. It connects to nothing yet:

@@ -67,6 +67,10 @@ type ListOpts struct {
 	// Statuses keeps only sagas in one of these statuses. Defaults to none
 	// (all statuses).
 	Statuses []saga.Status
+	// StartKey keeps only sagas started with this key (StartOpts.StartKey);
+	// with Type, at most one saga unless StartKeyNewAfterEnd reused the key.
+	// Defaults to "" (all).
+	StartKey string
 	// OlderThan keeps only sagas not updated for at least this long (by
 	// Clock): stuck ones. Defaults to 0 (all).
 	OlderThan time.Duration
@@ -96,7 +100,7 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	if opts.Limit < 0 {
 		return nil, fmt.Errorf("orchestrator: list: ListOpts.Limit %d is negative", opts.Limit)
 	}
-	f := driver.SagaFilter{Type: opts.Type, Limit: opts.Limit}
+	f := driver.SagaFilter{Type: opts.Type, StartKey: opts.StartKey, Limit: opts.Limit}
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
 	}

@@ -205,6 +205,7 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 		}
 		after := tr.res.Instance.Status
 		if after != tr.before && after.Terminal() {
+			c.waiters.ended(tr.rec.ID)
 			c.tel.SagaFinished(ctx, tr.rec.Type, string(after), tr.rec.UpdatedAt.Sub(tr.rec.CreatedAt))
 			lvl := slog.LevelDebug
 			switch after {

@@ -209,12 +209,13 @@ SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
 
 -- name: SagaList :many
--- Lists sagas oldest first (by start), filtered by type, status and the
--- time of their last change, with keyset paging on (created_at, id), which
+-- Lists sagas oldest first (by start), filtered by type, status, start key
+-- and the time of their last change, with keyset paging on (created_at, id), which
 -- never change: a page follows the previous one however the sagas move on.
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE (sqlc.narg('saga_type')::text IS NULL OR saga_type = sqlc.narg('saga_type')::text)
   AND (cardinality(@statuses::text[]) = 0 OR status = ANY(@statuses::text[]))
+  AND (sqlc.narg('start_key')::text IS NULL OR start_key = sqlc.narg('start_key')::text)
   AND (sqlc.narg('updated_before')::timestamptz IS NULL OR updated_at < sqlc.narg('updated_before')::timestamptz)
   AND (sqlc.narg('after_created_at')::timestamptz IS NULL
        OR (created_at, id) > (sqlc.narg('after_created_at')::timestamptz, sqlc.narg('after_id')::uuid))

@@ -303,7 +303,7 @@ func (s *executor) SagaList(ctx context.Context, f driver.SagaFilter) ([]driver.
 	if err != nil {
 		return nil, err
 	}
-	p := &dbsqlc.SagaListParams{SagaType: nullable(f.Type), Statuses: nonNil(f.Statuses), Max: int32(f.Limit)}
+	p := &dbsqlc.SagaListParams{SagaType: nullable(f.Type), StartKey: nullable(f.StartKey), Statuses: nonNil(f.Statuses), Max: int32(f.Limit)}
 	if p.Max <= 0 {
 		p.Max = 100
 	}

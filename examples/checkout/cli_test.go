@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -74,6 +75,7 @@ type listed struct {
 		Type        string      `json:"type"`
 		Status      saga.Status `json:"status"`
 		CurrentStep string      `json:"current_step"`
+		StartKey    string      `json:"start_key"`
 	} `json:"sagas"`
 	Cursor string `json:"next_cursor"`
 }
@@ -134,6 +136,29 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &shown))
 	require.Equal(t, saga.StatusCompensated, shown.Status)
 	require.NotEmpty(t, shown.History)
+
+	// show and list by start key (the order id).
+	key := page.Sagas[0].StartKey
+	require.NotEmpty(t, key, "the example starts its sagas with the order id as start key")
+	code, stdout, stderr = sagabox(t, append([]string{"saga", "show", "--key", key}, db...)...)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, compensated)
+	require.Regexp(t, `start key +`+regexp.QuoteMeta(key), stdout)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "show", "--key", key, "--type", "checkout", "--json"}, db...)...)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, compensated)
+	code, _, _ = sagabox(t, append([]string{"saga", "show", "--key", "no-such-order"}, db...)...)
+	require.Equal(t, exitNotFound, code)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--key", key, "--json"}, db...)...)
+	require.Equal(t, exitOK, code)
+	var byKey listed
+	require.NoError(t, json.Unmarshal([]byte(stdout), &byKey))
+	require.Len(t, byKey.Sagas, 1)
+	require.Equal(t, compensated, byKey.Sagas[0].ID)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--key", key}, db...)...)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "START KEY")
+	require.Contains(t, stdout, key)
 
 	// stats of the services' outboxes and inboxes.
 	code, stdout, _ = sagabox(t, "outbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")

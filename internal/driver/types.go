@@ -231,6 +231,8 @@ type SagaFilter struct {
 	Type string
 	// Statuses keeps only sagas in one of these statuses; empty keeps all.
 	Statuses []string
+	// StartKey keeps only sagas started with this key; empty keeps all.
+	StartKey string
 	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
 	UpdatedBefore time.Time
 	// After continues a listing after this saga (its CreatedAt and ID).

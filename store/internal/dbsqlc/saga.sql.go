@@ -198,29 +198,32 @@ const sagaList = `-- name: SagaList :many
 SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
   AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
-  AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
-  AND ($4::timestamptz IS NULL
-       OR (created_at, id) > ($4::timestamptz, $5::uuid))
+  AND ($3::text IS NULL OR start_key = $3::text)
+  AND ($4::timestamptz IS NULL OR updated_at < $4::timestamptz)
+  AND ($5::timestamptz IS NULL
+       OR (created_at, id) > ($5::timestamptz, $6::uuid))
 ORDER BY created_at, id
-LIMIT $6::integer
+LIMIT $7::integer
 `
 
 type SagaListParams struct {
 	SagaType       *string
 	Statuses       []string
+	StartKey       *string
 	UpdatedBefore  *time.Time
 	AfterCreatedAt *time.Time
 	AfterID        uuid.NullUUID
 	Max            int32
 }
 
-// Lists sagas oldest first (by start), filtered by type, status and the
-// time of their last change, with keyset paging on (created_at, id), which
+// Lists sagas oldest first (by start), filtered by type, status, start key
+// and the time of their last change, with keyset paging on (created_at, id), which
 // never change: a page follows the previous one however the sagas move on.
 func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaList,
 		arg.SagaType,
 		arg.Statuses,
+		arg.StartKey,
 		arg.UpdatedBefore,
 		arg.AfterCreatedAt,
 		arg.AfterID,

@@ -104,10 +104,10 @@ func (a *app) sagaListCommand() *cobra.Command {
 				Cursor string    `json:"next_cursor,omitempty"`
 			}{rows, res.Cursor}
 			return a.print(out, func(w io.Writer) {
-				fmt.Fprintln(w, "ID\tTYPE\tSTATUS\tSTEP\tIDLE\tLAST ERROR")
+				fmt.Fprintln(w, "ID\tTYPE\tSTATUS\tSTEP\tSTART KEY\tIDLE\tLAST ERROR")
 				for _, r := range rows {
-					fmt.Fprintf(w, "%s\t%s v%d\t%s\t%s\t%s\t%s\n", r.ID, r.Type, r.Version, r.Status, dash(r.CurrentStep),
-						fmtDuration(time.Since(r.UpdatedAt)), dash(truncate(r.LastError, 60)))
+					fmt.Fprintf(w, "%s\t%s v%d\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Type, r.Version, r.Status, dash(r.CurrentStep),
+						dash(truncate(r.StartKey, 40)), fmtDuration(time.Since(r.UpdatedAt)), dash(truncate(r.LastError, 60)))
 				}
 				if res.Cursor != "" {
 					fmt.Fprintf(w, "(more: --after %s)\n", res.Cursor)
@@ -117,6 +117,7 @@ func (a *app) sagaListCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&opts.Type, "type", "", "only sagas of this definition name")
 	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only sagas in these statuses (comma-separated)")
+	cmd.Flags().StringVar(&opts.StartKey, "key", "", "only sagas started with this start key")
 	cmd.Flags().DurationVar(&opts.OlderThan, "older-than", 0, "only sagas not updated for this long (e.g. 10m)")
 	cmd.Flags().IntVar(&opts.Limit, "limit", 50, "page size")
 	cmd.Flags().StringVar(&opts.After, "after", "", "continue after this cursor (printed at the end of a page)")
@@ -124,21 +125,39 @@ func (a *app) sagaListCommand() *cobra.Command {
 }
 
 func (a *app) sagaShowCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "show SAGA_ID",
+	var key, sagaType string
+	cmd := &cobra.Command{
+		Use:   "show SAGA_ID | show --key START_KEY [--type NAME]",
 		Short: "Show one saga: data, step states and its full timeline",
-		Args:  cobra.ExactArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if key != "" {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
-			if err != nil {
-				return err
+			var id uuid.UUID
+			if key == "" {
+				var err error
+				if id, err = parseID(args[0]); err != nil {
+					return err
+				}
 			}
 			c, _, closeDB, err := a.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer closeDB()
-			s, err := c.Get(cmd.Context(), id)
+			var s *orchestrator.Saga
+			if key != "" {
+				s, err = sagaByKey(cmd.Context(), c, sagaType, key)
+				if err != nil {
+					return err
+				}
+				id = s.ID
+			} else {
+				s, err = c.Get(cmd.Context(), id)
+			}
 			if errors.Is(err, orchestrator.ErrNotFound) {
 				return withCode(ExitNotFound, fmt.Errorf("saga %s does not exist in schema %s", id, a.schema))
 			}
@@ -189,6 +208,37 @@ func (a *app) sagaShowCommand() *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().StringVar(&key, "key", "", "show the saga started with this start key instead of naming its id")
+	cmd.Flags().StringVar(&sagaType, "type", "", "with --key: the saga's definition name (needed when sagas of several types use the key)")
+	return cmd
+}
+
+// sagaByKey finds the saga started with key: of sagaType, or of any type
+// if only one type uses the key.
+func sagaByKey(ctx context.Context, c *orchestrator.Client, sagaType, key string) (*orchestrator.Saga, error) {
+	if sagaType != "" {
+		s, err := c.GetByKey(ctx, sagaType, key)
+		if errors.Is(err, orchestrator.ErrNotFound) {
+			return nil, withCode(ExitNotFound, fmt.Errorf("no %s saga has start key %q", sagaType, key))
+		}
+		return s, err
+	}
+	res, err := c.List(ctx, &orchestrator.ListOpts{StartKey: key})
+	if err != nil {
+		return nil, err
+	}
+	types := map[string]bool{}
+	for _, s := range res.Sagas {
+		types[s.Type] = true
+	}
+	switch {
+	case len(res.Sagas) == 0:
+		return nil, withCode(ExitNotFound, fmt.Errorf("no saga has start key %q", key))
+	case len(types) > 1:
+		return nil, withCode(ExitUsage, fmt.Errorf("sagas of %d types have start key %q: name one with --type", len(types), key))
+	}
+	// The one the key names now (the newest, if it was reused).
+	return c.GetByKey(ctx, res.Sagas[0].Type, key)
 }
 
 func (a *app) sagaActionCommand(action string) *cobra.Command {
