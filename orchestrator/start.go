@@ -23,8 +23,13 @@ type StartOpts struct {
 	// StartKey makes the start idempotent: when a saga of the same
 	// definition name was already started with this key, Start starts
 	// nothing (no row, no message, no local step) and returns that saga
-	// with Existing set. Defaults to "" (no key).
+	// with Existing set, or an error, as StartKeyPolicy says. Defaults to ""
+	// (no key).
 	StartKey string
+	// StartKeyPolicy says what a start does whose StartKey names a saga
+	// already. Defaults to StartKeyRejectDifferent: the same data returns
+	// that saga, different data is an error wrapping ErrStartKeyConflict.
+	StartKeyPolicy StartKeyPolicy
 }
 
 // Started is the outcome of Start.
@@ -149,6 +154,9 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start: %w (register it with the Client)", err)
 	}
+	if opts.StartKeyPolicy < StartKeyRejectDifferent || opts.StartKeyPolicy > StartKeyReuseFinished {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKeyPolicy %s is unknown", runner.Name(), runner.Version(), opts.StartKeyPolicy)
+	}
 	if opts.StartKey != "" && strings.TrimSpace(opts.StartKey) == "" {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKey is blank", runner.Name(), runner.Version())
 	}
@@ -164,11 +172,22 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	// write before it, so a definition with local steps looks the key up
 	// first and runs under a savepoint that losing the race rolls back.
 	local := hasLocalStep(runner)
+	var hash []byte
+	if opts.StartKey != "" {
+		if hash, err = startDataHash(data); err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		}
+		if opts.StartKeyPolicy == StartKeyReuseFinished {
+			if err := c.releaseStartKey(ctx, tx, runner.Name(), opts.StartKey, id); err != nil {
+				return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+			}
+		}
+	}
 	if opts.StartKey != "" && local {
 		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		switch {
 		case err == nil:
-			return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
+			return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
 		case !errors.Is(err, message.ErrNotFound):
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
@@ -181,7 +200,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 		defer work.Rollback(context.WithoutCancel(ctx))
 	}
-	res, inserted, err := c.start(ctx, work, runner, id, data, opts.StartKey)
+	res, inserted, err := c.start(ctx, work, runner, id, data, opts.StartKey, hash)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 	}
@@ -191,7 +210,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
-		return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
+		return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
 	}
 	if work != tx {
 		if err := work.Commit(ctx); err != nil {
@@ -216,13 +235,13 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 // start runs the saga core's Start and writes the saga, its history and its
 // first messages in tx in one statement. It reports false when the start key
 // is taken: nothing was written.
-func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, startKey string) (saga.Result, bool, error) {
+func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, startKey string, startHash []byte) (saga.Result, bool, error) {
 	now := c.now()
 	res, err := runner.Start(withTx(ctx, tx), id, data, now)
 	if err != nil {
 		return saga.Result{}, false, err
 	}
-	rec := driver.SagaRecord{StartKey: startKey}
+	rec := driver.SagaRecord{StartKey: startKey, StartDataHash: startHash}
 	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
 		return saga.Result{}, false, err

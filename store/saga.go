@@ -25,6 +25,7 @@ func sagaRecord(r *dbsqlc.SagaboxSaga) driver.SagaRecord {
 	if r.StartKey != nil {
 		rec.StartKey = *r.StartKey
 	}
+	rec.StartDataHash, rec.StartKeyReleased = r.StartDataHash, r.StartKeyReleased
 	if r.Deadline != nil {
 		rec.Deadline = r.Deadline.UTC()
 	}
@@ -91,7 +92,7 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 		ID: r.ID, SagaType: r.Type, Version: int32(r.Version), Status: r.Status, StartKey: nullable(r.StartKey),
 		Data: r.Data, Steps: r.Steps, CurrentStep: int32(r.CurrentStep), Phase: r.Phase, Deadline: timePtr(r.Deadline),
 		Attempts: int32(r.Attempts), LastError: r.LastError, Now: now, FinishedAt: timePtr(r.FinishedAt),
-		Traceparent: r.TraceParent, Tracestate: r.TraceState,
+		Traceparent: r.TraceParent, Tracestate: r.TraceState, StartDataHash: r.StartDataHash,
 		HAt: nonNil(h.at), HEvent: nonNil(h.event), HStep: nonNil(h.step), HStepIndex: nonNil(h.stepIndex),
 		HPhase: nonNil(h.phase), HAttempt: nonNil(h.attempt), HDetail: nonNil(h.detail), HActor: nonNil(h.actor),
 		HMessageID: nonNil(h.messageID),
@@ -124,6 +125,22 @@ func (s *executor) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, star
 		return driver.SagaRecord{}, fmt.Errorf("get saga %s with start key %q: %w", sagaType, startKey, err)
 	}
 	return sagaRecord(row), nil
+}
+
+// ReleaseStartKey releases in tx startKey of the finished saga of type
+// sagaType holding it, with a history entry on that saga, and returns its
+// id; none if no finished saga holds the key.
+func (s *executor) ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey, event, detail string, now time.Time) ([]uuid.UUID, error) {
+	if tx == nil {
+		return nil, errors.New("release start key: transaction is nil")
+	}
+	ids, err := s.queries.SagaReleaseStartKey(ctx, s.db(tx), &dbsqlc.SagaReleaseStartKeyParams{
+		SagaType: sagaType, StartKey: startKey, Now: now, Event: event, Detail: detail,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release start key %q of %s sagas: %w", startKey, sagaType, err)
+	}
+	return ids, nil
 }
 
 // ReceiveReplies begins t with the replies envs: in one statement it records

@@ -69,6 +69,11 @@ type Executor interface {
 	// startKey, read in tx (nil: on the pool), or an error wrapping
 	// message.ErrNotFound.
 	SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error)
+	// ReleaseStartKey releases in tx, the caller's transaction, startKey of
+	// the finished saga of type sagaType holding it, appending a history
+	// entry (event, detail) to it, and returns its id; none if no finished
+	// saga holds the key.
+	ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey, event, detail string, now time.Time) ([]uuid.UUID, error)
 	// ReceiveReplies begins t with the replies envs: in one statement it
 	// records each in the inbox and locks, in id order, the sagas of those
 	// seen for the first time, so that one saga's replies are applied one at

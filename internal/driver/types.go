@@ -171,6 +171,12 @@ type SagaRecord struct {
 	// TraceParent and TraceState are the W3C trace context of the span that
 	// started the saga; empty without tracing.
 	TraceParent, TraceState string
+	// StartDataHash is the hash of the data a saga with a start key was
+	// started with; nil without a key (or for sagas started before it was
+	// kept).
+	StartDataHash []byte
+	// StartKeyReleased is true once a newer saga holds the start key.
+	StartKeyReleased bool
 }
 
 // HistoryRecord is one entry of a saga's history.

@@ -140,24 +140,26 @@ type SagaboxOutboxV struct {
 }
 
 type SagaboxSaga struct {
-	ID          uuid.UUID
-	SagaType    string
-	Version     int32
-	Status      string
-	StartKey    *string
-	Data        []byte
-	Steps       []byte
-	CurrentStep int32
-	Phase       string
-	Revision    int64
-	Deadline    *time.Time
-	Attempts    int32
-	LastError   string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	FinishedAt  *time.Time
-	Traceparent string
-	Tracestate  string
+	ID               uuid.UUID
+	SagaType         string
+	Version          int32
+	Status           string
+	StartKey         *string
+	Data             []byte
+	Steps            []byte
+	CurrentStep      int32
+	Phase            string
+	Revision         int64
+	Deadline         *time.Time
+	Attempts         int32
+	LastError        string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	FinishedAt       *time.Time
+	Traceparent      string
+	Tracestate       string
+	StartDataHash    []byte
+	StartKeyReleased bool
 }
 
 type SagaboxSagaHistory struct {

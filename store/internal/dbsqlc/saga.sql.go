@@ -14,7 +14,7 @@ import (
 )
 
 const sagaClaimDue = `-- name: SagaClaimDue :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= $1::timestamptz
   AND s.deadline IS NOT NULL
   AND s.status IN ('running', 'compensating')
@@ -79,6 +79,8 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -91,7 +93,7 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 }
 
 const sagaGet = `-- name: SagaGet :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
 `
 
 func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxSaga, error) {
@@ -116,13 +118,15 @@ func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxS
 		&i.FinishedAt,
 		&i.Traceparent,
 		&i.Tracestate,
+		&i.StartDataHash,
+		&i.StartKeyReleased,
 	)
 	return &i, err
 }
 
 const sagaGetByStartKey = `-- name: SagaGetByStartKey :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
-WHERE saga_type = $1::text AND start_key = $2::text
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
+WHERE saga_type = $1::text AND start_key = $2::text AND NOT start_key_released
 `
 
 type SagaGetByStartKeyParams struct {
@@ -130,6 +134,7 @@ type SagaGetByStartKeyParams struct {
 	StartKey string
 }
 
+// Returns the saga a start key names now: the one holding it unreleased.
 func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetByStartKeyParams) (*SagaboxSaga, error) {
 	row := db.QueryRow(ctx, sagaGetByStartKey, arg.SagaType, arg.StartKey)
 	var i SagaboxSaga
@@ -152,6 +157,8 @@ func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetBy
 		&i.FinishedAt,
 		&i.Traceparent,
 		&i.Tracestate,
+		&i.StartDataHash,
+		&i.StartKeyReleased,
 	)
 	return &i, err
 }
@@ -195,7 +202,7 @@ func (q *Queries) SagaHistoryList(ctx context.Context, db DBTX, sagaID uuid.UUID
 }
 
 const sagaList = `-- name: SagaList :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
   AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
   AND ($3::text IS NULL OR start_key = $3::text)
@@ -255,6 +262,8 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -267,7 +276,7 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 }
 
 const sagaLock = `-- name: SagaLock :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
 WHERE id = ANY($1::uuid[])
 ORDER BY id
 FOR UPDATE
@@ -303,6 +312,8 @@ func (q *Queries) SagaLock(ctx context.Context, db DBTX, ids []uuid.UUID) ([]*Sa
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -326,13 +337,13 @@ WITH inbox AS (
     -- One primary-key lookup per saga, in id order, whatever the planner
     -- believes of the table's size: a join could scan the whole table when
     -- its statistics are missing or stale (a fresh deployment, a burst).
-    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate
+    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.start_data_hash, l.start_key_released
     FROM (SELECT DISTINCT inbox.saga_id FROM inbox WHERE inbox.fresh ORDER BY inbox.saga_id) AS k,
          LATERAL (
-             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
+             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
          ) AS l
 )
-SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate
+SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate, locked.start_data_hash, locked.start_key_released
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh
 `
 
@@ -345,26 +356,28 @@ type SagaReceiveParams struct {
 }
 
 type SagaReceiveRow struct {
-	MessageID   uuid.UUID
-	Fresh       bool
-	ID          uuid.NullUUID
-	SagaType    *string
-	Version     pgtype.Int4
-	Status      *string
-	StartKey    *string
-	Data        []byte
-	Steps       []byte
-	CurrentStep pgtype.Int4
-	Phase       *string
-	Revision    pgtype.Int8
-	Deadline    *time.Time
-	Attempts    pgtype.Int4
-	LastError   *string
-	CreatedAt   *time.Time
-	UpdatedAt   *time.Time
-	FinishedAt  *time.Time
-	Traceparent *string
-	Tracestate  *string
+	MessageID        uuid.UUID
+	Fresh            bool
+	ID               uuid.NullUUID
+	SagaType         *string
+	Version          pgtype.Int4
+	Status           *string
+	StartKey         *string
+	Data             []byte
+	Steps            []byte
+	CurrentStep      pgtype.Int4
+	Phase            *string
+	Revision         pgtype.Int8
+	Deadline         *time.Time
+	Attempts         pgtype.Int4
+	LastError        *string
+	CreatedAt        *time.Time
+	UpdatedAt        *time.Time
+	FinishedAt       *time.Time
+	Traceparent      *string
+	Tracestate       *string
+	StartDataHash    []byte
+	StartKeyReleased pgtype.Bool
 }
 
 // Receives replies: records each in the inbox (a duplicate counts itself
@@ -407,10 +420,67 @@ func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceivePara
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaReleaseStartKey = `-- name: SagaReleaseStartKey :many
+WITH released AS (
+    UPDATE /* TEMPLATE: schema */sagabox_saga
+    SET start_key_released = true
+    WHERE saga_type = $1::text AND start_key = $2::text
+      AND NOT start_key_released AND finished_at IS NOT NULL
+    RETURNING id, phase
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (saga_id, at, event, phase, detail)
+    SELECT released.id, $3::timestamptz, $4::text, released.phase, $5::text
+    FROM released
+)
+SELECT released.id FROM released
+`
+
+type SagaReleaseStartKeyParams struct {
+	SagaType string
+	StartKey string
+	Now      time.Time
+	Event    string
+	Detail   string
+}
+
+// Releases, in the caller's transaction, the start key of the finished
+// (completed, compensated or terminated) saga holding it, so that a start
+// with the key can insert a new saga; the old saga keeps the key, marked
+// released, and gets a history entry. A saga that has not finished keeps
+// the key. A concurrent release of the same key waits for the row lock and
+// then finds nothing to release.
+func (q *Queries) SagaReleaseStartKey(ctx context.Context, db DBTX, arg *SagaReleaseStartKeyParams) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, sagaReleaseStartKey,
+		arg.SagaType,
+		arg.StartKey,
+		arg.Now,
+		arg.Event,
+		arg.Detail,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -471,30 +541,31 @@ const sagaStart = `-- name: SagaStart :one
 WITH saga AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga (
         id, saga_type, version, status, start_key, data, steps, current_step, phase,
-        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
+        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate,
+        start_data_hash
     ) VALUES (
         $1::uuid, $2::text, $3::integer, $4::text, $5::text,
         $6::jsonb, $7::jsonb, $8::integer, $9::text,
         $10::timestamptz, $11::integer, $12::text,
         $13::timestamptz, $13::timestamptz, $14::timestamptz,
-        $15::text, $16::text
+        $15::text, $16::text, $17::bytea
     )
-    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
+    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL AND NOT start_key_released DO NOTHING
     RETURNING id
 ), history AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
         saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
     )
     SELECT saga.id,
-           unnest($17::timestamptz[]),
-           unnest($18::text[]),
+           unnest($18::timestamptz[]),
            unnest($19::text[]),
-           unnest($20::integer[]),
-           unnest($21::text[]),
-           unnest($22::integer[]),
-           unnest($23::text[]),
+           unnest($20::text[]),
+           unnest($21::integer[]),
+           unnest($22::text[]),
+           unnest($23::integer[]),
            unnest($24::text[]),
-           nullif(unnest($25::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+           unnest($25::text[]),
+           nullif(unnest($26::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
     FROM saga
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
@@ -502,23 +573,23 @@ WITH saga AS (
         step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
         headers, payload, created_at
     )
-    SELECT unnest($26::uuid[]),
-           unnest($27::text[]),
+    SELECT unnest($27::uuid[]),
            unnest($28::text[]),
            unnest($29::text[]),
            unnest($30::text[]),
-           saga.id,
            unnest($31::text[]),
+           saga.id,
            unnest($32::text[]),
-           unnest($33::integer[]),
+           unnest($33::text[]),
            unnest($34::integer[]),
-           unnest($35::text[]),
+           unnest($35::integer[]),
            unnest($36::text[]),
            unnest($37::text[]),
            unnest($38::text[]),
-           unnest($39::jsonb[]),
-           unnest($40::bytea[]),
-           unnest($41::timestamptz[])
+           unnest($39::text[]),
+           unnest($40::jsonb[]),
+           unnest($41::bytea[]),
+           unnest($42::timestamptz[])
     FROM saga
 )
 SELECT (count(*) > 0)::boolean AS inserted FROM saga
@@ -541,6 +612,7 @@ type SagaStartParams struct {
 	FinishedAt     *time.Time
 	Traceparent    string
 	Tracestate     string
+	StartDataHash  []byte
 	HAt            []time.Time
 	HEvent         []string
 	HStep          []string
@@ -594,6 +666,7 @@ func (q *Queries) SagaStart(ctx context.Context, db DBTX, arg *SagaStartParams) 
 		arg.FinishedAt,
 		arg.Traceparent,
 		arg.Tracestate,
+		arg.StartDataHash,
 		arg.HAt,
 		arg.HEvent,
 		arg.HStep,
