@@ -29,7 +29,8 @@ type Saga struct {
 	// saga.PhaseCompensation.
 	Phase saga.Phase
 	// CurrentStep is the index of the step in flight, or in a failed saga of
-	// the step whose compensation failed; -1 once completed or compensated.
+	// the step whose compensation failed; -1 once completed, compensated or
+	// terminated.
 	CurrentStep int
 	// Data is the saga's typed data as JSON (decode it with the
 	// definition's DecodeData).
@@ -47,8 +48,8 @@ type Saga struct {
 	// Revision counts the transitions applied to the saga.
 	Revision int64
 	// CreatedAt, UpdatedAt and FinishedAt are Clock times; FinishedAt is
-	// zero until the saga is completed or compensated (a failed saga waits
-	// for an operator and is not finished).
+	// zero until the saga is completed, compensated or terminated (a failed
+	// saga waits for an operator and is not finished).
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt time.Time
@@ -93,7 +94,7 @@ func applyToRecord(rec *driver.SagaRecord, inst *saga.Instance, now time.Time) e
 			rec.Attempts = st.CompensationAttempt
 		}
 	}
-	finished := inst.Status == saga.StatusCompleted || inst.Status == saga.StatusCompensated
+	finished := inst.Status.Finished()
 	switch {
 	case finished && rec.FinishedAt.IsZero():
 		rec.FinishedAt = now
@@ -211,7 +212,7 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 			switch after {
 			case saga.StatusCompensated:
 				lvl = slog.LevelInfo
-			case saga.StatusFailed:
+			case saga.StatusFailed, saga.StatusTerminated:
 				lvl = slog.LevelWarn
 			}
 			c.log.Log(ctx, lvl, "saga "+string(after), "saga_id", tr.rec.ID.String(), "saga_type", tr.rec.Type, "last_error", tr.rec.LastError)

@@ -74,8 +74,11 @@ type Runner interface {
 	// EventRetry (operator) re-sends what is in flight with attempt+1: the
 	// action of a running saga, the compensation of a compensating one, or
 	// the failed compensation of a failed one, which becomes compensating
-	// again. EventAbort (operator) compensates a running saga like an
-	// exhausted timeout. Either one in another status is an error wrapping
+	// again. EventCancel (and its former name EventAbort) compensates a
+	// running saga like an exhausted timeout. EventTerminate stops a
+	// running, compensating or failed saga at once: the step in flight is
+	// marked StepTerminated, nothing is sent and the saga is terminated.
+	// Any of them in another status is an error wrapping
 	// ErrInvalidTransition.
 	//
 	// Other errors: an instance of another definition or a corrupt one
@@ -140,8 +143,10 @@ func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (R
 		err = m.timer()
 	case EventRetry:
 		err = m.retry()
-	case EventAbort:
-		err = m.abort()
+	case EventCancel, EventAbort:
+		err = m.cancel()
+	case EventTerminate:
+		err = m.terminate()
 	default:
 		err = fmt.Errorf("%w: saga %s: unknown event kind %q", ErrInvalidEvent, inst.ID, ev.Kind)
 	}
@@ -530,23 +535,56 @@ func (m *machine[D]) retry() error {
 	return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
 }
 
-func (m *machine[D]) abort() error {
+// cancel compensates a running saga from its step in flight (EventCancel,
+// EventAbort).
+func (m *machine[D]) cancel() error {
+	verb, event := "cancelled", HistoryCancelled
+	if m.ev.Kind == EventAbort {
+		verb, event = "aborted", HistoryAborted
+	}
 	if m.inst.Status != StatusRunning {
-		return fmt.Errorf("%w: abort saga %s: only a running saga can be aborted, this one is %s", ErrInvalidTransition, m.inst.ID, m.inst.Status)
+		return fmt.Errorf("%w: %s saga %s: only a running saga can be %s, this one is %s", ErrInvalidTransition, m.ev.Kind, m.inst.ID, verb, m.inst.Status)
 	}
 	i := m.inst.CurrentStep
 	st := &m.inst.Steps[i]
 	if st.Status != StepRunning && st.Status != StepWaitingRetry {
 		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, st.Status)
 	}
-	reason := "aborted"
+	reason := m.operatorReason(verb)
+	st.LastError, m.inst.LastError = reason, reason
+	m.record(HistoryEntry{Event: event, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
+	return m.abandon(i, StepAborted)
+}
+
+// terminate stops a running, compensating or failed saga at once.
+func (m *machine[D]) terminate() error {
+	switch m.inst.Status {
+	case StatusRunning, StatusCompensating, StatusFailed:
+	default:
+		return fmt.Errorf("%w: terminate saga %s: a %s saga has ended", ErrInvalidTransition, m.inst.ID, m.inst.Status)
+	}
+	i := m.inst.CurrentStep
+	st := &m.inst.Steps[i]
+	switch st.Status {
+	case StepRunning, StepWaitingRetry, StepCompensating:
+		st.Status, st.FinishedAt = StepTerminated, m.now
+	}
+	st.Deadline = time.Time{}
+	reason := m.operatorReason("terminated")
+	m.inst.Status, m.inst.CurrentStep, m.inst.LastError = StatusTerminated, -1, reason
+	m.record(HistoryEntry{Event: HistoryTerminated, StepIndex: i, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor})
+	return nil
+}
+
+// operatorReason is the LastError of an operator action: "verb by actor:
+// reason".
+func (m *machine[D]) operatorReason(verb string) string {
+	reason := verb
 	if m.ev.Actor != "" {
 		reason += " by " + m.ev.Actor
 	}
 	if m.ev.Reason != "" {
 		reason += ": " + m.ev.Reason
 	}
-	st.LastError, m.inst.LastError = reason, reason
-	m.record(HistoryEntry{Event: HistoryAborted, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
-	return m.abandon(i, StepAborted)
+	return reason
 }

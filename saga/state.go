@@ -11,7 +11,7 @@ import (
 type Status string
 
 // The statuses of a saga. Every saga ends as StatusCompleted,
-// StatusCompensated or StatusFailed.
+// StatusCompensated, StatusFailed or StatusTerminated.
 const (
 	// StatusRunning: the steps' actions are being performed.
 	StatusRunning Status = "running"
@@ -27,21 +27,32 @@ const (
 	// StatusFailed: a compensation could not be performed. The saga waits
 	// for an operator, who may retry the compensation (EventRetry).
 	StatusFailed Status = "failed"
+	// StatusTerminated: an operator or the application terminated the saga
+	// (EventTerminate): it stopped at once, without compensating what its
+	// steps did. Terminal.
+	StatusTerminated Status = "terminated"
 )
 
 // Valid reports whether s is one of the known statuses.
 func (s Status) Valid() bool {
 	switch s {
-	case StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed:
+	case StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed, StatusTerminated:
 		return true
 	}
 	return false
 }
 
-// Terminal reports whether the saga has ended: completed, compensated or
-// failed. Only an operator retry moves a failed saga on.
+// Terminal reports whether the saga has ended: completed, compensated,
+// failed or terminated. Only an operator retry (or terminate) moves a
+// failed saga on.
 func (s Status) Terminal() bool {
-	return s == StatusCompleted || s == StatusCompensated || s == StatusFailed
+	return s.Finished() || s == StatusFailed
+}
+
+// Finished reports whether the saga has ended for good: completed,
+// compensated or terminated (a failed saga waits for an operator).
+func (s Status) Finished() bool {
+	return s == StatusCompleted || s == StatusCompensated || s == StatusTerminated
 }
 
 // Phase says whether a saga is performing actions or compensations.
@@ -92,6 +103,9 @@ const (
 	// StepCompensationFailed: the participant could not compensate; the saga
 	// is failed.
 	StepCompensationFailed StepStatus = "compensation-failed"
+	// StepTerminated: the saga was terminated while the step's action or
+	// compensation was in flight. It may or may not have run.
+	StepTerminated StepStatus = "terminated"
 )
 
 // StepState is the state of one step of a saga instance. It is stored as
@@ -169,8 +183,18 @@ const (
 	// EventRetry: an operator asks to re-send what is in flight, or, for a
 	// failed saga, the compensation that failed.
 	EventRetry EventKind = "retry"
-	// EventAbort: an operator asks to compensate a running saga.
+	// EventCancel: an operator or the application asks to cancel a running
+	// saga: the step in flight (running or waiting for a retry) is
+	// compensated through the participant's barrier, then the completed
+	// steps in reverse order; the saga ends compensated (or failed).
+	EventCancel EventKind = "cancel"
+	// EventAbort is the former name of EventCancel, still accepted: it does
+	// the same and is recorded as HistoryAborted.
 	EventAbort EventKind = "abort"
+	// EventTerminate: an operator or the application asks to stop a running,
+	// compensating or failed saga at once, compensating nothing: it ends
+	// terminated.
+	EventTerminate EventKind = "terminate"
 )
 
 // Event is something that happened to a saga, given to Apply.
@@ -268,8 +292,15 @@ const (
 	HistoryCompensated HistoryEvent = "compensated"
 	// HistoryFailed: the saga failed and waits for an operator.
 	HistoryFailed HistoryEvent = "failed"
-	// HistoryAborted: an operator aborted the saga.
+	// HistoryAborted: an operator aborted the saga (EventAbort, the former
+	// name of EventCancel).
 	HistoryAborted HistoryEvent = "aborted"
+	// HistoryCancelled: the saga was cancelled (EventCancel); Actor and
+	// Detail say who and why.
+	HistoryCancelled HistoryEvent = "cancelled"
+	// HistoryTerminated: the saga was terminated (EventTerminate); Actor
+	// and Detail say who and why.
+	HistoryTerminated HistoryEvent = "terminated"
 	// HistoryRetried: an operator asked for a retry.
 	HistoryRetried HistoryEvent = "retried"
 )

@@ -249,7 +249,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 		require.NoError(t, err)
 		return started
 	}
-	toRetry, toAbort := stuck(prefix+"retry"), stuck(prefix+"abort")
+	toRetry, toAbort, toTerminate := stuck(prefix+"retry"), stuck(prefix+"abort"), stuck(prefix+"terminate")
 
 	// The compensated saga cannot be aborted: refused, exit 4 (the request
 	// left pending above is refused the same way).
@@ -262,6 +262,17 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	code, stdout, stderr = sagabox(t, append([]string{"saga", "abort", toAbort.ID.String(), "--reason", "customer cancelled", "--actor", "dave"}, db...)...)
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "status is now compensating")
+	code, stdout, stderr = sagabox(t, append([]string{"saga", "terminate", toTerminate.ID.String(), "--reason", "fraud", "--actor", "erin"}, db...)...)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "status is now terminated")
+	code, _, stderr = sagabox(t, append([]string{"saga", "cancel", toTerminate.ID.String(), "--reason", "too late"}, db...)...)
+	require.Equal(t, exitRefused, code, stderr)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--status", "terminated", "--json"}, db...)...)
+	require.Equal(t, exitOK, code)
+	var terminated listed
+	require.NoError(t, json.Unmarshal([]byte(stdout), &terminated))
+	require.Len(t, terminated.Sagas, 1)
+	require.Equal(t, toTerminate.ID.String(), terminated.Sagas[0].ID)
 
 	hasEntry := func(id string, event saga.HistoryEvent, actor, detail string) bool {
 		code, stdout, _ := sagabox(t, append([]string{"saga", "show", id, "--json"}, db...)...)
@@ -278,7 +289,9 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 		return false
 	}
 	require.True(t, hasEntry(toRetry.ID.String(), saga.HistoryRetried, "carol", "inventory was down"))
-	require.True(t, hasEntry(toAbort.ID.String(), saga.HistoryAborted, "dave", "customer cancelled"))
+	// abort is the former name of cancel.
+	require.True(t, hasEntry(toAbort.ID.String(), saga.HistoryCancelled, "dave", "customer cancelled"))
+	require.True(t, hasEntry(toTerminate.ID.String(), saga.HistoryTerminated, "erin", "fraud"))
 	retried, err := orch.Get(context.Background(), toRetry.ID)
 	require.NoError(t, err)
 	require.Equal(t, 2, retried.Steps[0].Attempt, "the stuck command was sent again")

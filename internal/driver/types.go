@@ -134,7 +134,7 @@ type Attempt struct {
 type Operation struct {
 	ID     int64
 	SagaID uuid.UUID
-	// Action is "retry" or "abort".
+	// Action is "retry", "cancel" ("abort", its former name) or "terminate".
 	Action      string
 	Actor       string
 	Reason      string

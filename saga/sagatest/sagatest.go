@@ -271,10 +271,25 @@ func (s *Scenario[D]) Advance(d time.Duration) {
 	s.t.Fatalf("sagatest: Advance(%s) fired more than %d timers", d, maxTimersPerAdvance)
 }
 
-// Abort applies an operator abort.
+// Abort applies an operator abort (EventAbort, the former name of
+// EventCancel).
 func (s *Scenario[D]) Abort(actor, reason string) saga.Result {
 	s.t.Helper()
 	return s.Deliver(saga.Event{Kind: saga.EventAbort, Actor: actor, Reason: reason})
+}
+
+// Cancel applies a cancel: the step in flight and the completed steps are
+// compensated.
+func (s *Scenario[D]) Cancel(actor, reason string) saga.Result {
+	s.t.Helper()
+	return s.Deliver(saga.Event{Kind: saga.EventCancel, Actor: actor, Reason: reason})
+}
+
+// Terminate applies a terminate: the saga stops at once, compensating
+// nothing.
+func (s *Scenario[D]) Terminate(actor, reason string) saga.Result {
+	s.t.Helper()
+	return s.Deliver(saga.Event{Kind: saga.EventTerminate, Actor: actor, Reason: reason})
 }
 
 // Retry applies an operator retry.

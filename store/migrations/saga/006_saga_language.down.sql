@@ -1,3 +1,15 @@
+-- Back to "retry" and "abort" requests: cancel requests become aborts,
+-- terminate requests are dropped, and terminated sagas become failed ones
+-- (they wait for an operator), which the older code knows.
+ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
+    DROP CONSTRAINT IF EXISTS sagabox_saga_operation_action_check;
+UPDATE /* TEMPLATE: schema */sagabox_saga_operation SET action = 'abort' WHERE action = 'cancel';
+DELETE FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE action = 'terminate';
+ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
+    ADD CONSTRAINT sagabox_saga_operation_action_check CHECK (action IN ('retry', 'abort'));
+UPDATE /* TEMPLATE: schema */sagabox_saga SET status = 'failed', current_step = 0, finished_at = NULL
+    WHERE status = 'terminated';
+
 -- Back to one saga per start key and type: the released keys of older
 -- sagas are dropped.
 DROP INDEX IF EXISTS /* TEMPLATE: schema */sagabox_saga_start_key_idx;

@@ -16,3 +16,13 @@ DROP INDEX IF EXISTS /* TEMPLATE: schema */sagabox_saga_start_key_idx;
 -- Every saga a key has named, for listing by start key.
 CREATE INDEX IF NOT EXISTS sagabox_saga_start_key_idx
     ON /* TEMPLATE: schema */sagabox_saga (start_key) WHERE start_key IS NOT NULL;
+
+-- Cancel and terminate: operator requests "cancel" (the former "abort",
+-- whose recorded requests are renamed; an older CLI may still request
+-- "abort", which orchestrators apply as a cancel) and "terminate".
+ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
+    DROP CONSTRAINT IF EXISTS sagabox_saga_operation_action_check;
+UPDATE /* TEMPLATE: schema */sagabox_saga_operation SET action = 'cancel' WHERE action = 'abort';
+ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
+    ADD CONSTRAINT sagabox_saga_operation_action_check
+    CHECK (action IN ('retry', 'cancel', 'terminate', 'abort'));

@@ -25,8 +25,9 @@ import (
 const ExitPending = 5
 
 func (a *app) sagaCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry and abort sagas"}
-	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("abort"))
+	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry, cancel and terminate sagas"}
+	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("cancel"),
+		a.sagaActionCommand("terminate"))
 	return cmd
 }
 
@@ -82,7 +83,7 @@ func (a *app) sagaListCommand() *cobra.Command {
 			for _, s := range statuses {
 				st := saga.Status(s)
 				if !st.Valid() {
-					return withCode(ExitUsage, fmt.Errorf("--status %q: want running, compensating, completed, compensated or failed", s))
+					return withCode(ExitUsage, fmt.Errorf("--status %q: want running, compensating, completed, compensated, failed or terminated", s))
 				}
 				opts.Statuses = append(opts.Statuses, st)
 			}
@@ -245,12 +246,18 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 	var actor, reason string
 	var wait time.Duration
 	short := map[string]string{
-		"retry": "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
-		"abort": "Compensate a running saga from its current step",
+		"retry":     "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
+		"cancel":    "Cancel a running saga: compensate its current step and the completed ones (ends compensated)",
+		"terminate": "Stop a running, compensating or failed saga at once, compensating nothing (ends terminated)",
 	}[action]
+	var aliases []string
+	if action == "cancel" {
+		aliases = []string{"abort"} // its former name
+	}
 	cmd := &cobra.Command{
-		Use:   action + " SAGA_ID --reason TEXT",
-		Short: short,
+		Use:     action + " SAGA_ID --reason TEXT",
+		Aliases: aliases,
+		Short:   short,
 		Long: short + ".\n\nThe request is recorded in the database and applied by a running orchestrator of the\n" +
 			"schema (it has the saga definitions); the command waits for the outcome.",
 		Args: cobra.ExactArgs(1),
