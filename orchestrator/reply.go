@@ -196,6 +196,10 @@ func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Deliv
 		return transition{}, err
 	}
 	tr, err := c.transition(ctx, rec, res, now)
+	if err == nil {
+		// Events sent before the saga reached the step it now waits at.
+		tr, err = c.consumeKept(ctx, t, nil, runner, tr, now)
+	}
 	tr.phase, tr.at = s.Phase, now
 	return tr, err
 }

@@ -156,16 +156,18 @@ type transition struct {
 	at time.Time
 	// deadlineFailed marks the record of a timer the core refused.
 	deadlineFailed bool
-	rec            driver.SagaRecord
-	res            saga.Result
-	write          driver.Transition
+	// orig is the saga as read, before the event; rec as written.
+	orig  driver.SagaRecord
+	rec   driver.SagaRecord
+	res   saga.Result
+	write driver.Transition
 }
 
 // transition turns res, the outcome of applying an event to the saga rec,
 // into what is written: the new state (revision-checked), its history and
 // its outgoing messages. An ignored result writes only its history.
 func (c *Client) transition(ctx context.Context, rec driver.SagaRecord, res saga.Result, now time.Time) (transition, error) {
-	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res, rec: rec}
+	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res, orig: rec, rec: rec}
 	tr.write.History = historyRecords(rec.ID, res.History)
 	if res.Ignored {
 		return tr, nil

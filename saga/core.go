@@ -147,6 +147,8 @@ func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (R
 		err = m.cancel()
 	case EventTerminate:
 		err = m.terminate()
+	case EventOutside:
+		err = m.outside()
 	default:
 		err = fmt.Errorf("%w: saga %s: unknown event kind %q", ErrInvalidEvent, inst.ID, ev.Kind)
 	}
@@ -243,6 +245,10 @@ func (m *machine[D]) advance(i int) error {
 			st.Status, st.FinishedAt = StepSkipped, m.now
 			m.record(HistoryEntry{Event: HistoryStepSkipped, StepIndex: i, Phase: PhaseAction, Detail: "predicate returned false"})
 			continue
+		}
+		if s.isWait {
+			m.enterWait(i)
+			return nil
 		}
 		if !s.isLocal {
 			m.inst.CurrentStep = i
@@ -489,6 +495,8 @@ func (m *machine[D]) timer() error {
 		return nil
 	}
 	switch st.Status {
+	case StepWaitingEvent:
+		return m.waitTimedOut(i)
 	case StepRunning:
 		m.record(HistoryEntry{Event: HistoryTimedOut, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: s.timeout.String()})
 		if st.Attempt < s.retry.MaxAttempts {
@@ -517,6 +525,9 @@ func (m *machine[D]) retry() error {
 	switch m.inst.Status {
 	case StatusRunning:
 		st := &m.inst.Steps[i]
+		if st.Status == StepWaitingEvent {
+			return fmt.Errorf("%w: retry saga %s: step %q waits for an outside event, it has nothing to re-send", ErrInvalidTransition, m.inst.ID, st.Name)
+		}
 		if st.Status != StepRunning && st.Status != StepWaitingRetry {
 			break
 		}
@@ -547,7 +558,7 @@ func (m *machine[D]) cancel() error {
 	}
 	i := m.inst.CurrentStep
 	st := &m.inst.Steps[i]
-	if st.Status != StepRunning && st.Status != StepWaitingRetry {
+	if st.Status != StepRunning && st.Status != StepWaitingRetry && st.Status != StepWaitingEvent {
 		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, st.Status)
 	}
 	reason := m.operatorReason(verb)
@@ -566,7 +577,7 @@ func (m *machine[D]) terminate() error {
 	i := m.inst.CurrentStep
 	st := &m.inst.Steps[i]
 	switch st.Status {
-	case StepRunning, StepWaitingRetry, StepCompensating:
+	case StepRunning, StepWaitingRetry, StepCompensating, StepWaitingEvent:
 		st.Status, st.FinishedAt = StepTerminated, m.now
 	}
 	st.Deadline = time.Time{}

@@ -103,6 +103,9 @@ const (
 	// StepCompensationFailed: the participant could not compensate; the saga
 	// is failed.
 	StepCompensationFailed StepStatus = "compensation-failed"
+	// StepWaitingEvent: a WaitEvent step waits for its outside event (until
+	// Deadline, if it has a timeout).
+	StepWaitingEvent StepStatus = "waiting-event"
 	// StepTerminated: the saga was terminated while the step's action or
 	// compensation was in flight. It may or may not have run.
 	StepTerminated StepStatus = "terminated"
@@ -191,6 +194,11 @@ const (
 	// EventAbort is the former name of EventCancel, still accepted: it does
 	// the same and is recorded as HistoryAborted.
 	EventAbort EventKind = "abort"
+	// EventOutside: an outside event sent by the application
+	// (orchestrator.SendEvent): Type is its name, Payload its payload,
+	// EventID the id the sender chose. Consumed by the WaitEvent step
+	// waiting for it, ignored otherwise.
+	EventOutside EventKind = "outside-event"
 	// EventTerminate: an operator or the application asks to stop a running,
 	// compensating or failed saga at once, compensating nothing: it ends
 	// terminated.
@@ -221,6 +229,9 @@ type Event struct {
 	Reason string
 	// Actor is who asked for an operator action.
 	Actor string
+	// EventID is the sender's id of an outside event (EventOutside),
+	// recorded in the history.
+	EventID string
 	// MessageID is the id of the reply message (the envelope's), recorded
 	// in the history.
 	MessageID uuid.UUID
@@ -301,6 +312,12 @@ const (
 	// HistoryTerminated: the saga was terminated (EventTerminate); Actor
 	// and Detail say who and why.
 	HistoryTerminated HistoryEvent = "terminated"
+	// HistoryEventAwaited: a WaitEvent step started waiting; Detail is the
+	// event's name.
+	HistoryEventAwaited HistoryEvent = "event-awaited"
+	// HistoryEventReceived: the outside event a step waited for was applied;
+	// Detail is its name and the sender's event id.
+	HistoryEventReceived HistoryEvent = "event-received"
 	// HistoryRetried: an operator asked for a retry.
 	HistoryRetried HistoryEvent = "retried"
 )

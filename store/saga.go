@@ -251,6 +251,32 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 // transition was computed fails it with an error for which IsRetryable is
 // true, and nothing is written: run the transaction again.
 func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
+	return s.writeTransitions(ctx, txOf(t).exec(ctx, commit), trs, now)
+}
+
+// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
+// statement, as WriteTransitions does (without committing).
+func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driver.Transition, now time.Time) error {
+	if tx == nil {
+		return errors.New("write transitions: transaction is nil")
+	}
+	return s.writeTransitions(ctx, s.db(tx), trs, now)
+}
+
+// LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
+// order.
+func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
+	if tx == nil {
+		return nil, errors.New("lock sagas: transaction is nil")
+	}
+	rows, err := s.queries.SagaLock(ctx, s.db(tx), ids)
+	if err != nil {
+		return nil, fmt.Errorf("lock %d sagas in schema %q: %w", len(ids), s.schema, err)
+	}
+	return sagaRecords(rows), nil
+}
+
+func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []driver.Transition, now time.Time) error {
 	var msgs []message.Message
 	var h historyCols
 	p := &dbsqlc.SagaWriteParams{Now: now}
@@ -292,7 +318,7 @@ func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driv
 	p.OSagaID, p.OSagaType, p.OStep, p.OStepIndex, p.OAttempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
-	if _, err := s.queries.SagaWrite(ctx, txOf(t).exec(ctx, commit), p); err != nil {
+	if _, err := s.queries.SagaWrite(ctx, db, p); err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
 	return nil

@@ -69,6 +69,21 @@ type Executor interface {
 	// startKey, read in tx (nil: on the pool), or an error wrapping
 	// message.ErrNotFound.
 	SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error)
+	// LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
+	// order.
+	LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]SagaRecord, error)
+	// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
+	// statement, without committing.
+	WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []Transition, now time.Time) error
+	// RecordEvent records ev in tx, the sender's transaction, and reports
+	// whether it is new (false: its saga has an event with its id).
+	RecordEvent(ctx context.Context, tx pgx.Tx, ev *OutsideEvent) (bool, error)
+	// PendingEvent returns the oldest pending event called name of saga
+	// id, read in t or else tx; nil if none.
+	PendingEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, name string) (*OutsideEvent, error)
+	// SettleEvent marks the event eventID of saga id "consumed" or
+	// "ignored" (status) with detail, in t or else tx.
+	SettleEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, eventID, status, detail string, now time.Time) error
 	// ReleaseStartKey releases in tx, the caller's transaction, startKey of
 	// the finished saga of type sagaType holding it, appending a history
 	// entry (event, detail) to it, and returns its id; none if no finished

@@ -333,3 +333,16 @@ type DeliveryEnd struct {
 	// Reply, when set, is written to the outbox (it is prepared in place).
 	Reply *message.Message
 }
+
+// OutsideEvent is an event the application sent to a saga
+// (orchestrator.SendEvent).
+type OutsideEvent struct {
+	SagaID uuid.UUID
+	// EventID is the sender's id of the event, unique per saga.
+	EventID string
+	// Name is the event's name and Payload its JSON payload.
+	Name    string
+	Payload []byte
+	// ReceivedAt is when it was sent (the orchestrator's clock).
+	ReceivedAt time.Time
+}

@@ -162,6 +162,17 @@ type SagaboxSaga struct {
 	StartKeyReleased bool
 }
 
+type SagaboxSagaEvent struct {
+	SagaID     uuid.UUID
+	EventID    string
+	Name       string
+	Payload    []byte
+	ReceivedAt time.Time
+	Status     string
+	Detail     string
+	SettledAt  *time.Time
+}
+
 type SagaboxSagaHistory struct {
 	ID        int64
 	SagaID    uuid.UUID

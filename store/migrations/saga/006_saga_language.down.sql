@@ -1,3 +1,5 @@
+DROP TABLE IF EXISTS /* TEMPLATE: schema */sagabox_saga_event;
+
 -- Back to "retry" and "abort" requests: cancel requests become aborts,
 -- terminate requests are dropped, and terminated sagas become failed ones
 -- (they wait for an operator), which the older code knows.

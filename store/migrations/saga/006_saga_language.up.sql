@@ -26,3 +26,22 @@ UPDATE /* TEMPLATE: schema */sagabox_saga_operation SET action = 'cancel' WHERE 
 ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
     ADD CONSTRAINT sagabox_saga_operation_action_check
     CHECK (action IN ('retry', 'cancel', 'terminate', 'abort'));
+
+-- Outside events (orchestrator.SendEvent), written in the sender's
+-- transaction: one row per saga and sender-chosen event id, which
+-- deduplicates them. A pending event waits for a step of its saga to wait
+-- for it; a consumed one was applied; an ignored one came for a saga that
+-- had ended (detail says why).
+CREATE TABLE IF NOT EXISTS /* TEMPLATE: schema */sagabox_saga_event (
+    saga_id         uuid        NOT NULL REFERENCES /* TEMPLATE: schema */sagabox_saga (id) ON DELETE CASCADE,
+    event_id        text        NOT NULL,
+    name            text        NOT NULL,
+    payload         jsonb       NOT NULL,
+    received_at     timestamptz NOT NULL,
+    status          text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'consumed', 'ignored')),
+    detail          text        NOT NULL DEFAULT '',
+    settled_at      timestamptz,
+    PRIMARY KEY (saga_id, event_id)
+);
+CREATE INDEX IF NOT EXISTS sagabox_saga_event_pending_idx
+    ON /* TEMPLATE: schema */sagabox_saga_event (saga_id, name, received_at) WHERE status = 'pending';

@@ -1,0 +1,254 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// SagaRef names the saga an outside event is for: by ID, or by the
+// definition name and start key it was started with (see GetByKey).
+type SagaRef struct {
+	ID       uuid.UUID
+	Type     string
+	StartKey string
+}
+
+// EventOutcome says what SendEvent did with an event.
+type EventOutcome string
+
+// The outcomes of SendEvent.
+const (
+	// EventConsumed: the saga waited for the event and applied it.
+	EventConsumed EventOutcome = "consumed"
+	// EventKept: the saga does not wait for the event yet; it is kept and
+	// consumed when a step of the saga waits for it.
+	EventKept EventOutcome = "kept"
+	// EventIgnored: the saga will never wait for the event (it has ended,
+	// is compensating, or no step ahead waits for it); the event is
+	// recorded and ignored.
+	EventIgnored EventOutcome = "ignored"
+	// EventDuplicate: the saga already has an event with this id; nothing
+	// was written.
+	EventDuplicate EventOutcome = "duplicate"
+)
+
+// EventSent is the result of SendEvent.
+type EventSent struct {
+	// SagaID is the saga the event was sent to.
+	SagaID uuid.UUID
+	// Outcome says what happened to the event.
+	Outcome EventOutcome
+	// Status is the saga's status after the event.
+	Status saga.Status
+}
+
+// Event settlements stored on the event's row.
+const (
+	eventConsumed = "consumed"
+	eventIgnored  = "ignored"
+)
+
+// SendEvent sends the outside event ev with payload v to the saga to, in
+// tx, the caller's transaction, so that the caller's business write (a
+// webhook's, say) and the event commit together: nothing of it exists
+// unless tx commits. eventID, chosen by the sender (the provider's event
+// id, for instance), deduplicates: a second event with the same id for the
+// saga writes nothing and reports EventDuplicate.
+//
+// If the saga waits for ev now (saga.WaitEvent), the event is applied in tx:
+// the saga moves on and its next commands are written to the outbox (call
+// c.Wake after committing). If it does not wait for it yet, the event is
+// kept and applied when the saga reaches a step that waits for it; if the
+// saga will never wait for it (it has ended, is compensating, or no step
+// ahead waits for it), the event is recorded and ignored. A saga that does not
+// exist gives an error wrapping ErrNotFound. SendEvent locks the saga's row
+// until tx ends.
+func SendEvent[T any](ctx context.Context, c *Client, tx pgx.Tx, to SagaRef, ev saga.EventType[T], eventID string, v T) (*EventSent, error) {
+	payload, err := ev.Encode(v)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: send event %s: %w", ev.Name(), err)
+	}
+	sent, err := c.sendEvent(ctx, tx, to, ev.Name(), eventID, payload)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: send event %s (%s): %w", ev.Name(), eventID, err)
+	}
+	return sent, nil
+}
+
+func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eventID string, payload []byte) (*EventSent, error) {
+	switch {
+	case tx == nil:
+		return nil, errors.New("transaction is nil")
+	case eventID == "":
+		return nil, errors.New("event id is empty")
+	}
+	id := to.ID
+	if id == uuid.Nil {
+		rec, err := c.db.SagaByStartKey(ctx, tx, to.Type, to.StartKey)
+		if err != nil {
+			return nil, err
+		}
+		id = rec.ID
+	}
+	recs, err := c.db.LockSagasIn(ctx, tx, []uuid.UUID{id})
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
+	}
+	rec := recs[0]
+	now := c.now()
+	fresh, err := c.db.RecordEvent(ctx, tx, &driver.OutsideEvent{SagaID: id, EventID: eventID, Name: name, Payload: payload, ReceivedAt: now})
+	if err != nil {
+		return nil, err
+	}
+	sent := &EventSent{SagaID: id, Outcome: EventDuplicate, Status: saga.Status(rec.Status)}
+	if !fresh {
+		return sent, nil
+	}
+	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	if err != nil {
+		return nil, err
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return nil, err
+	}
+	res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{
+		Kind: saga.EventOutside, Type: name, Payload: payload, EventID: eventID, At: now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if res.Ignored {
+		sent.Outcome = EventKept
+		if !waitsAhead(runner, s, name) {
+			sent.Outcome = EventIgnored
+			if err := c.db.SettleEvent(ctx, nil, tx, id, eventID, eventIgnored, res.IgnoreReason, now); err != nil {
+				return nil, err
+			}
+		}
+		return sent, nil
+	}
+	if err := c.db.SettleEvent(ctx, nil, tx, id, eventID, eventConsumed, "", now); err != nil {
+		return nil, err
+	}
+	tr, err := c.transition(ctx, rec, res, now)
+	if err != nil {
+		return nil, err
+	}
+	if tr, err = c.consumeKept(ctx, nil, tx, runner, tr, now); err != nil {
+		return nil, err
+	}
+	if err := c.db.WriteTransitionsIn(ctx, tx, writes(tr), now); err != nil {
+		return nil, err
+	}
+	if c.cfg.Relay.Notify && len(tr.res.Emit) > 0 {
+		if err := c.db.Notify(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+	if !tr.rec.Deadline.IsZero() {
+		c.noteDeadline(tr.rec.Deadline)
+	}
+	select {
+	case c.startWake <- struct{}{}: // the relay, a few times after the caller's commit
+	default:
+	}
+	sent.Outcome, sent.Status = EventConsumed, tr.res.Instance.Status
+	return sent, nil
+}
+
+// waitsAhead reports whether the saga s may still wait for the event name:
+// it is running and a step not yet reached (or the current one) waits for
+// it. An event it will never wait for is recorded and ignored.
+func waitsAhead(runner saga.Runner, s *Saga, name string) bool {
+	if s.Status != saga.StatusRunning {
+		return false
+	}
+	for i, info := range runner.Steps() {
+		if i >= s.CurrentStep && info.WaitEvent == name && i < len(s.Steps) &&
+			(s.Steps[i].Status == saga.StepPending || s.Steps[i].Status == saga.StepWaitingEvent) {
+			return true
+		}
+	}
+	return false
+}
+
+// awaited returns the name of the outside event inst waits for now, or "".
+func awaited(runner saga.Runner, inst *saga.Instance) string {
+	i := inst.CurrentStep
+	if inst.Status != saga.StatusRunning || i < 0 || i >= len(inst.Steps) || inst.Steps[i].Status != saga.StepWaitingEvent {
+		return ""
+	}
+	return runner.Steps()[i].WaitEvent
+}
+
+// maxChainedEvents bounds the kept events one transition consumes.
+const maxChainedEvents = 16
+
+// consumeKept applies to tr, a transition about to be written in t (or
+// else tx), the kept events its saga now waits for, one after the other:
+// an event sent before the saga reached its step is consumed as soon as it
+// does. It returns the transition with them.
+func (c *Client) consumeKept(ctx context.Context, t driver.Tx, tx pgx.Tx, runner saga.Runner, tr transition, now time.Time) (transition, error) {
+	if tr.res.Ignored {
+		return tr, nil
+	}
+	res := tr.res
+	for range maxChainedEvents {
+		name := awaited(runner, &res.Instance)
+		if name == "" {
+			break
+		}
+		ev, err := c.db.PendingEvent(ctx, t, tx, res.Instance.ID, name)
+		if err != nil {
+			return tr, err
+		}
+		if ev == nil {
+			break
+		}
+		scope := withTx(ctx, tx)
+		if t != nil {
+			scope = c.localScope(ctx, t)
+		}
+		next, err := runner.Apply(scope, res.Instance, saga.Event{
+			Kind: saga.EventOutside, Type: ev.Name, Payload: ev.Payload, EventID: ev.EventID, At: now,
+		})
+		if err != nil || next.Ignored {
+			// A kept event the saga cannot apply (its contract changed) is
+			// set aside rather than blocking the saga's transitions.
+			detail := fmt.Sprint("not applicable: ", err)
+			if err == nil {
+				detail = next.IgnoreReason
+			}
+			if serr := c.db.SettleEvent(ctx, t, tx, ev.SagaID, ev.EventID, eventIgnored, detail, now); serr != nil {
+				return tr, serr
+			}
+			break
+		}
+		if err := c.db.SettleEvent(ctx, t, tx, ev.SagaID, ev.EventID, eventConsumed, "", now); err != nil {
+			return tr, err
+		}
+		res = saga.Result{Instance: next.Instance, Emit: append(res.Emit, next.Emit...), History: append(res.History, next.History...)}
+	}
+	if len(res.History) == len(tr.res.History) {
+		return tr, nil
+	}
+	merged, err := c.transition(ctx, tr.orig, res, now)
+	if err != nil {
+		return tr, err
+	}
+	merged.phase, merged.at, merged.before, merged.since = tr.phase, tr.at, tr.before, tr.since
+	return merged, nil
+}
