@@ -172,19 +172,31 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	// write before it, so a definition with local steps looks the key up
 	// first and runs under a savepoint that losing the race rolls back.
 	local := hasLocalStep(runner)
+	reuse := opts.StartKey != "" && opts.StartKeyPolicy == StartKeyReuseFinished
 	var hash []byte
 	if opts.StartKey != "" {
 		if hash, err = startDataHash(data); err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
-		if opts.StartKeyPolicy == StartKeyReuseFinished {
-			if err := c.releaseStartKey(ctx, tx, runner.Name(), opts.StartKey, id); err != nil {
-				return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-			}
+	}
+	// Local steps, and a start key released for this start, write before
+	// the start statement: they run under a savepoint that a start that
+	// does not happen rolls back.
+	work := tx
+	if local || reuse {
+		work, err = tx.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
+		}
+		defer work.Rollback(context.WithoutCancel(ctx))
+	}
+	if reuse {
+		if err := c.releaseStartKey(ctx, work, runner.Name(), opts.StartKey, id); err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
 	}
 	if opts.StartKey != "" && local {
-		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		existing, err := c.db.SagaByStartKey(ctx, work, runner.Name(), opts.StartKey)
 		switch {
 		case err == nil:
 			return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
@@ -192,20 +204,13 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
 	}
-	work := tx
-	if local {
-		work, err = tx.Begin(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
-		}
-		defer work.Rollback(context.WithoutCancel(ctx))
-	}
 	res, inserted, err := c.start(ctx, work, runner, id, data, opts.StartKey, hash)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 	}
 	if !inserted {
-		// The deferred rollback undoes the local steps' writes.
+		// The deferred rollback undoes the local steps' writes (and a key
+		// release).
 		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)

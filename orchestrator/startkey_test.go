@@ -139,6 +139,22 @@ func TestStartKeyReuseFinished(t *testing.T) {
 	require.Equal(t, orchestrator.HistoryStartKeyReleased, h[len(h)-1].Event)
 	require.Contains(t, h[len(h)-1].Detail, second.ID.String())
 
+	// A reusing start that fails (its local step's insert collides with
+	// the second saga's) leaves the caller's transaction usable and the key
+	// with the second saga.
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT set_config('test.schema', $1, true)`, `"`+e.inv.Schema()+`"`)
+	require.NoError(t, err)
+	_, err = orchestrator.Start(ctx, c, tx, local, Order{ID: "b"}, reuse("sub-1"))
+	require.Error(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	s, err = c.GetByKey(ctx, "local", "sub-1")
+	require.NoError(t, err)
+	require.Equal(t, second.ID, s.ID, "the failed start released nothing")
+	require.False(t, s.FinishedAt.IsZero())
+
 	// A running saga keeps its key: the same data returns it, other data
 	// is a conflict.
 	running, err := startTx(t, e, c, def, Order{ID: "r", Qty: 1, Amount: 10, Address: "here"}, reuse("r"))
