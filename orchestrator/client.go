@@ -183,7 +183,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("orchestrator: %w", err)
 	}
-	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true}
+	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true, Events: c.awaitedEvents()}
 	err = engine.AwaitReady(ctx, c.log, "declare the reply queue", engine.BrokerTransient, func(ctx context.Context) error {
 		return c.cfg.Broker.Declare(ctx, spec)
 	})

@@ -10,8 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/internal/engine"
+	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/transport"
 )
 
 // SagaRef names the saga an outside event is for: by ID, or by the
@@ -106,51 +109,11 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	if len(recs) == 0 {
 		return nil, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
 	}
-	rec := recs[0]
-	now := c.now()
-	fresh, err := c.db.RecordEvent(ctx, tx, &driver.OutsideEvent{SagaID: id, EventID: eventID, Name: name, Payload: payload, ReceivedAt: now})
-	if err != nil {
-		return nil, err
+	sent, tr, write, err := c.applyOutside(ctx, nil, tx, recs[0], name, eventID, payload)
+	if err != nil || !write {
+		return sent, err
 	}
-	sent := &EventSent{SagaID: id, Outcome: EventDuplicate, Status: saga.Status(rec.Status)}
-	if !fresh {
-		return sent, nil
-	}
-	runner, err := c.registry.Lookup(rec.Type, rec.Version)
-	if err != nil {
-		return nil, err
-	}
-	s, err := sagaFromRecord(&rec)
-	if err != nil {
-		return nil, err
-	}
-	res, err := runner.Apply(withTx(ctx, tx), s.Instance(), saga.Event{
-		Kind: saga.EventOutside, Type: name, Payload: payload, EventID: eventID, At: now,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if res.Ignored {
-		sent.Outcome = EventKept
-		if !waitsAhead(runner, s, name) {
-			sent.Outcome = EventIgnored
-			if err := c.db.SettleEvent(ctx, nil, tx, id, eventID, eventIgnored, res.IgnoreReason, now); err != nil {
-				return nil, err
-			}
-		}
-		return sent, nil
-	}
-	if err := c.db.SettleEvent(ctx, nil, tx, id, eventID, eventConsumed, "", now); err != nil {
-		return nil, err
-	}
-	tr, err := c.transition(ctx, rec, res, now)
-	if err != nil {
-		return nil, err
-	}
-	if tr, err = c.consumeKept(ctx, nil, tx, runner, tr, now); err != nil {
-		return nil, err
-	}
-	if err := c.db.WriteTransitionsIn(ctx, tx, writes(tr), now); err != nil {
+	if err := c.db.WriteTransitionsIn(ctx, tx, writes(tr), tr.at); err != nil {
 		return nil, err
 	}
 	if c.cfg.Relay.Notify && len(tr.res.Emit) > 0 {
@@ -165,8 +128,65 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	case c.startWake <- struct{}{}: // the relay, a few times after the caller's commit
 	default:
 	}
-	sent.Outcome, sent.Status = EventConsumed, tr.res.Instance.Status
 	return sent, nil
+}
+
+// applyOutside records the outside event eventID (name, payload) for the
+// saga rec, locked in t or else tx, and applies it if the saga waits for it
+// now, with the kept events it then waits for. It reports whether there is
+// a transition to write (the caller writes it).
+func (c *Client) applyOutside(ctx context.Context, t driver.Tx, tx pgx.Tx, rec driver.SagaRecord, name, eventID string, payload []byte) (*EventSent, transition, bool, error) {
+	now := c.now()
+	id := rec.ID
+	fresh, err := c.db.RecordEvent(ctx, t, tx, &driver.OutsideEvent{SagaID: id, EventID: eventID, Name: name, Payload: payload, ReceivedAt: now})
+	if err != nil {
+		return nil, transition{}, false, err
+	}
+	sent := &EventSent{SagaID: id, Outcome: EventDuplicate, Status: saga.Status(rec.Status)}
+	if !fresh {
+		return sent, transition{}, false, nil
+	}
+	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	if err != nil {
+		return nil, transition{}, false, err
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return nil, transition{}, false, err
+	}
+	scope := withTx(ctx, tx)
+	if t != nil {
+		scope = c.localScope(ctx, t)
+	}
+	res, err := runner.Apply(scope, s.Instance(), saga.Event{
+		Kind: saga.EventOutside, Type: name, Payload: payload, EventID: eventID, At: now,
+	})
+	if err != nil {
+		return nil, transition{}, false, err
+	}
+	if res.Ignored {
+		sent.Outcome = EventKept
+		if !waitsAhead(runner, s, name) {
+			sent.Outcome = EventIgnored
+			if err := c.db.SettleEvent(ctx, t, tx, id, eventID, eventIgnored, res.IgnoreReason, now); err != nil {
+				return nil, transition{}, false, err
+			}
+		}
+		return sent, transition{}, false, nil
+	}
+	if err := c.db.SettleEvent(ctx, t, tx, id, eventID, eventConsumed, "", now); err != nil {
+		return nil, transition{}, false, err
+	}
+	tr, err := c.transition(ctx, rec, res, now)
+	if err != nil {
+		return nil, transition{}, false, err
+	}
+	if tr, err = c.consumeKept(ctx, t, tx, runner, tr, now); err != nil {
+		return nil, transition{}, false, err
+	}
+	tr.phase, tr.at = s.Phase, now
+	sent.Outcome, sent.Status = EventConsumed, tr.res.Instance.Status
+	return sent, tr, true, nil
 }
 
 // waitsAhead reports whether the saga s may still wait for the event name:
@@ -251,4 +271,57 @@ func (c *Client) consumeKept(ctx context.Context, t driver.Tx, tx pgx.Tx, runner
 	}
 	merged.phase, merged.at, merged.before, merged.since = tr.phase, tr.at, tr.before, tr.since
 	return merged, nil
+}
+
+// processEvent applies an outside event that arrived as a message on the
+// orchestrator's queue (another service published it, with the saga's id
+// in its envelope), as SendEvent does, in one transaction with its inbox
+// record; the message id is the event id.
+func (c *Client) processEvent(ctx context.Context, d *transport.Delivery) (engine.Result, error) {
+	t := c.db.Begin()
+	defer t.Rollback(ctx)
+	rcpts, err := c.db.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
+	if err != nil {
+		return engine.Result{}, err
+	}
+	switch r := rcpts[0]; {
+	case !r.Fresh:
+		return engine.Result{Outcome: telemetry.OutcomeDuplicate}, t.Commit(ctx)
+	case r.Saga == nil:
+		c.log.Warn("event for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(),
+			"saga_id", d.SagaID.String(), "type", d.Type)
+		return engine.Result{Outcome: telemetry.OutcomeUnknownSaga}, t.Commit(ctx)
+	}
+	sent, tr, write, err := c.applyOutside(ctx, t, nil, *rcpts[0].Saga, d.Type, d.MessageID.String(), d.Payload)
+	switch {
+	case errors.Is(err, saga.ErrInvalidPayload):
+		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonInvalidPayload, Reason: fmt.Sprintf("event %s for saga %s: %v", d.MessageID, d.SagaID, err)}
+	case errors.Is(err, saga.ErrUnknownDefinition), errors.Is(err, saga.ErrInvalidInstance):
+		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonInvalidInstance, Reason: fmt.Sprintf("event %s for saga %s: %v", d.MessageID, d.SagaID, err)}
+	case err != nil:
+		return engine.Result{}, err
+	case !write:
+		return engine.Result{Outcome: telemetry.OutcomeIgnored, Note: string(sent.Outcome)}, t.Commit(ctx)
+	}
+	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
+		return engine.Result{}, err
+	}
+	c.committed(ctx, tr)
+	return engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0}, nil
+}
+
+// awaitedEvents names the outside events the Client's definitions wait for:
+// the events its queue receives from other services.
+func (c *Client) awaitedEvents() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range c.registry.Runners() {
+		for _, st := range r.Steps() {
+			if st.WaitEvent != "" && !seen[st.WaitEvent] {
+				seen[st.WaitEvent] = true
+				out = append(out, st.WaitEvent)
+			}
+		}
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
 )
 
@@ -175,4 +176,44 @@ func mustData(t *testing.T, def *saga.Definition[Order], s *orchestrator.Saga) O
 	d, err := def.DecodeData(s.Data)
 	require.NoError(t, err)
 	return d
+}
+
+// TestOutsideEventAsMessage: another service publishes the outside event
+// (with the saga's id in its envelope) from its own transaction; it
+// reaches the orchestrator's queue, passes its inbox and moves the saga on;
+// a second one (another message id) is recorded and ignored.
+func TestOutsideEventAsMessage(t *testing.T) {
+	t.Parallel()
+	e := newEventEnv(t)
+	def := paidOrderSaga(time.Hour)
+	run(t, e.inventory(true).Run)
+	pay := e.payment(true) // publishes the provider's confirmation
+	run(t, pay.Run)
+	c := e.runOrchestrator(e.orchConfig(def))
+	ctx := context.Background()
+
+	st := e.start(c, def, Order{ID: "m-1", Qty: 1, Address: "here"}, nil)
+	waitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
+		s, err := c.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return s.Steps[1].Status == saga.StepWaitingEvent
+	})
+	msg, err := participant.NewEvent(paymentConfirmed.Name(), PaymentConfirmed{Ref: "via-broker"})
+	require.NoError(t, err)
+	msg.SagaID = st.ID
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	require.NoError(t, pay.Publish(ctx, tx, msg, msg)) // two messages, two event ids
+	require.NoError(t, tx.Commit(ctx))
+	pay.Wake()
+
+	out, err := orchestrator.Await(ctx, c, def, st.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, out.Status, out.LastError)
+	require.Equal(t, "via-broker", out.Data.ChargeID)
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_event WHERE saga_id = $1 AND status = 'consumed'`, st.ID))
+	waitFor(t, 30*time.Second, "the second event to be recorded", func() bool {
+		return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_event WHERE saga_id = $1 AND status = 'ignored'`, st.ID) == 1
+	})
 }

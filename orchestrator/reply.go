@@ -45,6 +45,9 @@ type processor struct{ c *Client }
 // between.
 func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (engine.Result, error) {
 	c := p.c
+	if d.Kind == message.KindEvent {
+		return c.processEvent(ctx, d)
+	}
 	if !d.Kind.IsReply() {
 		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
 			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}

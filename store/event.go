@@ -25,10 +25,11 @@ func (s *executor) eventDB(ctx context.Context, t driver.Tx, tx pgx.Tx) (dbsqlc.
 	return nil, errors.New("outside event: no transaction")
 }
 
-// RecordEvent records ev in tx, the sender's transaction, and reports
-// whether it is new (false: its saga has an event with its id already).
-func (s *executor) RecordEvent(ctx context.Context, tx pgx.Tx, ev *driver.OutsideEvent) (bool, error) {
-	db, err := s.eventDB(ctx, nil, tx)
+// RecordEvent records ev in t or else tx, the sender's transaction, and
+// reports whether it is new (false: its saga has an event with its id
+// already).
+func (s *executor) RecordEvent(ctx context.Context, t driver.Tx, tx pgx.Tx, ev *driver.OutsideEvent) (bool, error) {
+	db, err := s.eventDB(ctx, t, tx)
 	if err != nil {
 		return false, err
 	}

@@ -75,9 +75,9 @@ type Executor interface {
 	// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
 	// statement, without committing.
 	WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []Transition, now time.Time) error
-	// RecordEvent records ev in tx, the sender's transaction, and reports
-	// whether it is new (false: its saga has an event with its id).
-	RecordEvent(ctx context.Context, tx pgx.Tx, ev *OutsideEvent) (bool, error)
+	// RecordEvent records ev in t or else tx, the sender's transaction, and
+	// reports whether it is new (false: its saga has an event with its id).
+	RecordEvent(ctx context.Context, t Tx, tx pgx.Tx, ev *OutsideEvent) (bool, error)
 	// PendingEvent returns the oldest pending event called name of saga
 	// id, read in t or else tx; nil if none.
 	PendingEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, name string) (*OutsideEvent, error)
