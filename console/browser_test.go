@@ -217,7 +217,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			chromedp.Click(chromedp.CSS(`#abort-form button`)))
 		waitJS(t, tab, "the outcome of the abort", `!!document.querySelector('#flash')`)
 		require.Contains(t, text(t, tab, "#flash"), "abort applied")
-		require.Equal(t, []string{"alice"}, attrs(t, tab, `#history tr.operator[data-event="aborted"]`, "data-actor"),
+		require.Equal(t, []string{"alice"}, attrs(t, tab, `#history tr.operator[data-event="cancelled"]`, "data-actor"),
 			"the abort is in the history with its actor")
 		waitStatus(t, orch, held, saga.StatusCompensated)
 	})

@@ -61,10 +61,11 @@ func (c *Client) mustQueue(ctx context.Context, tx pgx.Tx, name, key string) (st
 
 // enqueue writes, in tx, saga id of runner as queued: its row with every
 // step pending and a history entry saying why, no message. None of its
-// steps runs, local ones included, before it is admitted.
-func (c *Client) enqueue(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, opts *StartOpts, why string) (*Started, error) {
+// steps runs, local ones included, before it is admitted. It reports false
+// when the start key is taken: nothing was written.
+func (c *Client) enqueue(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, opts *StartOpts, startHash []byte, why string) (bool, error) {
 	if !json.Valid(data) {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w: data is not valid JSON", runner.Name(), runner.Version(), saga.ErrInvalidPayload)
+		return false, fmt.Errorf("%w: data is not valid JSON", saga.ErrInvalidPayload)
 	}
 	now := c.now()
 	steps := make([]saga.StepState, len(runner.Steps()))
@@ -75,25 +76,15 @@ func (c *Client) enqueue(ctx context.Context, tx pgx.Tx, runner saga.Runner, id 
 		ID: id, Type: runner.Name(), Version: runner.Version(), Status: saga.StatusQueued, Phase: saga.PhaseAction,
 		Data: data, Steps: steps,
 	}
-	rec := driver.SagaRecord{StartKey: opts.StartKey, ConcurrencyKey: opts.ConcurrencyKey}
+	rec := driver.SagaRecord{StartKey: opts.StartKey, ConcurrencyKey: opts.ConcurrencyKey, StartDataHash: startHash}
 	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &inst, now); err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		return false, err
 	}
-	inserted, err := c.db.StartSaga(ctx, tx, &driver.SagaStart{
+	return c.db.StartSaga(ctx, tx, &driver.SagaStart{
 		Saga:    rec,
 		History: []driver.HistoryRecord{{SagaID: id, At: now, Event: string(HistoryQueued), Phase: string(saga.PhaseAction), Detail: why}},
 	}, now)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-	}
-	if !inserted {
-		return c.existing(ctx, tx, runner, opts.StartKey)
-	}
-	c.tel.SagaStarted(ctx, runner.Name())
-	c.signalStart(true)
-	c.log.Debug("saga queued", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "reason", why)
-	return &Started{ID: id, Status: saga.StatusQueued}, nil
 }
 
 // signalStart tells Run's waker that a saga was started (queued: it waits
@@ -325,6 +316,10 @@ func (c *Client) admitOne(ctx context.Context, t driver.Tx, rec driver.SagaRecor
 		}}, nil
 	}
 	tr, err := c.transition(ctx, rec, res, now)
+	if err == nil {
+		// Events sent while it was queued, for a step it now waits at.
+		tr, err = c.consumeKept(ctx, t, nil, runner, tr, now)
+	}
 	if err != nil {
 		return transition{}, err
 	}
@@ -338,24 +333,32 @@ func (c *Client) admitOne(ctx context.Context, t driver.Tx, rec driver.SagaRecor
 	return tr, nil
 }
 
-// withdrawQueued returns the transition of an operator's abort of rec, a
-// queued saga: nothing of it ran, so it ends compensated at once, with
-// nothing to compensate. Any other action is refused.
+// withdrawQueued returns the transition of an operator's cancel (or abort)
+// or terminate of rec, a queued saga: nothing of it ran, so a cancel ends it
+// compensated at once, with nothing to compensate, and a terminate ends it
+// terminated. A retry is refused.
 func (c *Client) withdrawQueued(rec driver.SagaRecord, kind saga.EventKind, actor, reason string, now time.Time) (transition, error) {
-	if kind != saga.EventAbort {
-		return transition{}, fmt.Errorf("%w: %s of a queued saga (it has not started; abort withdraws it)", saga.ErrInvalidTransition, kind)
+	status, event := saga.StatusCompensated, saga.HistoryCancelled
+	switch kind {
+	case saga.EventCancel:
+	case saga.EventAbort:
+		event = saga.HistoryAborted
+	case saga.EventTerminate:
+		status, event = saga.StatusTerminated, saga.HistoryTerminated
+	default:
+		return transition{}, fmt.Errorf("%w: %s of a queued saga (it has not started; cancel or terminate withdraws it)", saga.ErrInvalidTransition, kind)
 	}
 	next := rec
-	next.Status, next.FinishedAt, next.CurrentStep = string(saga.StatusCompensated), now, -1
-	next.LastError = "aborted before admission"
+	next.Status, next.FinishedAt, next.CurrentStep = string(status), now, -1
+	next.LastError = string(kind) + " before admission"
 	if reason != "" {
 		next.LastError += ": " + reason
 	}
 	tr := transition{
 		before: saga.StatusQueued, since: rec.UpdatedAt, at: now, phase: saga.PhaseAction,
-		res: saga.Result{Instance: saga.Instance{Status: saga.StatusCompensated}},
+		res: saga.Result{Instance: saga.Instance{Status: status}},
 		write: driver.Transition{Saga: &next, History: []driver.HistoryRecord{{
-			SagaID: rec.ID, At: now, Event: string(saga.HistoryAborted), Phase: string(saga.PhaseAction),
+			SagaID: rec.ID, At: now, Event: string(event), Phase: string(saga.PhaseAction),
 			Detail: "withdrawn before admission: " + reason, Actor: actor,
 		}}},
 	}

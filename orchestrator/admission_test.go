@@ -101,7 +101,7 @@ func TestGuaranteeAdmissionLimitQueuesStartsAndAdmitsThemInOrder(t *testing.T) {
 	w, err := c.Abort(ctx, ids[4], "test", "not needed any more")
 	require.NoError(t, err)
 	require.Equal(t, saga.StatusCompensated, w.Status)
-	require.Equal(t, []saga.HistoryEvent{orchestrator.HistoryQueued, saga.HistoryAborted}, events(t, c, ids[4]))
+	require.Equal(t, []saga.HistoryEvent{orchestrator.HistoryQueued, saga.HistoryCancelled}, events(t, c, ids[4]))
 	require.Zero(t, e.count(`SELECT count(*) FROM %[1]s.sagabox_outbox WHERE saga_id = $1`, ids[4]))
 
 	_, err = c.Abort(ctx, ids[1], "test", "make room")

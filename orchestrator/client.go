@@ -67,6 +67,10 @@ type Client struct {
 
 	// outage keeps the broker's outages out of step timeouts.
 	outage outageClock
+
+	// waiters are the callers of Wait, woken when this Client ends their
+	// saga.
+	waiters waiters
 }
 
 // NewClient validates cfg and returns a Client. It connects to nothing yet:
@@ -188,7 +192,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("orchestrator: %w", err)
 	}
-	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true}
+	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true, Events: c.awaitedEvents()}
 	err = engine.AwaitReady(ctx, c.log, "declare the reply queue", engine.BrokerTransient, func(ctx context.Context) error {
 		return c.cfg.Broker.Declare(ctx, spec)
 	})

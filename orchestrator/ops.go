@@ -67,12 +67,13 @@ type ListOpts struct {
 	// Version keeps only sagas of this definition version. Defaults to 0
 	// (all).
 	Version int
-	// StartKey keeps only the sagas started with this key (one per type).
-	// Defaults to "" (all).
-	StartKey string
 	// Statuses keeps only sagas in one of these statuses. Defaults to none
 	// (all statuses).
 	Statuses []saga.Status
+	// StartKey keeps only sagas started with this key (StartOpts.StartKey);
+	// with Type, at most one saga unless StartKeyReuseFinished reused the key.
+	// Defaults to "" (all).
+	StartKey string
 	// OlderThan keeps only sagas not updated for at least this long (by
 	// Clock): stuck ones. Defaults to 0 (all).
 	OlderThan time.Duration
@@ -184,15 +185,38 @@ func (c *Client) Retry(ctx context.Context, id uuid.UUID, actor, reason string) 
 	return c.operate(ctx, id, saga.EventRetry, actor, reason)
 }
 
-// Abort compensates the running saga id as if its current step had timed
-// out for good: the step's own compensation first (the participant's
-// barrier makes it a no-op if the action never ran), then the completed
-// steps' in reverse order. actor and reason are recorded in the history and
+// Cancel compensates the running saga id as if its current step had timed
+// out for good, whether that step is running or waiting for a retry: the
+// step's own compensation first (the participant's barrier makes it a
+// no-op if the action never ran, and keeps a late action from being
+// applied), then the completed steps' in reverse order; the saga ends
+// compensated (or failed, if a compensation fails). actor and reason are
+// recorded in the history (saga.HistoryCancelled, with the time) and
 // LastError. A saga that is not running gives an error wrapping
 // saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the
 // saga's new state.
+func (c *Client) Cancel(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
+	return c.operate(ctx, id, saga.EventCancel, actor, reason)
+}
+
+// Abort is Cancel.
+//
+// Deprecated: use Cancel, which it calls.
 func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
-	return c.operate(ctx, id, saga.EventAbort, actor, reason)
+	return c.Cancel(ctx, id, actor, reason)
+}
+
+// Terminate stops the running, compensating or failed saga id at once,
+// compensating nothing: it ends terminated (saga.StatusTerminated), the
+// step in flight marked saga.StepTerminated, and no further command or
+// compensation is sent. Commands already written to the outbox are still
+// delivered; their replies are recorded and ignored. actor and reason are
+// recorded in the history (saga.HistoryTerminated, with the time) and
+// LastError. A saga that has ended gives an error wrapping
+// saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the
+// saga's new state.
+func (c *Client) Terminate(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
+	return c.operate(ctx, id, saga.EventTerminate, actor, reason)
 }
 
 func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor, reason string) (_ *Saga, err error) {
@@ -280,9 +304,12 @@ func (c *Client) operated(ctx context.Context, tr transition, kind saga.EventKin
 	}
 	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrSagaType.String(tr.rec.Type), telemetry.AttrStatus.String(string(tr.res.Instance.Status)))
 	attrs := []any{"saga_id", tr.rec.ID.String(), "saga_type", tr.rec.Type, "actor", actor, "reason", reason, "status", string(tr.res.Instance.Status)}
-	if kind == saga.EventAbort {
-		c.log.Warn("saga aborted by operator", attrs...)
-	} else {
+	switch kind {
+	case saga.EventCancel, saga.EventAbort:
+		c.log.Warn("saga cancelled by operator", attrs...)
+	case saga.EventTerminate:
+		c.log.Warn("saga terminated by operator", attrs...)
+	default:
 		c.log.Info("saga retried by operator", attrs...)
 	}
 }

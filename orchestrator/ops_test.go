@@ -99,7 +99,7 @@ func TestOperatorRetryAndAbort(t *testing.T) {
 	require.Equal(t, saga.StepAborted, s.Steps[2].Status)
 	require.Contains(t, s.LastError, "customer cancelled")
 	e.checkBusiness(Order{ID: "abort"}, saga.StatusCompensated)
-	requireEntry(t, c, stuck.ID, saga.HistoryAborted, "bob", "customer cancelled")
+	requireEntry(t, c, stuck.ID, saga.HistoryCancelled, "bob", "customer cancelled")
 	_, err = c.Retry(ctx, stuck.ID, "bob", "again")
 	require.ErrorIs(t, err, saga.ErrInvalidTransition)
 

@@ -45,6 +45,9 @@ type processor struct{ c *Client }
 // between.
 func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (engine.Result, error) {
 	c := p.c
+	if d.Kind == message.KindEvent {
+		return c.processEvent(ctx, d)
+	}
 	if !d.Kind.IsReply() {
 		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
 			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}
@@ -196,6 +199,10 @@ func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Deliv
 		return transition{}, err
 	}
 	tr, err := c.transition(ctx, rec, res, now)
+	if err == nil {
+		// Events sent before the saga reached the step it now waits at.
+		tr, err = c.consumeKept(ctx, t, nil, runner, tr, now)
+	}
 	tr.phase, tr.at = s.Phase, now
 	return tr, err
 }

@@ -31,7 +31,7 @@ func (c *Client) applyRequests(ctx context.Context) error {
 }
 
 // applyRequest claims the oldest pending request (SKIP LOCKED), applies it
-// with Retry or Abort and marks it with its outcome, all in one
+// as Retry, Cancel or Terminate would and marks it with its outcome, all in one
 // transaction: the action is applied if and only if its request is marked,
 // so a request is never applied twice. It reports whether it found one.
 func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found bool, err error) {
@@ -46,10 +46,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 		if op, err = c.db.ClaimOperation(ctx, t, keys); err != nil || op == nil {
 			return err
 		}
-		kind, refusal = saga.EventRetry, nil
-		if op.Action == "abort" {
-			kind = saga.EventAbort
-		}
+		kind, refusal = requestKind(op.Action), nil
 		sp, err := t.Savepoint(ctx)
 		if err != nil {
 			return err
@@ -122,4 +119,18 @@ func (c *Client) sagaKeys() []driver.SagaKey {
 		keys = append(keys, driver.SagaKey{Type: r.Name(), Version: r.Version()})
 	}
 	return keys
+}
+
+// requestKind is the event of an operator request's action: "retry",
+// "cancel" ("abort", its former name, from an older CLI) or "terminate".
+func requestKind(action string) saga.EventKind {
+	switch action {
+	case "cancel", "abort":
+		return saga.EventCancel
+	case "terminate":
+		return saga.EventTerminate
+	case "retry":
+		return saga.EventRetry
+	}
+	return saga.EventKind(action) // unknown: the saga core refuses it
 }

@@ -29,7 +29,8 @@ type Saga struct {
 	// saga.PhaseCompensation.
 	Phase saga.Phase
 	// CurrentStep is the index of the step in flight, or in a failed saga of
-	// the step whose compensation failed; -1 once completed or compensated.
+	// the step whose compensation failed; -1 once completed, compensated or
+	// terminated.
 	CurrentStep int
 	// Data is the saga's typed data as JSON (decode it with the
 	// definition's DecodeData).
@@ -47,8 +48,8 @@ type Saga struct {
 	// Revision counts the transitions applied to the saga.
 	Revision int64
 	// CreatedAt, UpdatedAt and FinishedAt are Clock times; FinishedAt is
-	// zero until the saga is completed or compensated (a failed saga waits
-	// for an operator and is not finished).
+	// zero until the saga is completed, compensated or terminated (a failed
+	// saga waits for an operator and is not finished).
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt time.Time
@@ -103,7 +104,7 @@ func applyToRecord(rec *driver.SagaRecord, inst *saga.Instance, now time.Time) e
 			rec.Attempts = st.CompensationAttempt
 		}
 	}
-	finished := inst.Status == saga.StatusCompleted || inst.Status == saga.StatusCompensated
+	finished := inst.Status.Finished()
 	switch {
 	case finished && rec.FinishedAt.IsZero():
 		rec.FinishedAt = now
@@ -165,16 +166,18 @@ type transition struct {
 	at time.Time
 	// deadlineFailed marks the record of a timer the core refused.
 	deadlineFailed bool
-	rec            driver.SagaRecord
-	res            saga.Result
-	write          driver.Transition
+	// orig is the saga as read, before the event; rec as written.
+	orig  driver.SagaRecord
+	rec   driver.SagaRecord
+	res   saga.Result
+	write driver.Transition
 }
 
 // transition turns res, the outcome of applying an event to the saga rec,
 // into what is written: the new state (revision-checked), its history and
 // its outgoing messages. An ignored result writes only its history.
 func (c *Client) transition(ctx context.Context, rec driver.SagaRecord, res saga.Result, now time.Time) (transition, error) {
-	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res, rec: rec}
+	tr := transition{before: saga.Status(rec.Status), since: rec.UpdatedAt, res: res, orig: rec, rec: rec}
 	tr.write.History = historyRecords(rec.ID, res.History)
 	if res.Ignored {
 		return tr, nil
@@ -216,12 +219,13 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 		after := tr.res.Instance.Status
 		if after != tr.before && after.Terminal() {
 			admit = true
+			c.waiters.ended(tr.rec.ID)
 			c.tel.SagaFinished(ctx, tr.rec.Type, string(after), tr.rec.UpdatedAt.Sub(tr.rec.CreatedAt))
 			lvl := slog.LevelDebug
 			switch after {
 			case saga.StatusCompensated:
 				lvl = slog.LevelInfo
-			case saga.StatusFailed:
+			case saga.StatusFailed, saga.StatusTerminated:
 				lvl = slog.LevelWarn
 			}
 			c.log.Log(ctx, lvl, "saga "+string(after), "saga_id", tr.rec.ID.String(), "saga_type", tr.rec.Type, "last_error", tr.rec.LastError)

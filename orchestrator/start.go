@@ -23,7 +23,8 @@ type StartOpts struct {
 	// StartKey makes the start idempotent: when a saga of the same
 	// definition name was already started with this key, Start starts
 	// nothing (no row, no message, no local step) and returns that saga
-	// with Existing set. Defaults to "" (no key).
+	// with Existing set, or an error, as StartKeyPolicy says. Defaults to ""
+	// (no key).
 	StartKey string
 
 	// ConcurrencyKey makes the saga one of a kind (the "semantic lock" of
@@ -36,6 +37,11 @@ type StartOpts struct {
 	// key; use a READ COMMITTED tx (PostgreSQL's default) so that Start sees
 	// what the key's previous holder committed.
 	ConcurrencyKey string
+
+	// StartKeyPolicy says what a start does whose StartKey names a saga
+	// already. Defaults to StartKeyRejectDifferent: the same data returns
+	// that saga, different data is an error wrapping ErrStartKeyConflict.
+	StartKeyPolicy StartKeyPolicy
 }
 
 // Started is the outcome of Start.
@@ -162,6 +168,9 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start: %w (register it with the Client)", err)
 	}
+	if opts.StartKeyPolicy < StartKeyRejectDifferent || opts.StartKeyPolicy > StartKeyReuseFinished {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKeyPolicy %s is unknown", runner.Name(), runner.Version(), opts.StartKeyPolicy)
+	}
 	if opts.StartKey != "" && strings.TrimSpace(opts.StartKey) == "" {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKey is blank", runner.Name(), runner.Version())
 	}
@@ -180,37 +189,62 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	// write before it, so a definition with local steps looks the key up
 	// first and runs under a savepoint that losing the race rolls back.
 	local := hasLocalStep(runner)
-	if opts.StartKey != "" && local {
-		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
-		switch {
-		case err == nil:
-			return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
-		case !errors.Is(err, message.ErrNotFound):
+	reuse := opts.StartKey != "" && opts.StartKeyPolicy == StartKeyReuseFinished
+	var hash []byte
+	if opts.StartKey != "" {
+		if hash, err = startDataHash(data); err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
 	}
-	why, err := c.mustQueue(ctx, tx, runner.Name(), opts.ConcurrencyKey)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-	}
-	if why != "" {
-		return c.enqueue(ctx, tx, runner, id, data, opts, why)
-	}
+	// Local steps, and a start key released for this start, write before
+	// the start statement: they run under a savepoint that a start that
+	// does not happen rolls back.
 	work := tx
-	if local {
+	if local || reuse {
 		work, err = tx.Begin(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
 		}
 		defer work.Rollback(context.WithoutCancel(ctx))
 	}
-	res, inserted, err := c.start(ctx, work, runner, id, data, opts)
+	if reuse {
+		if err := c.releaseStartKey(ctx, work, runner.Name(), opts.StartKey, id); err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		}
+	}
+	if opts.StartKey != "" && local {
+		existing, err := c.db.SagaByStartKey(ctx, work, runner.Name(), opts.StartKey)
+		switch {
+		case err == nil:
+			return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
+		case !errors.Is(err, message.ErrNotFound):
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		}
+	}
+	// Flow control: past the definition's limit, or with its concurrency
+	// key held, the saga is written as queued instead of started.
+	why, err := c.mustQueue(ctx, work, runner.Name(), opts.ConcurrencyKey)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+	}
+	var res saga.Result
+	var inserted bool
+	if why != "" {
+		inserted, err = c.enqueue(ctx, work, runner, id, data, opts, hash, why)
+	} else {
+		res, inserted, err = c.start(ctx, work, runner, id, data, opts, hash)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 	}
 	if !inserted {
-		// The deferred rollback undoes the local steps' writes.
-		return c.existing(ctx, tx, runner, opts.StartKey)
+		// The deferred rollback undoes the local steps' writes (and a key
+		// release).
+		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		}
+		return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
 	}
 	if work != tx {
 		if err := work.Commit(ctx); err != nil {
@@ -218,6 +252,11 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 	}
 	c.tel.SagaStarted(ctx, runner.Name())
+	if why != "" {
+		c.signalStart(true)
+		c.log.Debug("saga queued", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "reason", why)
+		return &Started{ID: id, Status: saga.StatusQueued}, nil
+	}
 	c.tel.SagaAdmitted(ctx, runner.Name(), 0)
 	if res.Instance.Status.Terminal() {
 		c.tel.SagaFinished(ctx, runner.Name(), string(res.Instance.Status), 0)
@@ -230,26 +269,16 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	return &Started{ID: id, Status: res.Instance.Status}, nil
 }
 
-// existing returns the saga of runner's name started with startKey, read in
-// tx: the outcome of a start whose key was taken.
-func (c *Client) existing(ctx context.Context, tx pgx.Tx, runner saga.Runner, startKey string) (*Started, error) {
-	rec, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), startKey)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-	}
-	return &Started{ID: rec.ID, Status: saga.Status(rec.Status), Existing: true}, nil
-}
-
 // start runs the saga core's Start and writes the saga, its history and its
 // first messages in tx in one statement. It reports false when the start key
 // is taken: nothing was written.
-func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, opts *StartOpts) (saga.Result, bool, error) {
+func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, opts *StartOpts, startHash []byte) (saga.Result, bool, error) {
 	now := c.now()
 	res, err := runner.Start(withTx(ctx, tx), id, data, now)
 	if err != nil {
 		return saga.Result{}, false, err
 	}
-	rec := driver.SagaRecord{StartKey: opts.StartKey, ConcurrencyKey: opts.ConcurrencyKey}
+	rec := driver.SagaRecord{StartKey: opts.StartKey, ConcurrencyKey: opts.ConcurrencyKey, StartDataHash: startHash}
 	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
 		return saga.Result{}, false, err

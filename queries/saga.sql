@@ -12,7 +12,7 @@ WITH saga AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga (
         id, saga_type, version, status, start_key, data, steps, current_step, phase,
         deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate,
-        concurrency_key, admitted_at
+        concurrency_key, admitted_at, start_data_hash
     ) VALUES (
         @id::uuid, @saga_type::text, @version::integer, @status::text, sqlc.narg('start_key')::text,
         @data::jsonb, @steps::jsonb, @current_step::integer, @phase::text,
@@ -20,9 +20,10 @@ WITH saga AS (
         @now::timestamptz, @now::timestamptz, sqlc.narg('finished_at')::timestamptz,
         @traceparent::text, @tracestate::text,
         sqlc.narg('concurrency_key')::text,
-        CASE WHEN @status::text = 'queued' THEN NULL ELSE @now::timestamptz END
+        CASE WHEN @status::text = 'queued' THEN NULL ELSE @now::timestamptz END,
+        sqlc.narg('start_data_hash')::bytea
     )
-    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
+    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL AND NOT start_key_released DO NOTHING
     RETURNING id
 ), history AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
@@ -290,8 +291,29 @@ SELECT /* TEMPLATE: schema */sagabox_check(
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga WHERE id = @id::uuid;
 
 -- name: SagaGetByStartKey :one
+-- Returns the saga a start key names now: the one holding it unreleased.
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
-WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
+WHERE saga_type = @saga_type::text AND start_key = @start_key::text AND NOT start_key_released;
+
+-- name: SagaReleaseStartKey :many
+-- Releases, in the caller's transaction, the start key of the finished
+-- (completed, compensated or terminated) saga holding it, so that a start
+-- with the key can insert a new saga; the old saga keeps the key, marked
+-- released, and gets a history entry. A saga that has not finished keeps
+-- the key. A concurrent release of the same key waits for the row lock and
+-- then finds nothing to release.
+WITH released AS (
+    UPDATE /* TEMPLATE: schema */sagabox_saga
+    SET start_key_released = true
+    WHERE saga_type = @saga_type::text AND start_key = @start_key::text
+      AND NOT start_key_released AND finished_at IS NOT NULL
+    RETURNING id, phase
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (saga_id, at, event, phase, detail)
+    SELECT released.id, @now::timestamptz, @event::text, released.phase, @detail::text
+    FROM released
+)
+SELECT released.id FROM released;
 
 -- name: SagaList :many
 -- Lists sagas oldest first (by start), filtered by type, version, status,
@@ -299,8 +321,8 @@ WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
 -- keyset paging on (created_at, id), which never change: a page follows the
 -- previous one however the sagas move on. Each filter has an index to
 -- start from: type and status (sagabox_saga_type_status_created_at_idx,
--- sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_idx
--- with a type, sagabox_saga_start_key_only_idx without), overdue deadline
+-- sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_held_idx
+-- with a type, sagabox_saga_start_key_idx without), overdue deadline
 -- (sagabox_saga_deadline_idx).
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE (sqlc.narg('saga_type')::text IS NULL OR saga_type = sqlc.narg('saga_type')::text)

@@ -74,8 +74,11 @@ type Runner interface {
 	// EventRetry (operator) re-sends what is in flight with attempt+1: the
 	// action of a running saga, the compensation of a compensating one, or
 	// the failed compensation of a failed one, which becomes compensating
-	// again. EventAbort (operator) compensates a running saga like an
-	// exhausted timeout. Either one in another status is an error wrapping
+	// again. EventCancel (and its former name EventAbort) compensates a
+	// running saga like an exhausted timeout. EventTerminate stops a
+	// running, compensating or failed saga at once: the step in flight is
+	// marked StepTerminated, nothing is sent and the saga is terminated.
+	// Any of them in another status is an error wrapping
 	// ErrInvalidTransition.
 	//
 	// Other errors: an instance of another definition or a corrupt one
@@ -140,8 +143,12 @@ func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (R
 		err = m.timer()
 	case EventRetry:
 		err = m.retry()
-	case EventAbort:
-		err = m.abort()
+	case EventCancel, EventAbort:
+		err = m.cancel()
+	case EventTerminate:
+		err = m.terminate()
+	case EventOutside:
+		err = m.outside()
 	default:
 		err = fmt.Errorf("%w: saga %s: unknown event kind %q", ErrInvalidEvent, inst.ID, ev.Kind)
 	}
@@ -238,6 +245,10 @@ func (m *machine[D]) advance(i int) error {
 			st.Status, st.FinishedAt = StepSkipped, m.now
 			m.record(HistoryEntry{Event: HistoryStepSkipped, StepIndex: i, Phase: PhaseAction, Detail: "predicate returned false"})
 			continue
+		}
+		if s.isWait {
+			m.enterWait(i)
+			return nil
 		}
 		if !s.isLocal {
 			m.inst.CurrentStep = i
@@ -516,6 +527,8 @@ func (m *machine[D]) timer() error {
 		return nil
 	}
 	switch st.Status {
+	case StepWaitingEvent:
+		return m.waitTimedOut(i)
 	case StepRunning:
 		m.record(HistoryEntry{Event: HistoryTimedOut, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: s.timeout.String()})
 		if st.Attempt < s.retry.MaxAttempts {
@@ -544,6 +557,9 @@ func (m *machine[D]) retry() error {
 	switch m.inst.Status {
 	case StatusRunning:
 		st := &m.inst.Steps[i]
+		if st.Status == StepWaitingEvent {
+			return fmt.Errorf("%w: retry saga %s: step %q waits for an outside event, it has nothing to re-send", ErrInvalidTransition, m.inst.ID, st.Name)
+		}
 		if st.Status != StepRunning && st.Status != StepWaitingRetry {
 			break
 		}
@@ -570,23 +586,56 @@ func (m *machine[D]) retry() error {
 	return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
 }
 
-func (m *machine[D]) abort() error {
+// cancel compensates a running saga from its step in flight (EventCancel,
+// EventAbort).
+func (m *machine[D]) cancel() error {
+	verb, event := "cancelled", HistoryCancelled
+	if m.ev.Kind == EventAbort {
+		verb, event = "aborted", HistoryAborted
+	}
 	if m.inst.Status != StatusRunning {
-		return fmt.Errorf("%w: abort saga %s: only a running saga can be aborted, this one is %s", ErrInvalidTransition, m.inst.ID, m.inst.Status)
+		return fmt.Errorf("%w: %s saga %s: only a running saga can be %s, this one is %s", ErrInvalidTransition, m.ev.Kind, m.inst.ID, verb, m.inst.Status)
 	}
 	i := m.inst.CurrentStep
 	st := &m.inst.Steps[i]
-	if st.Status != StepRunning && st.Status != StepWaitingRetry {
+	if st.Status != StepRunning && st.Status != StepWaitingRetry && st.Status != StepWaitingEvent {
 		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, st.Status)
 	}
-	reason := "aborted"
+	reason := m.operatorReason(verb)
+	st.LastError, m.inst.LastError = reason, reason
+	m.record(HistoryEntry{Event: event, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
+	return m.abandon(i, StepAborted)
+}
+
+// terminate stops a running, compensating or failed saga at once.
+func (m *machine[D]) terminate() error {
+	switch m.inst.Status {
+	case StatusRunning, StatusCompensating, StatusFailed:
+	default:
+		return fmt.Errorf("%w: terminate saga %s: a %s saga has ended", ErrInvalidTransition, m.inst.ID, m.inst.Status)
+	}
+	i := m.inst.CurrentStep
+	st := &m.inst.Steps[i]
+	switch st.Status {
+	case StepRunning, StepWaitingRetry, StepCompensating, StepWaitingEvent:
+		st.Status, st.FinishedAt = StepTerminated, m.now
+	}
+	st.Deadline = time.Time{}
+	reason := m.operatorReason("terminated")
+	m.inst.Status, m.inst.CurrentStep, m.inst.LastError = StatusTerminated, -1, reason
+	m.record(HistoryEntry{Event: HistoryTerminated, StepIndex: i, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor})
+	return nil
+}
+
+// operatorReason is the LastError of an operator action: "verb by actor:
+// reason".
+func (m *machine[D]) operatorReason(verb string) string {
+	reason := verb
 	if m.ev.Actor != "" {
 		reason += " by " + m.ev.Actor
 	}
 	if m.ev.Reason != "" {
 		reason += ": " + m.ev.Reason
 	}
-	st.LastError, m.inst.LastError = reason, reason
-	m.record(HistoryEntry{Event: HistoryAborted, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
-	return m.abandon(i, StepAborted)
+	return reason
 }

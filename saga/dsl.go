@@ -26,6 +26,12 @@ type StepSpec[D any] struct {
 	local   func(ctx context.Context, d *D) error
 	isLocal bool
 
+	// isWait marks a WaitEvent step: it waits for the outside event
+	// waitEvent and applies its payload with waitApply.
+	isWait    bool
+	waitEvent string
+	waitApply func(d *D, payload []byte) error
+
 	action       *phaseSpec[D]
 	actions      int
 	compensation *phaseSpec[D]
@@ -192,6 +198,9 @@ type StepInfo struct {
 	Retry RetryPolicy
 	// Conditional is true when the step has a When predicate.
 	Conditional bool
+	// WaitEvent is the name of the outside event a WaitEvent step waits
+	// for; "" for other steps.
+	WaitEvent string
 }
 
 // New builds and validates a definition called name, at version (>= 1),
@@ -266,6 +275,13 @@ func (def *Definition[D]) validate() error {
 
 // problems returns what is wrong with s alone.
 func (s *StepSpec[D]) problems() []string {
+	if s.isWait {
+		p := s.waitProblems()
+		if s.hasWhen && s.when == nil {
+			p = append(p, "When predicate is nil")
+		}
+		return p
+	}
 	var p []string
 	switch {
 	case s.isLocal && s.local == nil:
@@ -351,6 +367,7 @@ func (def *Definition[D]) Steps() []StepInfo {
 			CompensationTimeout: s.compTimeout,
 			Retry:               s.retry,
 			Conditional:         s.when != nil,
+			WaitEvent:           s.waitEvent,
 		}
 		if s.action != nil && !s.isLocal {
 			info.Action = s.action.command

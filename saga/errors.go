@@ -23,6 +23,9 @@ var (
 	// ErrInvalidPayload means a JSON payload does not decode into the type a
 	// command contract or definition expects.
 	ErrInvalidPayload = errors.New("invalid payload")
+	// ErrStartKeyConflict means a start key already names a saga of the
+	// same definition, started with different data.
+	ErrStartKeyConflict = errors.New("start key conflict")
 	// ErrRejected marks a business rejection: a step said "no", and the saga
 	// compensates instead of retrying. Create one with Reject.
 	ErrRejected = errors.New("rejected")

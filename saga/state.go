@@ -11,7 +11,7 @@ import (
 type Status string
 
 // The statuses of a saga. Every saga ends as StatusCompleted,
-// StatusCompensated or StatusFailed.
+// StatusCompensated, StatusFailed or StatusTerminated.
 const (
 	// StatusQueued: the saga was started while its definition's limit of
 	// running sagas was reached, or while another saga of its concurrency
@@ -32,21 +32,32 @@ const (
 	// StatusFailed: a compensation could not be performed. The saga waits
 	// for an operator, who may retry the compensation (EventRetry).
 	StatusFailed Status = "failed"
+	// StatusTerminated: an operator or the application terminated the saga
+	// (EventTerminate): it stopped at once, without compensating what its
+	// steps did. Terminal.
+	StatusTerminated Status = "terminated"
 )
 
 // Valid reports whether s is one of the known statuses.
 func (s Status) Valid() bool {
 	switch s {
-	case StatusQueued, StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed:
+	case StatusQueued, StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed, StatusTerminated:
 		return true
 	}
 	return false
 }
 
-// Terminal reports whether the saga has ended: completed, compensated or
-// failed. Only an operator retry moves a failed saga on.
+// Terminal reports whether the saga has ended: completed, compensated,
+// failed or terminated. Only an operator retry (or terminate) moves a
+// failed saga on.
 func (s Status) Terminal() bool {
-	return s == StatusCompleted || s == StatusCompensated || s == StatusFailed
+	return s.Finished() || s == StatusFailed
+}
+
+// Finished reports whether the saga has ended for good: completed,
+// compensated or terminated (a failed saga waits for an operator).
+func (s Status) Finished() bool {
+	return s == StatusCompleted || s == StatusCompensated || s == StatusTerminated
 }
 
 // Phase says whether a saga is performing actions or compensations.
@@ -97,6 +108,12 @@ const (
 	// StepCompensationFailed: the participant could not compensate; the saga
 	// is failed.
 	StepCompensationFailed StepStatus = "compensation-failed"
+	// StepWaitingEvent: a WaitEvent step waits for its outside event (until
+	// Deadline, if it has a timeout).
+	StepWaitingEvent StepStatus = "waiting-event"
+	// StepTerminated: the saga was terminated while the step's action or
+	// compensation was in flight. It may or may not have run.
+	StepTerminated StepStatus = "terminated"
 )
 
 // StepState is the state of one step of a saga instance. It is stored as
@@ -174,8 +191,23 @@ const (
 	// EventRetry: an operator asks to re-send what is in flight, or, for a
 	// failed saga, the compensation that failed.
 	EventRetry EventKind = "retry"
-	// EventAbort: an operator asks to compensate a running saga.
+	// EventCancel: an operator or the application asks to cancel a running
+	// saga: the step in flight (running or waiting for a retry) is
+	// compensated through the participant's barrier, then the completed
+	// steps in reverse order; the saga ends compensated (or failed).
+	EventCancel EventKind = "cancel"
+	// EventAbort is the former name of EventCancel, still accepted: it does
+	// the same and is recorded as HistoryAborted.
 	EventAbort EventKind = "abort"
+	// EventOutside: an outside event sent by the application
+	// (orchestrator.SendEvent): Type is its name, Payload its payload,
+	// EventID the id the sender chose. Consumed by the WaitEvent step
+	// waiting for it, ignored otherwise.
+	EventOutside EventKind = "outside-event"
+	// EventTerminate: an operator or the application asks to stop a running,
+	// compensating or failed saga at once, compensating nothing: it ends
+	// terminated.
+	EventTerminate EventKind = "terminate"
 )
 
 // Event is something that happened to a saga, given to Apply.
@@ -202,6 +234,9 @@ type Event struct {
 	Reason string
 	// Actor is who asked for an operator action.
 	Actor string
+	// EventID is the sender's id of an outside event (EventOutside),
+	// recorded in the history.
+	EventID string
 	// MessageID is the id of the reply message (the envelope's), recorded
 	// in the history.
 	MessageID uuid.UUID
@@ -273,8 +308,21 @@ const (
 	HistoryCompensated HistoryEvent = "compensated"
 	// HistoryFailed: the saga failed and waits for an operator.
 	HistoryFailed HistoryEvent = "failed"
-	// HistoryAborted: an operator aborted the saga.
+	// HistoryAborted: an operator aborted the saga (EventAbort, the former
+	// name of EventCancel).
 	HistoryAborted HistoryEvent = "aborted"
+	// HistoryCancelled: the saga was cancelled (EventCancel); Actor and
+	// Detail say who and why.
+	HistoryCancelled HistoryEvent = "cancelled"
+	// HistoryTerminated: the saga was terminated (EventTerminate); Actor
+	// and Detail say who and why.
+	HistoryTerminated HistoryEvent = "terminated"
+	// HistoryEventAwaited: a WaitEvent step started waiting; Detail is the
+	// event's name.
+	HistoryEventAwaited HistoryEvent = "event-awaited"
+	// HistoryEventReceived: the outside event a step waited for was applied;
+	// Detail is its name and the sender's event id.
+	HistoryEventReceived HistoryEvent = "event-received"
 	// HistoryRetried: an operator asked for a retry.
 	HistoryRetried HistoryEvent = "retried"
 )

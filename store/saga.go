@@ -26,6 +26,7 @@ func sagaRecord(r *dbsqlc.SagaboxSaga) driver.SagaRecord {
 	if r.StartKey != nil {
 		rec.StartKey = *r.StartKey
 	}
+	rec.StartDataHash, rec.StartKeyReleased = r.StartDataHash, r.StartKeyReleased
 	if r.Deadline != nil {
 		rec.Deadline = r.Deadline.UTC()
 	}
@@ -98,7 +99,7 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 		ID: r.ID, SagaType: r.Type, Version: int32(r.Version), Status: r.Status, StartKey: nullable(r.StartKey),
 		Data: r.Data, Steps: r.Steps, CurrentStep: int32(r.CurrentStep), Phase: r.Phase, Deadline: timePtr(r.Deadline),
 		Attempts: int32(r.Attempts), LastError: r.LastError, Now: now, FinishedAt: timePtr(r.FinishedAt),
-		Traceparent: r.TraceParent, Tracestate: r.TraceState, ConcurrencyKey: nullable(r.ConcurrencyKey),
+		Traceparent: r.TraceParent, Tracestate: r.TraceState, ConcurrencyKey: nullable(r.ConcurrencyKey), StartDataHash: r.StartDataHash,
 		HAt: nonNil(h.at), HEvent: nonNil(h.event), HStep: nonNil(h.step), HStepIndex: nonNil(h.stepIndex),
 		HPhase: nonNil(h.phase), HAttempt: nonNil(h.attempt), HDetail: nonNil(h.detail), HActor: nonNil(h.actor),
 		HMessageID: nonNil(h.messageID),
@@ -131,6 +132,22 @@ func (s *executor) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, star
 		return driver.SagaRecord{}, fmt.Errorf("get saga %s with start key %q: %w", sagaType, startKey, err)
 	}
 	return sagaRecord(row), nil
+}
+
+// ReleaseStartKey releases in tx startKey of the finished saga of type
+// sagaType holding it, with a history entry on that saga, and returns its
+// id; none if no finished saga holds the key.
+func (s *executor) ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey, event, detail string, now time.Time) ([]uuid.UUID, error) {
+	if tx == nil {
+		return nil, errors.New("release start key: transaction is nil")
+	}
+	ids, err := s.queries.SagaReleaseStartKey(ctx, s.db(tx), &dbsqlc.SagaReleaseStartKeyParams{
+		SagaType: sagaType, StartKey: startKey, Now: now, Event: event, Detail: detail,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release start key %q of %s sagas: %w", startKey, sagaType, err)
+	}
+	return ids, nil
 }
 
 // ReceiveReplies begins t with the replies envs: in one statement it records
@@ -247,6 +264,32 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 // transition was computed fails it with an error for which IsRetryable is
 // true, and nothing is written: run the transaction again.
 func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
+	return s.writeTransitions(ctx, txOf(t).exec(ctx, commit), trs, now)
+}
+
+// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
+// statement, as WriteTransitions does (without committing).
+func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driver.Transition, now time.Time) error {
+	if tx == nil {
+		return errors.New("write transitions: transaction is nil")
+	}
+	return s.writeTransitions(ctx, s.db(tx), trs, now)
+}
+
+// LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
+// order.
+func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
+	if tx == nil {
+		return nil, errors.New("lock sagas: transaction is nil")
+	}
+	rows, err := s.queries.SagaLock(ctx, s.db(tx), ids)
+	if err != nil {
+		return nil, fmt.Errorf("lock %d sagas in schema %q: %w", len(ids), s.schema, err)
+	}
+	return sagaRecords(rows), nil
+}
+
+func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []driver.Transition, now time.Time) error {
 	var msgs []message.Message
 	var h historyCols
 	p := &dbsqlc.SagaWriteParams{Now: now}
@@ -288,7 +331,7 @@ func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driv
 	p.OSagaID, p.OSagaType, p.OStep, p.OStepIndex, p.OAttempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
-	if _, err := s.queries.SagaWrite(ctx, txOf(t).exec(ctx, commit), p); err != nil {
+	if _, err := s.queries.SagaWrite(ctx, db, p); err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -74,6 +75,7 @@ type listed struct {
 		Type        string      `json:"type"`
 		Status      saga.Status `json:"status"`
 		CurrentStep string      `json:"current_step"`
+		StartKey    string      `json:"start_key"`
 	} `json:"sagas"`
 	Cursor string `json:"next_cursor"`
 }
@@ -134,6 +136,29 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &shown))
 	require.Equal(t, saga.StatusCompensated, shown.Status)
 	require.NotEmpty(t, shown.History)
+
+	// show and list by start key (the order id).
+	key := page.Sagas[0].StartKey
+	require.NotEmpty(t, key, "the example starts its sagas with the order id as start key")
+	code, stdout, stderr = sagabox(t, append([]string{"saga", "show", "--key", key}, db...)...)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, compensated)
+	require.Regexp(t, `start key +`+regexp.QuoteMeta(key), stdout)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "show", "--key", key, "--type", "checkout", "--json"}, db...)...)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, compensated)
+	code, _, _ = sagabox(t, append([]string{"saga", "show", "--key", "no-such-order"}, db...)...)
+	require.Equal(t, exitNotFound, code)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--key", key, "--json"}, db...)...)
+	require.Equal(t, exitOK, code)
+	var byKey listed
+	require.NoError(t, json.Unmarshal([]byte(stdout), &byKey))
+	require.Len(t, byKey.Sagas, 1)
+	require.Equal(t, compensated, byKey.Sagas[0].ID)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--key", key}, db...)...)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "START KEY")
+	require.Contains(t, stdout, key)
 
 	// stats of the services' outboxes and inboxes.
 	code, stdout, _ = sagabox(t, "outbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
@@ -220,7 +245,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 		require.NoError(t, err)
 		return started
 	}
-	toRetry, toAbort := stuck(prefix+"retry"), stuck(prefix+"abort")
+	toRetry, toAbort, toTerminate := stuck(prefix+"retry"), stuck(prefix+"abort"), stuck(prefix+"terminate")
 
 	// No orchestrator runs yet: an operator request waits, says so, and is
 	// withdrawn when its wait expires.
@@ -243,6 +268,17 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	code, stdout, stderr = sagabox(t, append([]string{"saga", "abort", toAbort.ID.String(), "--reason", "customer cancelled", "--actor", "dave"}, db...)...)
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "status is now compensating")
+	code, stdout, stderr = sagabox(t, append([]string{"saga", "terminate", toTerminate.ID.String(), "--reason", "fraud", "--actor", "erin"}, db...)...)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "status is now terminated")
+	code, _, stderr = sagabox(t, append([]string{"saga", "cancel", toTerminate.ID.String(), "--reason", "too late"}, db...)...)
+	require.Equal(t, exitRefused, code, stderr)
+	code, stdout, _ = sagabox(t, append([]string{"saga", "list", "--status", "terminated", "--json"}, db...)...)
+	require.Equal(t, exitOK, code)
+	var terminated listed
+	require.NoError(t, json.Unmarshal([]byte(stdout), &terminated))
+	require.Len(t, terminated.Sagas, 1)
+	require.Equal(t, toTerminate.ID.String(), terminated.Sagas[0].ID)
 
 	hasEntry := func(id string, event saga.HistoryEvent, actor, detail string) bool {
 		code, stdout, _ := sagabox(t, append([]string{"saga", "show", id, "--json"}, db...)...)
@@ -259,7 +295,9 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 		return false
 	}
 	require.True(t, hasEntry(toRetry.ID.String(), saga.HistoryRetried, "carol", "inventory was down"))
-	require.True(t, hasEntry(toAbort.ID.String(), saga.HistoryAborted, "dave", "customer cancelled"))
+	// abort is the former name of cancel.
+	require.True(t, hasEntry(toAbort.ID.String(), saga.HistoryCancelled, "dave", "customer cancelled"))
+	require.True(t, hasEntry(toTerminate.ID.String(), saga.HistoryTerminated, "erin", "fraud"))
 	retried, err := orch.Get(context.Background(), toRetry.ID)
 	require.NoError(t, err)
 	require.Equal(t, 2, retried.Steps[0].Attempt, "the stuck command was sent again")

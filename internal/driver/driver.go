@@ -98,6 +98,26 @@ type Executor interface {
 	// startKey, read in tx (nil: on the pool), or an error wrapping
 	// message.ErrNotFound.
 	SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error)
+	// LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
+	// order.
+	LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]SagaRecord, error)
+	// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
+	// statement, without committing.
+	WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []Transition, now time.Time) error
+	// RecordEvent records ev in t or else tx, the sender's transaction, and
+	// reports whether it is new (false: its saga has an event with its id).
+	RecordEvent(ctx context.Context, t Tx, tx pgx.Tx, ev *OutsideEvent) (bool, error)
+	// PendingEvent returns the oldest pending event called name of saga
+	// id, read in t or else tx; nil if none.
+	PendingEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, name string) (*OutsideEvent, error)
+	// SettleEvent marks the event eventID of saga id "consumed" or
+	// "ignored" (status) with detail, in t or else tx.
+	SettleEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, eventID, status, detail string, now time.Time) error
+	// ReleaseStartKey releases in tx, the caller's transaction, startKey of
+	// the finished saga of type sagaType holding it, appending a history
+	// entry (event, detail) to it, and returns its id; none if no finished
+	// saga holds the key.
+	ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey, event, detail string, now time.Time) ([]uuid.UUID, error)
 	// ReceiveReplies begins t with the replies envs: in one statement it
 	// records each in the inbox and locks, in id order, the sagas of those
 	// seen for the first time, so that one saga's replies are applied one at

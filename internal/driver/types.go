@@ -134,7 +134,7 @@ type Attempt struct {
 type Operation struct {
 	ID     int64
 	SagaID uuid.UUID
-	// Action is "retry" or "abort".
+	// Action is "retry", "cancel" ("abort", its former name) or "terminate".
 	Action      string
 	Actor       string
 	Reason      string
@@ -179,6 +179,12 @@ type SagaRecord struct {
 	// TraceParent and TraceState are the W3C trace context of the span that
 	// started the saga; empty without tracing.
 	TraceParent, TraceState string
+	// StartDataHash is the hash of the data a saga with a start key was
+	// started with; nil without a key (or for sagas started before it was
+	// kept).
+	StartDataHash []byte
+	// StartKeyReleased is true once a newer saga holds the start key.
+	StartKeyReleased bool
 	// ConcurrencyKey is the key of which at most one saga of the type runs
 	// at a time; empty for none.
 	ConcurrencyKey string
@@ -407,4 +413,17 @@ type LogStatus struct {
 	LagBytes int64
 	// ConfirmedLSN is the slot's confirmed flush position.
 	ConfirmedLSN uint64
+}
+
+// OutsideEvent is an event the application sent to a saga
+// (orchestrator.SendEvent).
+type OutsideEvent struct {
+	SagaID uuid.UUID
+	// EventID is the sender's id of the event, unique per saga.
+	EventID string
+	// Name is the event's name and Payload its JSON payload.
+	Name    string
+	Payload []byte
+	// ReceivedAt is when it was sent (the orchestrator's clock).
+	ReceivedAt time.Time
 }

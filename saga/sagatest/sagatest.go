@@ -210,6 +210,19 @@ func ReplySuccessTo[D, Req, Reply any](s *Scenario[D], msg saga.Outgoing, cmd sa
 	return s.Deliver(s.replyEvent(msg, saga.EventReplySuccess, payload))
 }
 
+// SendEvent delivers the outside event ev with payload v and the sender's
+// id eventID, as orchestrator.SendEvent does. The result says whether the
+// step waiting for it consumed it (Ignored is false) or not (the
+// orchestrator keeps such an event until a step waits for it).
+func SendEvent[D, T any](s *Scenario[D], ev saga.EventType[T], eventID string, v T) saga.Result {
+	s.t.Helper()
+	payload, err := ev.Encode(v)
+	if err != nil {
+		s.t.Fatalf("sagatest: %v", err)
+	}
+	return s.Deliver(saga.Event{Kind: saga.EventOutside, Type: ev.Name(), Payload: payload, EventID: eventID})
+}
+
 // ReplyFailure answers the message last taken with a failure reply carrying
 // reason: a rejection of an action, or a compensation that could not be
 // performed.
@@ -271,10 +284,25 @@ func (s *Scenario[D]) Advance(d time.Duration) {
 	s.t.Fatalf("sagatest: Advance(%s) fired more than %d timers", d, maxTimersPerAdvance)
 }
 
-// Abort applies an operator abort.
+// Abort applies an operator abort (EventAbort, the former name of
+// EventCancel).
 func (s *Scenario[D]) Abort(actor, reason string) saga.Result {
 	s.t.Helper()
 	return s.Deliver(saga.Event{Kind: saga.EventAbort, Actor: actor, Reason: reason})
+}
+
+// Cancel applies a cancel: the step in flight and the completed steps are
+// compensated.
+func (s *Scenario[D]) Cancel(actor, reason string) saga.Result {
+	s.t.Helper()
+	return s.Deliver(saga.Event{Kind: saga.EventCancel, Actor: actor, Reason: reason})
+}
+
+// Terminate applies a terminate: the saga stops at once, compensating
+// nothing.
+func (s *Scenario[D]) Terminate(actor, reason string) saga.Result {
+	s.t.Helper()
+	return s.Deliver(saga.Event{Kind: saga.EventTerminate, Actor: actor, Reason: reason})
 }
 
 // Retry applies an operator retry.

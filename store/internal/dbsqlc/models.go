@@ -140,26 +140,39 @@ type SagaboxOutboxV struct {
 }
 
 type SagaboxSaga struct {
-	ID             uuid.UUID
-	SagaType       string
-	Version        int32
-	Status         string
-	StartKey       *string
-	Data           []byte
-	Steps          []byte
-	CurrentStep    int32
-	Phase          string
-	Revision       int64
-	Deadline       *time.Time
-	Attempts       int32
-	LastError      string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	FinishedAt     *time.Time
-	Traceparent    string
-	Tracestate     string
-	ConcurrencyKey *string
-	AdmittedAt     *time.Time
+	ID               uuid.UUID
+	SagaType         string
+	Version          int32
+	Status           string
+	StartKey         *string
+	Data             []byte
+	Steps            []byte
+	CurrentStep      int32
+	Phase            string
+	Revision         int64
+	Deadline         *time.Time
+	Attempts         int32
+	LastError        string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	FinishedAt       *time.Time
+	Traceparent      string
+	Tracestate       string
+	ConcurrencyKey   *string
+	AdmittedAt       *time.Time
+	StartDataHash    []byte
+	StartKeyReleased bool
+}
+
+type SagaboxSagaEvent struct {
+	SagaID     uuid.UUID
+	EventID    string
+	Name       string
+	Payload    []byte
+	ReceivedAt time.Time
+	Status     string
+	Detail     string
+	SettledAt  *time.Time
 }
 
 type SagaboxSagaHistory struct {

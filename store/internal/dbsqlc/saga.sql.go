@@ -57,7 +57,7 @@ func (q *Queries) SagaAdmission(ctx context.Context, db DBTX, arg *SagaAdmission
 }
 
 const sagaClaimDue = `-- name: SagaClaimDue :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= $1::timestamptz
   AND s.deadline IS NOT NULL
   AND s.status IN ('running', 'compensating')
@@ -124,6 +124,8 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 			&i.Tracestate,
 			&i.ConcurrencyKey,
 			&i.AdmittedAt,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -136,7 +138,7 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 }
 
 const sagaClaimQueued = `-- name: SagaClaimQueued :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.saga_type = $1::text
   AND s.status = 'queued'
   AND s.version = ANY($2::integer[])
@@ -191,6 +193,8 @@ func (q *Queries) SagaClaimQueued(ctx context.Context, db DBTX, arg *SagaClaimQu
 			&i.Tracestate,
 			&i.ConcurrencyKey,
 			&i.AdmittedAt,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -203,7 +207,7 @@ func (q *Queries) SagaClaimQueued(ctx context.Context, db DBTX, arg *SagaClaimQu
 }
 
 const sagaGet = `-- name: SagaGet :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
 `
 
 func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxSaga, error) {
@@ -230,13 +234,15 @@ func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxS
 		&i.Tracestate,
 		&i.ConcurrencyKey,
 		&i.AdmittedAt,
+		&i.StartDataHash,
+		&i.StartKeyReleased,
 	)
 	return &i, err
 }
 
 const sagaGetByStartKey = `-- name: SagaGetByStartKey :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
-WHERE saga_type = $1::text AND start_key = $2::text
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
+WHERE saga_type = $1::text AND start_key = $2::text AND NOT start_key_released
 `
 
 type SagaGetByStartKeyParams struct {
@@ -244,6 +250,7 @@ type SagaGetByStartKeyParams struct {
 	StartKey string
 }
 
+// Returns the saga a start key names now: the one holding it unreleased.
 func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetByStartKeyParams) (*SagaboxSaga, error) {
 	row := db.QueryRow(ctx, sagaGetByStartKey, arg.SagaType, arg.StartKey)
 	var i SagaboxSaga
@@ -268,6 +275,8 @@ func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetBy
 		&i.Tracestate,
 		&i.ConcurrencyKey,
 		&i.AdmittedAt,
+		&i.StartDataHash,
+		&i.StartKeyReleased,
 	)
 	return &i, err
 }
@@ -344,7 +353,7 @@ func (q *Queries) SagaKeysRunning(ctx context.Context, db DBTX, arg *SagaKeysRun
 }
 
 const sagaList = `-- name: SagaList :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
   AND ($2::integer IS NULL OR version = $2::integer)
   AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
@@ -376,8 +385,8 @@ type SagaListParams struct {
 // keyset paging on (created_at, id), which never change: a page follows the
 // previous one however the sagas move on. Each filter has an index to
 // start from: type and status (sagabox_saga_type_status_created_at_idx,
-// sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_idx
-// with a type, sagabox_saga_start_key_only_idx without), overdue deadline
+// sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_held_idx
+// with a type, sagabox_saga_start_key_idx without), overdue deadline
 // (sagabox_saga_deadline_idx).
 func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaList,
@@ -419,6 +428,8 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 			&i.Tracestate,
 			&i.ConcurrencyKey,
 			&i.AdmittedAt,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -431,7 +442,7 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 }
 
 const sagaLock = `-- name: SagaLock :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
 WHERE id = ANY($1::uuid[])
 ORDER BY id
 FOR UPDATE
@@ -469,6 +480,8 @@ func (q *Queries) SagaLock(ctx context.Context, db DBTX, ids []uuid.UUID) ([]*Sa
 			&i.Tracestate,
 			&i.ConcurrencyKey,
 			&i.AdmittedAt,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
@@ -546,13 +559,13 @@ WITH inbox AS (
     -- One primary-key lookup per saga, in id order, whatever the planner
     -- believes of the table's size: a join could scan the whole table when
     -- its statistics are missing or stale (a fresh deployment, a burst).
-    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.concurrency_key, l.admitted_at
+    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.concurrency_key, l.admitted_at, l.start_data_hash, l.start_key_released
     FROM (SELECT DISTINCT inbox.saga_id FROM inbox WHERE inbox.fresh ORDER BY inbox.saga_id) AS k,
          LATERAL (
-             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
+             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
          ) AS l
 )
-SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate, locked.concurrency_key, locked.admitted_at
+SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate, locked.concurrency_key, locked.admitted_at, locked.start_data_hash, locked.start_key_released
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh
 `
 
@@ -565,28 +578,30 @@ type SagaReceiveParams struct {
 }
 
 type SagaReceiveRow struct {
-	MessageID      uuid.UUID
-	Fresh          bool
-	ID             uuid.NullUUID
-	SagaType       *string
-	Version        pgtype.Int4
-	Status         *string
-	StartKey       *string
-	Data           []byte
-	Steps          []byte
-	CurrentStep    pgtype.Int4
-	Phase          *string
-	Revision       pgtype.Int8
-	Deadline       *time.Time
-	Attempts       pgtype.Int4
-	LastError      *string
-	CreatedAt      *time.Time
-	UpdatedAt      *time.Time
-	FinishedAt     *time.Time
-	Traceparent    *string
-	Tracestate     *string
-	ConcurrencyKey *string
-	AdmittedAt     *time.Time
+	MessageID        uuid.UUID
+	Fresh            bool
+	ID               uuid.NullUUID
+	SagaType         *string
+	Version          pgtype.Int4
+	Status           *string
+	StartKey         *string
+	Data             []byte
+	Steps            []byte
+	CurrentStep      pgtype.Int4
+	Phase            *string
+	Revision         pgtype.Int8
+	Deadline         *time.Time
+	Attempts         pgtype.Int4
+	LastError        *string
+	CreatedAt        *time.Time
+	UpdatedAt        *time.Time
+	FinishedAt       *time.Time
+	Traceparent      *string
+	Tracestate       *string
+	ConcurrencyKey   *string
+	AdmittedAt       *time.Time
+	StartDataHash    []byte
+	StartKeyReleased pgtype.Bool
 }
 
 // Receives replies: records each in the inbox (a duplicate counts itself
@@ -631,10 +646,67 @@ func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceivePara
 			&i.Tracestate,
 			&i.ConcurrencyKey,
 			&i.AdmittedAt,
+			&i.StartDataHash,
+			&i.StartKeyReleased,
 		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaReleaseStartKey = `-- name: SagaReleaseStartKey :many
+WITH released AS (
+    UPDATE /* TEMPLATE: schema */sagabox_saga
+    SET start_key_released = true
+    WHERE saga_type = $1::text AND start_key = $2::text
+      AND NOT start_key_released AND finished_at IS NOT NULL
+    RETURNING id, phase
+), history AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (saga_id, at, event, phase, detail)
+    SELECT released.id, $3::timestamptz, $4::text, released.phase, $5::text
+    FROM released
+)
+SELECT released.id FROM released
+`
+
+type SagaReleaseStartKeyParams struct {
+	SagaType string
+	StartKey string
+	Now      time.Time
+	Event    string
+	Detail   string
+}
+
+// Releases, in the caller's transaction, the start key of the finished
+// (completed, compensated or terminated) saga holding it, so that a start
+// with the key can insert a new saga; the old saga keeps the key, marked
+// released, and gets a history entry. A saga that has not finished keeps
+// the key. A concurrent release of the same key waits for the row lock and
+// then finds nothing to release.
+func (q *Queries) SagaReleaseStartKey(ctx context.Context, db DBTX, arg *SagaReleaseStartKeyParams) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, sagaReleaseStartKey,
+		arg.SagaType,
+		arg.StartKey,
+		arg.Now,
+		arg.Event,
+		arg.Detail,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -696,7 +768,7 @@ WITH saga AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga (
         id, saga_type, version, status, start_key, data, steps, current_step, phase,
         deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate,
-        concurrency_key, admitted_at
+        concurrency_key, admitted_at, start_data_hash
     ) VALUES (
         $1::uuid, $2::text, $3::integer, $4::text, $5::text,
         $6::jsonb, $7::jsonb, $8::integer, $9::text,
@@ -704,24 +776,25 @@ WITH saga AS (
         $13::timestamptz, $13::timestamptz, $14::timestamptz,
         $15::text, $16::text,
         $17::text,
-        CASE WHEN $4::text = 'queued' THEN NULL ELSE $13::timestamptz END
+        CASE WHEN $4::text = 'queued' THEN NULL ELSE $13::timestamptz END,
+        $18::bytea
     )
-    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
+    ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL AND NOT start_key_released DO NOTHING
     RETURNING id
 ), history AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
         saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
     )
     SELECT saga.id,
-           unnest($18::timestamptz[]),
-           unnest($19::text[]),
+           unnest($19::timestamptz[]),
            unnest($20::text[]),
-           unnest($21::integer[]),
-           unnest($22::text[]),
-           unnest($23::integer[]),
-           unnest($24::text[]),
+           unnest($21::text[]),
+           unnest($22::integer[]),
+           unnest($23::text[]),
+           unnest($24::integer[]),
            unnest($25::text[]),
-           nullif(unnest($26::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+           unnest($26::text[]),
+           nullif(unnest($27::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
     FROM saga
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
@@ -729,23 +802,23 @@ WITH saga AS (
         step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
         headers, payload, created_at
     )
-    SELECT unnest($27::uuid[]),
-           unnest($28::text[]),
+    SELECT unnest($28::uuid[]),
            unnest($29::text[]),
            unnest($30::text[]),
            unnest($31::text[]),
-           saga.id,
            unnest($32::text[]),
+           saga.id,
            unnest($33::text[]),
-           unnest($34::integer[]),
+           unnest($34::text[]),
            unnest($35::integer[]),
-           unnest($36::text[]),
+           unnest($36::integer[]),
            unnest($37::text[]),
            unnest($38::text[]),
            unnest($39::text[]),
-           unnest($40::jsonb[]),
-           unnest($41::bytea[]),
-           unnest($42::timestamptz[])
+           unnest($40::text[]),
+           unnest($41::jsonb[]),
+           unnest($42::bytea[]),
+           unnest($43::timestamptz[])
     FROM saga
 )
 SELECT (count(*) > 0)::boolean AS inserted FROM saga
@@ -769,6 +842,7 @@ type SagaStartParams struct {
 	Traceparent    string
 	Tracestate     string
 	ConcurrencyKey *string
+	StartDataHash  []byte
 	HAt            []time.Time
 	HEvent         []string
 	HStep          []string
@@ -823,6 +897,7 @@ func (q *Queries) SagaStart(ctx context.Context, db DBTX, arg *SagaStartParams) 
 		arg.Traceparent,
 		arg.Tracestate,
 		arg.ConcurrencyKey,
+		arg.StartDataHash,
 		arg.HAt,
 		arg.HEvent,
 		arg.HStep,

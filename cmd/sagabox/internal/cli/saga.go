@@ -26,8 +26,9 @@ import (
 const ExitPending = 5
 
 func (a *app) sagaCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry and abort sagas"}
-	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("abort"))
+	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry, cancel and terminate sagas"}
+	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("cancel"),
+		a.sagaActionCommand("terminate"))
 	return cmd
 }
 
@@ -67,7 +68,7 @@ func (a *app) sagaListCommand() *cobra.Command {
 			for _, s := range statuses {
 				st := saga.Status(s)
 				if !st.Valid() {
-					return withCode(ExitUsage, fmt.Errorf("--status %q: want running, compensating, completed, compensated or failed", s))
+					return withCode(ExitUsage, fmt.Errorf("--status %q: want running, compensating, completed, compensated, failed or terminated", s))
 				}
 				opts.Statuses = append(opts.Statuses, st)
 			}
@@ -218,9 +219,15 @@ func (a *app) sagaShowCommand() *cobra.Command {
 // is recorded so that a request that cannot apply is refused at once.
 func applicable(action string, s *orchestrator.Saga) string {
 	switch action {
-	case "abort":
+	case "cancel", "abort":
 		if s.Status != saga.StatusRunning && s.Status != saga.StatusQueued {
-			return fmt.Sprintf("only a running or queued saga can be aborted, this one is %s", s.Status)
+			return fmt.Sprintf("only a running or queued saga can be cancelled, this one is %s", s.Status)
+		}
+	case "terminate":
+		switch s.Status {
+		case saga.StatusQueued, saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed:
+		default:
+			return fmt.Sprintf("a %s saga has ended; there is nothing to terminate", s.Status)
 		}
 	case "retry":
 		switch s.Status {
@@ -237,12 +244,18 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 	var wait time.Duration
 	var keep bool
 	short := map[string]string{
-		"retry": "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
-		"abort": "Compensate a running saga from its current step",
+		"retry":     "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
+		"cancel":    "Cancel a running saga: compensate its current step and the completed ones (ends compensated)",
+		"terminate": "Stop a running, compensating or failed saga at once, compensating nothing (ends terminated)",
 	}[action]
+	var aliases []string
+	if action == "cancel" {
+		aliases = []string{"abort"} // its former name
+	}
 	cmd := &cobra.Command{
-		Use:   action + " {SAGA_ID | --key START_KEY} --reason TEXT",
-		Short: short,
+		Use:     action + " {SAGA_ID | --key START_KEY} --reason TEXT",
+		Aliases: aliases,
+		Short:   short,
 		Long: short + ".\n\nThe request is recorded in the database and applied by a running orchestrator of the\n" +
 			"schema (it has the saga definitions); the command waits for the outcome. A request the\n" +
 			"saga's status rules out is refused at once (exit 4). When --wait expires, or on Ctrl-C,\n" +
