@@ -228,9 +228,21 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	c := p.c
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	fresh, err := c.db.RecordInbox(ctx, t, &d.Envelope)
-	if err != nil {
-		return engine.Result{}, err
+	h := c.lookup(d.Kind, d.Type)
+	outside := h != nil && h.outside != nil
+	fresh := false
+	var err error
+	if outside {
+		// An entry left "started" by the call given up on is this
+		// message's, not a duplicate.
+		if fresh, err = c.db.SettleStarted(ctx, t, &d.Envelope); err != nil {
+			return engine.Result{}, err
+		}
+	}
+	if !fresh {
+		if fresh, err = c.db.RecordInbox(ctx, t, &d.Envelope); err != nil {
+			return engine.Result{}, err
+		}
 	}
 	if !fresh {
 		return c.finish(ctx, t, d, nil, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
@@ -240,9 +252,7 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	}
 	failure := encodeFailure(saga.Failure{Reason: poison.Reason, Code: poison.Code})
 	var end driver.DeliveryEnd
-	outside := false
-	if h := c.lookup(d.Kind, d.Type); h != nil && h.outside != nil {
-		outside = true
+	if outside {
 		c.log.Error("outside call given up on: whether the outside system acted is unknown; check it with the idempotency key",
 			"message_id", d.MessageID.String(), "type", d.Type, "saga_id", d.SagaID.String(), "step", d.Step,
 			"idempotency_key", IdempotencyKey(d.SagaID, d.Step, d.Kind.Phase()))

@@ -9,20 +9,14 @@
 -- (an outside call given up on) is fresh, and marked 'done'. A concurrent
 -- delivery of the same message waits here for the first one's transaction to
 -- end.
-WITH prior AS (
-    SELECT state FROM /* TEMPLATE: schema */sagabox_inbox
-    WHERE message_id = @message_id::uuid FOR UPDATE
-)
 INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
 VALUES (
     @message_id::uuid, @kind::text, @type::text,
     nullif(@saga_id::uuid, '00000000-0000-0000-0000-000000000000'::uuid), @step::text
 )
 ON CONFLICT (message_id) DO UPDATE
-SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
-    last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
-    state = 'done'
-RETURNING (xmax = 0 OR coalesce((SELECT state FROM prior), '') = 'started')::boolean AS fresh;
+SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+RETURNING (xmax = 0)::boolean AS fresh;
 
 -- name: DeliveryBeginAction :one
 -- Begins the delivery of a step's action: records the message in the inbox
@@ -167,10 +161,10 @@ WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text
   AND outcome = 'started' AND message_id = @message_id::uuid;
 
 -- name: DeliveryResume :one
--- Begins the transaction that records an outside call's result: marks the
--- message's 'started' inbox entry 'done' and locks it. No row means another
--- delivery of the message recorded it first (or gave it up): this one
--- changes nothing. A concurrent delivery of the message waits here.
+-- Begins the transaction that records an outside call's result (or gives the
+-- message up): marks the message's 'started' inbox entry 'done' and locks it.
+-- No row means another delivery of the message recorded it first (or gave it
+-- up), or none began it. A concurrent delivery of the message waits here.
 UPDATE /* TEMPLATE: schema */sagabox_inbox
 SET state = 'done'
 WHERE message_id = @message_id::uuid AND state = 'started'

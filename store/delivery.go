@@ -100,6 +100,19 @@ func (s *executor) ResumeDelivery(ctx context.Context, t driver.Tx, env *message
 	return d, nil
 }
 
+// SettleStarted marks env's inbox entry "done" in t if it was left
+// "started", and reports whether it was.
+func (s *executor) SettleStarted(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
+	_, err := s.queries.DeliveryResume(ctx, txOf(t).exec(ctx, false), env.MessageID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("settle started inbox entry of message %s in schema %q: %w", env.MessageID, s.schema, err)
+	}
+	return true, nil
+}
+
 // DropStartedMark removes, in t, the "started" mark env left in its phase,
 // if it is still there.
 func (s *executor) DropStartedMark(ctx context.Context, t driver.Tx, env *message.Envelope) error {

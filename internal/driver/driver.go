@@ -120,6 +120,9 @@ type Executor interface {
 	// not "started" (another delivery of env recorded it first): t must
 	// change nothing then. End it with FinishDelivery.
 	ResumeDelivery(ctx context.Context, t Tx, env *message.Envelope) (*Delivery, error)
+	// SettleStarted marks env's inbox entry "done" in t if it was left
+	// "started" (an outside call given up on), and reports whether it was.
+	SettleStarted(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
 	// DropStartedMark removes, in t, the "started" mark env left in its
 	// phase, if it is still there (a compensation given up on).
 	DropStartedMark(ctx context.Context, t Tx, env *message.Envelope) error
@@ -129,8 +132,7 @@ type Executor interface {
 	FinishDelivery(ctx context.Context, t Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error
 	// RecordInbox records env in the inbox in t (the first statement of a
 	// delivery given up on) and reports whether it is new there; a
-	// duplicate counts itself. An entry left "started" counts as new, and
-	// is marked "done".
+	// duplicate counts itself.
 	RecordInbox(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
 	// Barrier returns, read in t, the mark of env's saga step in phase, or
 	// an error wrapping message.ErrNotFound.

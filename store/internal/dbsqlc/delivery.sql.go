@@ -377,10 +377,10 @@ WHERE message_id = $1::uuid AND state = 'started'
 RETURNING attempt
 `
 
-// Begins the transaction that records an outside call's result: marks the
-// message's 'started' inbox entry 'done' and locks it. No row means another
-// delivery of the message recorded it first (or gave it up): this one
-// changes nothing. A concurrent delivery of the message waits here.
+// Begins the transaction that records an outside call's result (or gives the
+// message up): marks the message's 'started' inbox entry 'done' and locks it.
+// No row means another delivery of the message recorded it first (or gave it
+// up), or none began it. A concurrent delivery of the message waits here.
 func (q *Queries) DeliveryResume(ctx context.Context, db DBTX, messageID uuid.UUID) (int32, error) {
 	row := db.QueryRow(ctx, deliveryResume, messageID)
 	var attempt int32
@@ -390,20 +390,14 @@ func (q *Queries) DeliveryResume(ctx context.Context, db DBTX, messageID uuid.UU
 
 const inboxRecord = `-- name: InboxRecord :one
 
-WITH prior AS (
-    SELECT state FROM /* TEMPLATE: schema */sagabox_inbox
-    WHERE message_id = $1::uuid FOR UPDATE
-)
 INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
 VALUES (
     $1::uuid, $2::text, $3::text,
     nullif($4::uuid, '00000000-0000-0000-0000-000000000000'::uuid), $5::text
 )
 ON CONFLICT (message_id) DO UPDATE
-SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
-    last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
-    state = 'done'
-RETURNING (xmax = 0 OR coalesce((SELECT state FROM prior), '') = 'started')::boolean AS fresh
+SET duplicates = i.duplicates + 1, last_duplicate_at = now()
+RETURNING (xmax = 0)::boolean AS fresh
 `
 
 type InboxRecordParams struct {
