@@ -61,7 +61,9 @@ func ExampleHandleOutsideCommand() {
 		panic(err)
 	}
 	defer pool.Close()
-	defer func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE") }()
+	defer func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	}()
 	st, err := store.New(pool, schema)
 	if err != nil {
 		panic(err)
@@ -103,7 +105,7 @@ func ExampleHandleOutsideCommand() {
 			if err != nil {
 				return ExampleCharged{}, err
 			}
-			defer resp.Body.Close()
+			defer func() { _ = resp.Body.Close() }()
 			var charged ExampleCharged
 			return charged, json.NewDecoder(resp.Body).Decode(&charged)
 		},

@@ -140,7 +140,7 @@ func (p *provider) post(ctx context.Context, path, key string, resumed bool) (Ch
 	if err != nil {
 		return ChargeReply{}, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	switch {
 	case resp.StatusCode == http.StatusPaymentRequired:
 		return ChargeReply{}, participant.RejectWithCode("declined", errors.New("the provider declined the charge"))

@@ -107,7 +107,7 @@ func (s *Service) call(ctx context.Context, path, key string, body providerReque
 	if err != nil {
 		return 0, providerReply{}, fmt.Errorf("call payment provider: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPaymentRequired {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return resp.StatusCode, providerReply{}, fmt.Errorf("payment provider: %s: %s", resp.Status, bytes.TrimSpace(msg))

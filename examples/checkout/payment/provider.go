@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -90,6 +89,9 @@ func (p *Provider) Close() error {
 	return err
 }
 
+// errInProgress: another call with the same key is being applied.
+var errInProgress = errors.New("a call with this key is in progress")
+
 // providerRequest is the body of a call: a charge names the customer and
 // the amount, a refund the charge's idempotency key.
 type providerRequest struct {
@@ -134,9 +136,8 @@ func (p *Provider) apply(w http.ResponseWriter, r *http.Request, key string, fn 
 		status, err = fn(tx)
 		return err
 	})
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+	case errors.Is(err, errInProgress):
 		http.Error(w, "a call with this key is in progress", http.StatusConflict)
 		return
 	case err != nil:
@@ -167,9 +168,8 @@ func (p *Provider) charge(w http.ResponseWriter, r *http.Request) {
 		if tag.RowsAffected() == 0 {
 			status = "declined"
 		}
-		_, err = tx.Exec(r.Context(), p.s.sql(`INSERT INTO payment.provider_op (key, status, customer, amount_cents) VALUES ($1, $2, $3, $4)`),
-			key, status, req.Customer, req.AmountCents)
-		return status, err
+		return status, p.record(r.Context(), tx, `INSERT INTO payment.provider_op (key, status, customer, amount_cents) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (key) DO NOTHING`, key, status, req.Customer, req.AmountCents)
 	})
 }
 
@@ -194,7 +194,20 @@ func (p *Provider) refund(w http.ResponseWriter, r *http.Request) {
 				return "", err
 			}
 		}
-		_, err = tx.Exec(r.Context(), p.s.sql(`INSERT INTO payment.provider_op (key, status, charge_key) VALUES ($1, $2, $3)`), key, status, req.ChargeKey)
-		return status, err
+		return status, p.record(r.Context(), tx, `INSERT INTO payment.provider_op (key, status, charge_key) VALUES ($1, $2, $3)
+			ON CONFLICT (key) DO NOTHING`, key, status, req.ChargeKey)
 	})
+}
+
+// record runs insert, which records a key's operation; a key that another
+// call recorded meanwhile rolls this one back.
+func (p *Provider) record(ctx context.Context, tx pgx.Tx, insert string, args ...any) error {
+	tag, err := tx.Exec(ctx, p.s.sql(insert), args...)
+	switch {
+	case err != nil:
+		return err
+	case tag.RowsAffected() == 0:
+		return errInProgress
+	}
+	return nil
 }
