@@ -2,7 +2,7 @@
 
 SQLC := bin/sqlc
 
-.PHONY: test check lint generate sqlc-diff fault fuzz bench example
+.PHONY: test check lint generate sqlc-diff fault fuzz bench example chaos chaos-long chaos-cluster rules
 
 test:            ## the README's test command
 	go test -race ./...
@@ -26,6 +26,10 @@ sqlc-diff: $(SQLC)
 fault:           ## tests that restart PostgreSQL or RabbitMQ (run alone)
 	go test -race -count=1 -p 1 -tags fault -run 'Restart|Restarts' ./internal/relay ./participant ./transport/rabbitmq
 
+rules:           ## check and unit-test the Prometheus alert rules in deploy/ (promtool: Debian package prometheus)
+	promtool check rules deploy/prometheus/sagabox.rules.yml
+	cd deploy/prometheus && promtool test rules sagabox.rules.test.yml
+
 fuzz:            ## a longer fuzz run of envelope decoding
 	go test -run '^$$' -fuzz '^FuzzDecodeDelivery$$' -fuzztime 5m ./transport/rabbitmq
 
@@ -34,3 +38,12 @@ bench:           ## relay throughput and latency against raw ceilings, in one ru
 
 example:
 	go run ./examples/checkout
+
+chaos:           ## the chaos run, short form: private servers, 500 sagas under kills and restarts (see docs/chaos.md)
+	go run ./internal/chaos
+
+chaos-long:      ## the chaos run, long form: 10,000 sagas, 24 kills, 3 broker and 2 database restarts
+	go run ./internal/chaos -long
+
+chaos-cluster:   ## the chaos run against a three-node RabbitMQ cluster, killing the node leading the queues
+	go run ./internal/chaos -cluster

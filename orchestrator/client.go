@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -51,6 +53,11 @@ type Client struct {
 	// startWake is signalled by Start; Run's waker goroutine then wakes the
 	// relay a few times.
 	startWake chan struct{}
+	// queuedStart is set by a Start that queued its saga: the waker then
+	// wakes the admission pass too.
+	queuedStart atomic.Bool
+	// admitWake wakes the admission pass (admitLoop).
+	admitWake chan struct{}
 
 	// sweepMu guards sweepNext, the time the sweeper plans to run next.
 	// Writers of an earlier deadline move it and signal sweepWake.
@@ -90,6 +97,8 @@ func NewClient(cfg Config) (*Client, error) {
 		log:       cfg.Logger.With("component", componentName, "service", cfg.Service),
 		registry:  reg,
 		startWake: make(chan struct{}, 1),
+		admitWake: make(chan struct{}, 1),
+		outage:    outageClock{grace: OutageRecoveryGrace},
 		sweepWake: make(chan struct{}, 1),
 	}
 	if cfg.Broker != nil {
@@ -194,15 +203,39 @@ func (c *Client) Run(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	defer func() { _ = overdue.Unregister() }()
+	queued, err := c.tel.RegisterQueuedGauges(c.db, c.now)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = queued.Unregister() }()
+	types := c.sagaTypes()
+	sagaGauges, err := c.tel.RegisterSagaGauges(c.db, types)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = sagaGauges.Unregister() }()
+	c.tel.ZeroSagaCounters(ctx, types)
 
 	c.log.Info("orchestrator started", "queue", spec.Name, "schema", c.cfg.Schema, "definitions", c.definitionNames(), "workers", c.cfg.Workers)
-	err = c.engine.Run(ctx, spec, c.sweepLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) })
+	err = c.engine.Run(ctx, spec, c.sweepLoop, c.admitLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) })
 	if err != nil {
 		c.log.Error("orchestrator stopped: subscription failed", "err", err)
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	c.log.Info("orchestrator stopped")
 	return nil
+}
+
+// sagaTypes names the saga types of the definitions the Client runs, each
+// once.
+func (c *Client) sagaTypes() []string {
+	var out []string
+	for _, r := range c.registry.Runners() {
+		if !slices.Contains(out, r.Name()) {
+			out = append(out, r.Name())
+		}
+	}
+	return out
 }
 
 func (c *Client) definitionNames() []string {
@@ -230,9 +263,14 @@ func (c *Client) wakeAfterStarts(ctx context.Context) {
 			t.Reset(startWakeDelays[0])
 		case <-t.C:
 			c.Wake()
+			if c.queuedStart.Load() {
+				c.wakeAdmission()
+			}
 			next++
 			if next < len(startWakeDelays) {
 				t.Reset(startWakeDelays[next] - startWakeDelays[next-1])
+			} else {
+				c.queuedStart.Store(false)
 			}
 		}
 	}

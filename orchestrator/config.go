@@ -133,6 +133,12 @@ type Config struct {
 	// Defaults to DefaultStopTimeout (30s).
 	StopTimeout time.Duration
 
+	// Admission is flow control: how many sagas of a definition run at
+	// once. Starts beyond the limit are accepted in the caller's
+	// transaction as queued sagas and admitted in start order as running
+	// ones end. Defaults to the defaults of AdmissionConfig.
+	Admission AdmissionConfig
+
 	// Relay tunes the relay that publishes the orchestrator's outbox.
 	// Defaults to the defaults of RelayConfig.
 	Relay RelayConfig
@@ -158,6 +164,59 @@ type Config struct {
 	// replies handled, duplicates, dead letters, relay publishing, outbox
 	// backlog, overdue sagas). Defaults to the global provider.
 	MeterProvider metric.MeterProvider
+}
+
+// DefaultMaxRunning is AdmissionConfig.MaxRunning's default: the most sagas
+// of one definition running or compensating at once.
+const DefaultMaxRunning = 500
+
+// DefaultAdmissionBatch is AdmissionConfig.Batch's default.
+const DefaultAdmissionBatch = 100
+
+// AdmissionConfig limits how many sagas of a definition run at once (flow
+// control). A burst of starts beyond what the participants can serve
+// within the steps' timeouts would otherwise turn into a storm of
+// time-outs and re-sends: each saga's step would wait behind the whole
+// burst's commands. With a limit, the burst waits as queued sagas, none
+// of whose steps has started, so none times out.
+//
+// The limit is checked by Start against the sagas committed by then:
+// starts committing at the same moment can each find the last free place,
+// so the limit may be passed by as many. The admission pass (one
+// orchestrator at a time, under an advisory lock) never passes it.
+type AdmissionConfig struct {
+	// MaxRunning is the most sagas of one definition name (all its
+	// versions) running or compensating at once; a failed saga (waiting
+	// for an operator) does not count. Defaults to DefaultMaxRunning
+	// (500). Negative: no limit.
+	MaxRunning int
+	// PerDefinition sets the limit of the definitions it names, instead of
+	// MaxRunning (negative: no limit; zero: MaxRunning).
+	PerDefinition map[string]int
+	// Batch is the most queued sagas one admission transaction starts.
+	// Defaults to DefaultAdmissionBatch (100).
+	Batch int
+}
+
+// WithDefaults returns a copy of a with every zero field set to its
+// default.
+func (a AdmissionConfig) WithDefaults() AdmissionConfig {
+	if a.MaxRunning == 0 {
+		a.MaxRunning = DefaultMaxRunning
+	}
+	if a.Batch == 0 {
+		a.Batch = DefaultAdmissionBatch
+	}
+	return a
+}
+
+// limit returns the limit of running sagas of definition name; negative for
+// none.
+func (a AdmissionConfig) limit(name string) int {
+	if n := a.PerDefinition[name]; n != 0 {
+		return n
+	}
+	return a.MaxRunning
 }
 
 // RelayConfig tunes the relay a Client runs to publish its outbox; a
@@ -207,6 +266,7 @@ func (c Config) WithDefaults() Config {
 	if c.ReplyRetry.MaximumInterval == 0 {
 		c.ReplyRetry.MaximumInterval = max(DefaultReplyMaximumInterval, c.ReplyRetry.InitialInterval)
 	}
+	c.Admission = c.Admission.WithDefaults()
 	c.Relay = c.Relay.WithDefaults()
 	c.Retention = c.Retention.WithDefaults()
 	if c.Logger == nil {
@@ -256,6 +316,9 @@ func (c Config) validate() error {
 	}
 	if err := c.ReplyRetry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ReplyRetry: %w", err))
+	}
+	if c.Admission.Batch < 1 {
+		errs = append(errs, fmt.Errorf("Admission.Batch %d is less than 1", c.Admission.Batch))
 	}
 	if err := c.Relay.Validate("Relay"); err != nil {
 		errs = append(errs, err)

@@ -64,12 +64,22 @@ const DefaultListLimit = 100
 type ListOpts struct {
 	// Type keeps only sagas of this definition name. Defaults to "" (all).
 	Type string
+	// Version keeps only sagas of this definition version. Defaults to 0
+	// (all).
+	Version int
+	// StartKey keeps only the sagas started with this key (one per type).
+	// Defaults to "" (all).
+	StartKey string
 	// Statuses keeps only sagas in one of these statuses. Defaults to none
 	// (all statuses).
 	Statuses []saga.Status
 	// OlderThan keeps only sagas not updated for at least this long (by
 	// Clock): stuck ones. Defaults to 0 (all).
 	OlderThan time.Duration
+	// Overdue keeps only running or compensating sagas whose next deadline
+	// has passed (by Clock): stuck past a deadline that no orchestrator
+	// fired. Defaults to false (all).
+	Overdue bool
 	// Limit is the page size. Defaults to DefaultListLimit (100).
 	Limit int
 	// After continues a listing: pass the previous page's
@@ -96,7 +106,10 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	if opts.Limit < 0 {
 		return nil, fmt.Errorf("orchestrator: list: ListOpts.Limit %d is negative", opts.Limit)
 	}
-	f := driver.SagaFilter{Type: opts.Type, Limit: opts.Limit}
+	if opts.Version < 0 {
+		return nil, fmt.Errorf("orchestrator: list: ListOpts.Version %d is negative", opts.Version)
+	}
+	f := driver.SagaFilter{Type: opts.Type, Version: opts.Version, StartKey: opts.StartKey, Limit: opts.Limit}
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
 	}
@@ -108,6 +121,9 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	}
 	if opts.OlderThan > 0 {
 		f.UpdatedBefore = c.now().Add(-opts.OlderThan)
+	}
+	if opts.Overdue {
+		f.DeadlineBefore = c.now()
 	}
 	if opts.After != "" {
 		after, err := decodeCursor(opts.After)
@@ -238,11 +254,14 @@ func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind 
 	if err != nil {
 		return transition{}, err
 	}
+	now := c.now()
+	if saga.Status(rec.Status) == saga.StatusQueued {
+		return c.withdrawQueued(rec, kind, actor, reason, now)
+	}
 	s, err := sagaFromRecord(&rec)
 	if err != nil {
 		return transition{}, err
 	}
-	now := c.now()
 	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
 	if err != nil {
 		return transition{}, err

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
@@ -164,6 +165,42 @@ func TestListPagesStalestFirst(t *testing.T) {
 	require.ErrorIs(t, err, orchestrator.ErrNotFound)
 	_, err = c.History(ctx, [16]byte{1})
 	require.ErrorIs(t, err, message.ErrNotFound)
+}
+
+// TestListFiltersByVersionStartKeyAndOverdue lists sagas by definition
+// version, by start key (with and without a type) and those stuck past a
+// deadline.
+func TestListFiltersByVersionStartKeyAndOverdue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v1, v2 := orderSaga(1, time.Minute, 1), orderSaga(2, time.Minute, 1)
+	clock := newFakeClock()
+	cfg := e.orchConfig(v1, v2)
+	cfg.Clock = clock.Now
+	c := e.newOrchestrator(cfg)
+	ctx := context.Background()
+	a := e.start(c, v1, Order{ID: "a", Qty: 1, Amount: 1, Address: "here"}, &orchestrator.StartOpts{StartKey: "k-a"})
+	clock.Advance(2 * time.Minute)
+	b := e.start(c, v2, Order{ID: "b", Qty: 1, Amount: 1, Address: "here"}, &orchestrator.StartOpts{StartKey: "k-b"})
+	ids := func(opts *orchestrator.ListOpts) []uuid.UUID {
+		t.Helper()
+		page, err := c.List(ctx, opts)
+		require.NoError(t, err)
+		var out []uuid.UUID
+		for _, s := range page.Sagas {
+			out = append(out, s.ID)
+		}
+		return out
+	}
+	require.Equal(t, []uuid.UUID{b.ID}, ids(&orchestrator.ListOpts{Version: 2}))
+	require.Equal(t, []uuid.UUID{a.ID}, ids(&orchestrator.ListOpts{Type: "order", Version: 1}))
+	require.Equal(t, []uuid.UUID{a.ID}, ids(&orchestrator.ListOpts{StartKey: "k-a"}))
+	require.Equal(t, []uuid.UUID{b.ID}, ids(&orchestrator.ListOpts{Type: "order", StartKey: "k-b"}))
+	require.Empty(t, ids(&orchestrator.ListOpts{Type: "other", StartKey: "k-b"}))
+	require.Equal(t, []uuid.UUID{a.ID}, ids(&orchestrator.ListOpts{Overdue: true}), "a's first step is past its deadline, b's is not")
+	require.Empty(t, ids(&orchestrator.ListOpts{Overdue: true, Statuses: []saga.Status{saga.StatusCompleted}}))
+	_, err := c.List(ctx, &orchestrator.ListOpts{Version: -1})
+	require.ErrorContains(t, err, "ListOpts.Version")
 }
 
 // TestRunRefusesUnmigratedSchema: Run names the command that migrates.

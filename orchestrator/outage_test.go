@@ -46,4 +46,16 @@ func TestOutageClock(t *testing.T) {
 	require.Equal(t, t0.Add(96*time.Second-8*time.Second), due)
 	due, _ = at(104, time.Time{})
 	require.Equal(t, t0.Add(104*time.Second), due, "caught up again")
+
+	// With a recovery grace, the clock runs behind by the outage and the
+	// grace, for as long.
+	g := outageClock{grace: 5 * time.Second}
+	_, paused = g.at(t0.Add(10*time.Second), t0.Add(10*time.Second))
+	require.True(t, paused)
+	due, _ = g.at(t0.Add(20*time.Second), time.Time{}) // 10 s away + 5 s grace: 15 s of credit until 35
+	require.Equal(t, t0.Add(5*time.Second), due)
+	due, _ = g.at(t0.Add(34*time.Second), time.Time{})
+	require.Equal(t, t0.Add(19*time.Second), due)
+	due, _ = g.at(t0.Add(35*time.Second), time.Time{})
+	require.Equal(t, t0.Add(35*time.Second), due)
 }

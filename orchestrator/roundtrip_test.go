@@ -14,7 +14,9 @@ import (
 
 // maxBusinessRoundTrips is the most round trips to PostgreSQL that sagabox
 // spends in the business transactions of one completed three-step saga:
-// the start (one statement in the caller's transaction) and, for each step,
+// the start (two statements in the caller's transaction: the admission
+// check of flow control, which a definition without a limit skips, and the
+// start itself) and, for each step,
 // the participant's delivery and the orchestrator's reply (two round trips
 // each: the first statement goes out with BEGIN, the last with COMMIT).
 // The handlers' own statements are not counted. The first version took 49.

@@ -52,6 +52,16 @@ type Saga struct {
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt time.Time
+	// ConcurrencyKey is the key the saga was started with
+	// (StartOpts.ConcurrencyKey), if any.
+	ConcurrencyKey string
+	// AdmittedAt is when the saga's first step ran: CreatedAt for a saga
+	// started at once, later for one that was queued (flow control), zero
+	// while it is queued.
+	AdmittedAt time.Time
+	// TraceParent is the W3C trace context of the span that started the
+	// saga (its trace id is the saga's trace); empty without tracing.
+	TraceParent string
 }
 
 // Instance returns the saga as the saga core sees it.
@@ -67,7 +77,7 @@ func sagaFromRecord(rec *driver.SagaRecord) (*Saga, error) {
 		ID: rec.ID, Type: rec.Type, Version: rec.Version, Status: saga.Status(rec.Status), Phase: saga.Phase(rec.Phase),
 		CurrentStep: rec.CurrentStep, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
 		Revision: rec.Revision, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, Deadline: rec.Deadline,
-		FinishedAt: rec.FinishedAt,
+		FinishedAt: rec.FinishedAt, ConcurrencyKey: rec.ConcurrencyKey, AdmittedAt: rec.AdmittedAt, TraceParent: rec.TraceParent,
 	}
 	if err := json.Unmarshal(rec.Steps, &s.Steps); err != nil {
 		return nil, fmt.Errorf("%w: saga %s: decode step states: %w", saga.ErrInvalidInstance, rec.ID, err)
@@ -192,7 +202,7 @@ func writes(trs ...transition) []driver.Transition {
 // committed does what follows the commit of transitions: wake the relay and
 // the sweeper, count metrics.
 func (c *Client) committed(ctx context.Context, trs ...transition) {
-	wake := false
+	wake, admit := false, false
 	for _, tr := range trs {
 		if tr.res.Ignored {
 			continue
@@ -205,6 +215,7 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 		}
 		after := tr.res.Instance.Status
 		if after != tr.before && after.Terminal() {
+			admit = true
 			c.tel.SagaFinished(ctx, tr.rec.Type, string(after), tr.rec.UpdatedAt.Sub(tr.rec.CreatedAt))
 			lvl := slog.LevelDebug
 			switch after {
@@ -218,5 +229,8 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 	}
 	if wake {
 		c.Wake()
+	}
+	if admit {
+		c.wakeAdmission() // a place for a queued saga may have freed
 	}
 }

@@ -25,14 +25,27 @@ type StartOpts struct {
 	// nothing (no row, no message, no local step) and returns that saga
 	// with Existing set. Defaults to "" (no key).
 	StartKey string
+
+	// ConcurrencyKey makes the saga one of a kind (the "semantic lock" of
+	// MassTransit and NServiceBus users): at most one saga of the same
+	// definition name and key runs or compensates at a time. A start while
+	// another is queued, running or compensating is queued behind it, and
+	// admitted, in start order, once it has ended (completed, compensated or
+	// failed). Defaults to "" (no key). Start holds the key's lock, an
+	// advisory lock, until tx ends, which orders concurrent starts of one
+	// key; use a READ COMMITTED tx (PostgreSQL's default) so that Start sees
+	// what the key's previous holder committed.
+	ConcurrencyKey string
 }
 
 // Started is the outcome of Start.
 type Started struct {
 	// ID is the saga's id, a UUIDv7.
 	ID uuid.UUID
-	// Status is the saga's status after Start: running, or already
-	// completed or compensated if it had only local or skipped steps.
+	// Status is the saga's status after Start: running; queued when flow
+	// control keeps it waiting (Config.Admission, StartOpts.ConcurrencyKey);
+	// or already completed or compensated if it had only local or skipped
+	// steps.
 	Status saga.Status
 	// Existing is true when StartOpts.StartKey named a saga started before;
 	// ID and Status are then that saga's.
@@ -152,6 +165,9 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if opts.StartKey != "" && strings.TrimSpace(opts.StartKey) == "" {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKey is blank", runner.Name(), runner.Version())
 	}
+	if opts.ConcurrencyKey != "" && strings.TrimSpace(opts.ConcurrencyKey) == "" {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.ConcurrencyKey is blank", runner.Name(), runner.Version())
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: generate saga id: %w", runner.Name(), runner.Version(), err)
@@ -173,6 +189,13 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
 	}
+	why, err := c.mustQueue(ctx, tx, runner.Name(), opts.ConcurrencyKey)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+	}
+	if why != "" {
+		return c.enqueue(ctx, tx, runner, id, data, opts, why)
+	}
 	work := tx
 	if local {
 		work, err = tx.Begin(ctx)
@@ -181,17 +204,13 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 		defer work.Rollback(context.WithoutCancel(ctx))
 	}
-	res, inserted, err := c.start(ctx, work, runner, id, data, opts.StartKey)
+	res, inserted, err := c.start(ctx, work, runner, id, data, opts)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 	}
 	if !inserted {
 		// The deferred rollback undoes the local steps' writes.
-		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
-		if err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-		}
-		return &Started{ID: existing.ID, Status: saga.Status(existing.Status), Existing: true}, nil
+		return c.existing(ctx, tx, runner, opts.StartKey)
 	}
 	if work != tx {
 		if err := work.Commit(ctx); err != nil {
@@ -199,30 +218,38 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 	}
 	c.tel.SagaStarted(ctx, runner.Name())
+	c.tel.SagaAdmitted(ctx, runner.Name(), 0)
 	if res.Instance.Status.Terminal() {
 		c.tel.SagaFinished(ctx, runner.Name(), string(res.Instance.Status), 0)
 	}
 	if !res.Instance.Deadline.IsZero() {
 		c.noteDeadline(res.Instance.Deadline)
 	}
-	select {
-	case c.startWake <- struct{}{}:
-	default:
-	}
+	c.signalStart(false)
 	c.log.Debug("saga started", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "status", string(res.Instance.Status))
 	return &Started{ID: id, Status: res.Instance.Status}, nil
+}
+
+// existing returns the saga of runner's name started with startKey, read in
+// tx: the outcome of a start whose key was taken.
+func (c *Client) existing(ctx context.Context, tx pgx.Tx, runner saga.Runner, startKey string) (*Started, error) {
+	rec, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), startKey)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+	}
+	return &Started{ID: rec.ID, Status: saga.Status(rec.Status), Existing: true}, nil
 }
 
 // start runs the saga core's Start and writes the saga, its history and its
 // first messages in tx in one statement. It reports false when the start key
 // is taken: nothing was written.
-func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, startKey string) (saga.Result, bool, error) {
+func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uuid.UUID, data json.RawMessage, opts *StartOpts) (saga.Result, bool, error) {
 	now := c.now()
 	res, err := runner.Start(withTx(ctx, tx), id, data, now)
 	if err != nil {
 		return saga.Result{}, false, err
 	}
-	rec := driver.SagaRecord{StartKey: startKey}
+	rec := driver.SagaRecord{StartKey: opts.StartKey, ConcurrencyKey: opts.ConcurrencyKey}
 	rec.TraceParent, rec.TraceState = telemetry.Inject(ctx)
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
 		return saga.Result{}, false, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
@@ -141,8 +143,76 @@ func TestTelemetrySagaIsOneTraceAndMetricsCount(t *testing.T) {
 	age, ok := m.Gauge(telemetry.MetricOutboxOldestAge, orch)
 	require.True(t, ok)
 	require.Zero(t, age)
+	open, ok := m.Gauge(telemetry.MetricSagasOpen, orch, order, telemetry.AttrStatus.String("failed"))
+	require.True(t, ok, "open sagas gauge reported")
+	require.EqualValues(t, 1, open, "the failed saga waits for an operator")
+	open, _ = m.Gauge(telemetry.MetricSagasOpen, orch, order, telemetry.AttrStatus.String("running"))
+	require.Zero(t, open)
+	// The participants' handlers are timed, by outcome.
+	require.NotZero(t, m.Count(telemetry.MetricHandlerDuration, inv, telemetry.AttrMessageType.String(Reserve.Name()),
+		telemetry.AttrOutcome.String(telemetry.HandlerOK)))
+	require.EqualValues(t, 2, m.Count(telemetry.MetricHandlerDuration, pay, telemetry.AttrOutcome.String(telemetry.HandlerRejected)))
 	requireLowCardinality(t, m)
 	require.Zero(t, e.errs.n.Load(), "errors logged: last %v", e.errs.last.Load())
+}
+
+// The counters alerts watch exist at zero from the start, so that an alert
+// on their increase sees 0 rather than "no data"; the open-saga and
+// pending-request gauges count from the database.
+func TestTelemetryCountersStartAtZeroAndSagaGauges(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	meter := telemetrytest.NewMeter(t)
+	def := orderSaga(1, time.Hour, 1)
+	cfg := e.orchConfig(def)
+	cfg.MeterProvider = meter.Provider
+	c := e.runOrchestrator(cfg)
+	order := telemetry.AttrSagaType.String("order")
+	orch := telemetry.AttrSchema.String(e.orch.Schema())
+
+	// Nothing happened yet: every counter is there, at zero.
+	var m telemetrytest.Snapshot
+	waitFor(t, 30*time.Second, "the gauges reported", func() bool {
+		m = meter.Collect(t)
+		_, ok := m.Gauge(telemetry.MetricOperatorPending, orch)
+		return ok
+	})
+	for _, name := range []string{
+		telemetry.MetricDeadLetters, telemetry.MetricInboxDuplicates, telemetry.MetricRetries,
+		telemetry.MetricRelayPublishErrors, telemetry.MetricRelayPublished, telemetry.MetricDeadlinesFired,
+		telemetry.MetricSagasStarted, telemetry.MetricSagasFinished,
+	} {
+		require.True(t, m.Has(name), "%s exists before its first event", name)
+		require.Zero(t, m.Sum(name), name)
+	}
+	require.True(t, m.Has(telemetry.MetricSagasFinished))
+	require.Zero(t, m.Sum(telemetry.MetricSagasFinished, order, telemetry.AttrStatus.String("failed")))
+
+	// One running saga (no participant answers), and a pending request for
+	// a saga of a definition this orchestrator does not run (so it stays
+	// pending).
+	e.start(c, def, Order{ID: "o-1", Qty: 1, Amount: 10, Address: "here"}, nil)
+	ctx := context.Background()
+	other := driver.SagaRecord{ID: uuid.New(), Type: "other", Version: 1, Status: "running", Data: []byte(`{}`), Steps: []byte(`[]`), Phase: "action"}
+	require.NoError(t, e.orch.InTx(ctx, func(tx pgx.Tx) error {
+		_, err := e.orch.StartSaga(ctx, tx, &driver.SagaStart{Saga: other}, time.Now())
+		return err
+	}))
+	_, err := e.orch.RequestOperation(ctx, other.ID, "retry", "alice", "pending")
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the running saga counted", func() bool {
+		m = meter.Collect(t)
+		v, _ := m.Gauge(telemetry.MetricSagasOpen, orch, order, telemetry.AttrStatus.String("running"))
+		return v == 1
+	})
+	for _, status := range []string{"compensating", "failed"} {
+		v, ok := m.Gauge(telemetry.MetricSagasOpen, orch, order, telemetry.AttrStatus.String(status))
+		require.True(t, ok, "status %s reported at zero", status)
+		require.Zero(t, v)
+	}
+	v, ok := m.Gauge(telemetry.MetricOperatorPending, orch)
+	require.True(t, ok)
+	require.EqualValues(t, 1, v)
 }
 
 // requireLowCardinality fails if a metric carries an id attribute.

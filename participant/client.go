@@ -28,6 +28,7 @@ type Client struct {
 	store  *store.Store
 	db     driver.Executor
 	engine *engine.Engine
+	tel    *telemetry.Telemetry
 	log    *slog.Logger
 
 	mu       sync.Mutex
@@ -63,6 +64,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cfg:      cfg,
 		store:    st,
 		db:       st.Executor(),
+		tel:      tel,
 		log:      cfg.Logger.With("component", componentName, "service", cfg.Service),
 		handlers: make(map[handlerKey]*handler),
 	}

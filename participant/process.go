@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
@@ -306,13 +307,23 @@ func blockedReply(d *transport.Delivery) []byte {
 	})
 }
 
-// call runs the handler in tx, turning a panic into an error.
+// call runs the handler in tx, turning a panic into an error, and records
+// its duration (sagabox.handler.duration).
 func (c *Client) call(ctx context.Context, tx pgx.Tx, h *handler, d *transport.Delivery, data any, attempt int) (reply []byte, err error) {
+	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("handler panicked", "message_id", d.MessageID.String(), "type", d.Type, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			err = fmt.Errorf("handler of %s %q panicked: %v", d.Kind, d.Type, r)
 		}
+		outcome := telemetry.HandlerOK
+		switch {
+		case errors.Is(err, saga.ErrRejected):
+			outcome = telemetry.HandlerRejected
+		case err != nil:
+			outcome = telemetry.HandlerError
+		}
+		c.tel.HandlerDone(ctx, c.cfg.Schema, d.Type, string(d.Kind), outcome, time.Since(start))
 	}()
 	return h.call(ctx, tx, &d.Envelope, data, attempt)
 }

@@ -169,3 +169,11 @@ UPDATE /* TEMPLATE: schema */sagabox_inbox
 SET state = 'done'
 WHERE message_id = @message_id::uuid AND state = 'started'
 RETURNING attempt;
+
+-- name: BarrierListBySaga :many
+-- The marks saga @saga_id left at this participant (its primary key's
+-- prefix), in the order they were left: what the barrier decided for each
+-- step and phase, for inspection.
+SELECT * FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = @saga_id::uuid
+ORDER BY created_at, step, phase;

@@ -82,6 +82,15 @@ FROM /* TEMPLATE: schema */sagabox_saga
 GROUP BY saga_type, status
 ORDER BY saga_type, status;
 
+-- name: SagaCountOpen :many
+-- The running, compensating and failed sagas of the given types, by type
+-- and status: ranges of the (saga_type, status, created_at, id) index that
+-- hold only sagas not finished, however many finished ones the table keeps.
+SELECT saga_type, status, count(*)::bigint AS count
+FROM /* TEMPLATE: schema */sagabox_saga
+WHERE saga_type = ANY(@saga_types::text[]) AND status IN ('running', 'compensating', 'failed')
+GROUP BY saga_type, status;
+
 -- name: SagaCountOverdue :one
 -- Running or compensating sagas whose deadline passed before @before: the
 -- sweeper is behind or not running.

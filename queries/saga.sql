@@ -11,13 +11,16 @@
 WITH saga AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga (
         id, saga_type, version, status, start_key, data, steps, current_step, phase,
-        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
+        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate,
+        concurrency_key, admitted_at
     ) VALUES (
         @id::uuid, @saga_type::text, @version::integer, @status::text, sqlc.narg('start_key')::text,
         @data::jsonb, @steps::jsonb, @current_step::integer, @phase::text,
         sqlc.narg('deadline')::timestamptz, @attempts::integer, @last_error::text,
         @now::timestamptz, @now::timestamptz, sqlc.narg('finished_at')::timestamptz,
-        @traceparent::text, @tracestate::text
+        @traceparent::text, @tracestate::text,
+        sqlc.narg('concurrency_key')::text,
+        CASE WHEN @status::text = 'queued' THEN NULL ELSE @now::timestamptz END
     )
     ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -121,6 +124,85 @@ ORDER BY s.deadline
 LIMIT @max::integer
 FOR UPDATE OF s SKIP LOCKED;
 
+-- name: SagaAdmission :one
+-- What a start of a saga of @saga_type needs to know to run at once or be
+-- queued: how many sagas of the type are running or compensating (counted
+-- up to @max_running), whether sagas wait for admission that are not
+-- waiting for a concurrency key of their own (a new start queues behind
+-- them), and whether a saga of the type holds or waits for
+-- @concurrency_key.
+SELECT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = @saga_type::text AND status IN ('running', 'compensating')
+        LIMIT @max_running::integer
+    ) AS r)::integer AS running,
+    EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = @saga_type::text AND status = 'queued' AND concurrency_key IS NULL
+    ) AS queued,
+    EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = @saga_type::text AND concurrency_key = sqlc.narg('concurrency_key')::text
+          AND status IN ('queued', 'running', 'compensating')
+    ) AS key_taken;
+
+-- name: SagaLockConcurrencyKey :exec
+-- Takes the transaction-scoped advisory lock of the concurrency key
+-- @concurrency_key of @saga_type, waiting for it. A start with a key holds
+-- it until the caller's transaction ends, so that the admission pass and
+-- other starts decide on the key only once they can see its saga.
+SELECT pg_advisory_xact_lock(hashtextextended(
+    'sagabox.concurrency:' || @schema_name::text || ':' || @saga_type::text || ':' || @concurrency_key::text, 0));
+
+-- name: SagaTryLockConcurrencyKeys :many
+-- Takes, without waiting, the transaction-scoped advisory locks of the
+-- concurrency keys @concurrency_key of @saga_type that nobody holds, and
+-- returns those keys.
+SELECT k.key::text AS concurrency_key
+FROM unnest(@concurrency_key::text[]) AS k(key)
+WHERE pg_try_advisory_xact_lock(hashtextextended(
+    'sagabox.concurrency:' || @schema_name::text || ':' || @saga_type::text || ':' || k.key, 0));
+
+-- name: SagaTryLockAdmission :one
+-- Takes the transaction-scoped advisory lock of the admission pass of the
+-- schema @schema_name, if no other orchestrator holds it: one pass at a
+-- time admits, so that two never both fill the same free places.
+SELECT pg_try_advisory_xact_lock(hashtextextended('sagabox.admission:' || @schema_name::text, 0))::boolean AS locked;
+
+-- name: SagaClaimQueued :many
+-- Locks up to @max queued sagas of @saga_type (of the versions @versions)
+-- that may run now, in start order: those without a concurrency key, and
+-- the first queued saga of each key no saga of the type is running or
+-- compensating for.
+SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.saga_type = @saga_type::text
+  AND s.status = 'queued'
+  AND s.version = ANY(@versions::integer[])
+  AND (s.concurrency_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga o
+      WHERE o.saga_type = s.saga_type AND o.concurrency_key = s.concurrency_key
+        AND o.status IN ('queued', 'running', 'compensating')
+        AND (o.status <> 'queued' OR (o.created_at, o.id) < (s.created_at, s.id))
+  ))
+ORDER BY s.created_at, s.id
+LIMIT @max::integer
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: SagaKeysRunning :many
+-- Returns which of the concurrency keys @concurrency_key of @saga_type a
+-- saga is running or compensating for (read after their locks were taken).
+SELECT DISTINCT concurrency_key::text AS concurrency_key FROM /* TEMPLATE: schema */sagabox_saga
+WHERE saga_type = @saga_type::text AND concurrency_key = ANY(@concurrency_key::text[])
+  AND status IN ('running', 'compensating');
+
+-- name: SagaQueuedCounts :many
+-- Counts the sagas waiting for admission, per type, with the oldest's start.
+SELECT saga_type, count(*)::bigint AS queued, min(created_at)::timestamptz AS oldest
+FROM /* TEMPLATE: schema */sagabox_saga
+WHERE status = 'queued'
+GROUP BY saga_type;
+
 -- name: SagaWrite :one
 -- Writes transitions: the new state of the sagas @id (each checked against
 -- the revision it was read at: a saga changed meanwhile fails the whole
@@ -139,7 +221,10 @@ WITH updated AS (
         last_error = u.last_error,
         revision = s.revision + 1,
         updated_at = @now::timestamptz,
-        finished_at = nullif(u.finished_at, '0001-01-01 00:00:00+00'::timestamptz)
+        finished_at = nullif(u.finished_at, '0001-01-01 00:00:00+00'::timestamptz),
+        -- The first transition out of 'queued' admits the saga.
+        admitted_at = CASE WHEN s.admitted_at IS NULL AND u.status <> 'queued' THEN @now::timestamptz
+                           ELSE s.admitted_at END
     FROM (
         SELECT unnest(@id::uuid[]) AS id,
                unnest(@revision::bigint[]) AS revision,
@@ -209,13 +294,23 @@ SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE saga_type = @saga_type::text AND start_key = @start_key::text;
 
 -- name: SagaList :many
--- Lists sagas oldest first (by start), filtered by type, status and the
--- time of their last change, with keyset paging on (created_at, id), which
--- never change: a page follows the previous one however the sagas move on.
+-- Lists sagas oldest first (by start), filtered by type, version, status,
+-- start key, the time of their last change and an overdue deadline, with
+-- keyset paging on (created_at, id), which never change: a page follows the
+-- previous one however the sagas move on. Each filter has an index to
+-- start from: type and status (sagabox_saga_type_status_created_at_idx,
+-- sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_idx
+-- with a type, sagabox_saga_start_key_only_idx without), overdue deadline
+-- (sagabox_saga_deadline_idx).
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga
 WHERE (sqlc.narg('saga_type')::text IS NULL OR saga_type = sqlc.narg('saga_type')::text)
+  AND (sqlc.narg('version')::integer IS NULL OR version = sqlc.narg('version')::integer)
   AND (cardinality(@statuses::text[]) = 0 OR status = ANY(@statuses::text[]))
+  AND (sqlc.narg('start_key')::text IS NULL OR start_key = sqlc.narg('start_key')::text)
   AND (sqlc.narg('updated_before')::timestamptz IS NULL OR updated_at < sqlc.narg('updated_before')::timestamptz)
+  AND (sqlc.narg('deadline_before')::timestamptz IS NULL
+       OR (deadline < sqlc.narg('deadline_before')::timestamptz AND deadline IS NOT NULL
+           AND status IN ('running', 'compensating')))
   AND (sqlc.narg('after_created_at')::timestamptz IS NULL
        OR (created_at, id) > (sqlc.narg('after_created_at')::timestamptz, sqlc.narg('after_id')::uuid))
 ORDER BY created_at, id

@@ -443,6 +443,7 @@ func (m *machine[D]) reply() error {
 			return m.errorf(i, "apply reply: %w", err)
 		}
 		st.Status, st.FinishedAt = StepSucceeded, m.now
+		m.resolve(st)
 		entry.Event = HistoryReplyApplied
 		m.record(entry)
 		return m.advance(i + 1)
@@ -454,6 +455,11 @@ func (m *machine[D]) reply() error {
 		return m.compensateFrom(i - 1)
 	case ev.Kind == EventReplySuccess:
 		st.Status, st.FinishedAt = StepCompensated, m.now
+		if st.LastError != m.inst.LastError {
+			// A compensation failure an operator's retry repaired; the
+			// saga's own reason (why it compensates) stays.
+			st.LastError = ""
+		}
 		entry.Event = HistoryStepCompensated
 		m.record(entry)
 		return m.compensateFrom(i - 1)
@@ -466,6 +472,32 @@ func (m *machine[D]) reply() error {
 		m.record(HistoryEntry{Event: HistoryFailed, StepIndex: -1, Phase: PhaseCompensation, Detail: reason})
 		return nil
 	}
+}
+
+// resolve clears the failure reason of step st, whose action has just
+// succeeded (after a timeout or an operator retry). If the saga's LastError
+// was that reason, it is cleared too: a saga's LastError never names a
+// failure that a later attempt repaired.
+func (m *machine[D]) resolve(st *StepState) {
+	if st.LastError == "" {
+		return
+	}
+	if m.inst.LastError == st.LastError {
+		m.inst.LastError = ""
+	}
+	st.LastError = ""
+}
+
+// compensationCause returns why the saga compensates: the reason of its
+// rejected, timed-out or aborted step, or "" when no such step is left.
+func (m *machine[D]) compensationCause() string {
+	for _, st := range m.inst.Steps {
+		switch st.Status {
+		case StepRejected, StepTimedOut, StepAborted:
+			return st.LastError
+		}
+	}
+	return ""
 }
 
 func (m *machine[D]) timer() error {
@@ -515,6 +547,7 @@ func (m *machine[D]) retry() error {
 		if st.Status != StepRunning && st.Status != StepWaitingRetry {
 			break
 		}
+		entry.Attempt = st.Attempt + 1
 		m.record(entry)
 		return m.sendAction(i, st.Attempt+1)
 	case StatusCompensating, StatusFailed:
@@ -522,7 +555,14 @@ func (m *machine[D]) retry() error {
 		if st.Status != StepCompensating && st.Status != StepCompensationFailed {
 			break
 		}
+		entry.Attempt = st.CompensationAttempt + 1
 		m.record(entry)
+		if cause := m.compensationCause(); m.inst.Status == StatusFailed && cause != "" {
+			// Compensating again: the saga's reason is again why it
+			// compensates; the step keeps its compensation failure until
+			// the retried compensation succeeds.
+			m.inst.LastError = cause
+		}
 		return m.sendCompensation(i, st.CompensationAttempt+1)
 	default:
 		return fmt.Errorf("%w: retry saga %s: a %s saga has nothing to retry", ErrInvalidTransition, m.inst.ID, m.inst.Status)

@@ -352,6 +352,10 @@ func TestTimeoutWithoutRetryCompensatesTimedOutStepThenEarlierOnes(t *testing.T)
 	s.RequireStatus(saga.StatusCompensated)
 	s.RequireStepStatus("charge-card", saga.StepCompensated)
 	s.RequireStepStatus("reserve-stock", saga.StepCompensated)
+	// The timed-out step's own compensation succeeding does not repair its
+	// timeout: the saga still says why it compensated.
+	require.Contains(t, s.Instance().LastError, "timed out")
+	require.Contains(t, s.Instance().Steps[1].LastError, "timed out")
 }
 
 func TestTimeoutOfStepWithoutCompensation(t *testing.T) {
@@ -410,8 +414,8 @@ func TestCompensationFailureThenOperatorRetry(t *testing.T) {
 	res := s.Retry("alice", "warehouse back")
 	require.Equal(t, saga.HistoryEntry{
 		At: s.Now(), Event: saga.HistoryRetried, Step: "reserve-stock", StepIndex: 0, Phase: saga.PhaseCompensation,
-		Detail: "warehouse back", Actor: "alice",
-	}, res.History[0])
+		Attempt: 2, Detail: "warehouse back", Actor: "alice",
+	}, res.History[0], "the retried entry records the attempt it re-sends")
 	s.RequireStatus(saga.StatusCompensating)
 	msg := s.Next()
 	require.Equal(t, saga.PhaseCompensation, msg.Phase)
@@ -423,6 +427,9 @@ func TestCompensationFailureThenOperatorRetry(t *testing.T) {
 	s.RequireStatus(saga.StatusCompensated)
 	s.RequireStepStatus("reserve-stock", saga.StepCompensated)
 	require.Equal(t, 2, s.Instance().Steps[0].CompensationAttempt)
+	require.Empty(t, s.Instance().Steps[0].LastError, "the retried compensation succeeded: its failure is resolved")
+	require.Equal(t, "card declined", s.Instance().LastError,
+		"the saga's last error is again why it compensated, not the compensation failure a retry repaired")
 	require.Equal(t, []saga.HistoryEvent{
 		saga.HistoryStarted, saga.HistoryCommandSent, saga.HistoryReplyApplied, saga.HistoryCommandSent,
 		saga.HistoryStepRejected, saga.HistoryCompensationSent,
@@ -473,7 +480,9 @@ func TestOperatorRetryRunningAndCompensating(t *testing.T) {
 	s.Start(Order{ID: "o-1"})
 	s.Next()
 	s.Advance(10 * time.Second)
-	s.Retry("ops", "resend")
+	res := s.Retry("ops", "resend")
+	require.Equal(t, saga.HistoryRetried, res.History[0].Event)
+	require.Equal(t, 2, res.History[0].Attempt, "the retried entry records the attempt it re-sends")
 	msg := s.Next()
 	require.Equal(t, saga.PhaseAction, msg.Phase)
 	require.Equal(t, 2, msg.Attempt)

@@ -13,6 +13,11 @@ type Status string
 // The statuses of a saga. Every saga ends as StatusCompleted,
 // StatusCompensated or StatusFailed.
 const (
+	// StatusQueued: the saga was started while its definition's limit of
+	// running sagas was reached, or while another saga of its concurrency
+	// key ran (flow control). Nothing of it has run; the orchestrator
+	// admits it, and it becomes running, in start order.
+	StatusQueued Status = "queued"
 	// StatusRunning: the steps' actions are being performed.
 	StatusRunning Status = "running"
 	// StatusCompensating: a step failed, timed out or the saga was aborted;
@@ -32,7 +37,7 @@ const (
 // Valid reports whether s is one of the known statuses.
 func (s Status) Valid() bool {
 	switch s {
-	case StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed:
+	case StatusQueued, StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed:
 		return true
 	}
 	return false

@@ -70,3 +70,51 @@ func isUndefined(err error) bool {
 func storableText(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00")
 }
+
+// ConnectProblem is why connecting to PostgreSQL failed, as far as tools
+// need to tell a person what to do (ClassifyConnect).
+type ConnectProblem int
+
+// The connect problems ClassifyConnect tells apart.
+const (
+	// ConnectOther is any other failure (or none).
+	ConnectOther ConnectProblem = iota
+	// ConnectUnreachable: no server answered (down, wrong host or port, a
+	// network fault).
+	ConnectUnreachable
+	// ConnectAuthFailed: the server refused the password (28P01).
+	ConnectAuthFailed
+	// ConnectRoleRejected: the role does not exist or pg_hba.conf refuses
+	// it (28000; PostgreSQL reports both with one SQLSTATE).
+	ConnectRoleRejected
+	// ConnectNoDatabase: the database does not exist (3D000).
+	ConnectNoDatabase
+)
+
+// ClassifyConnect says why err, an error of connecting or pinging, failed:
+// by SQLSTATE when the server answered, and by pgx's connect error type
+// when none did; never by message text.
+func ClassifyConnect(err error) ConnectProblem {
+	if err == nil {
+		return ConnectOther
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01":
+			return ConnectAuthFailed
+		case "28000":
+			return ConnectRoleRejected
+		case "3D000":
+			return ConnectNoDatabase
+		}
+		if IsConnectionError(err) {
+			return ConnectUnreachable
+		}
+		return ConnectOther
+	}
+	if IsConnectionError(err) {
+		return ConnectUnreachable
+	}
+	return ConnectOther
+}

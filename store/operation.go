@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -22,6 +23,9 @@ func operation(r *dbsqlc.SagaboxSagaOperation) driver.Operation {
 	}
 	if r.AppliedAt != nil {
 		op.AppliedAt = *r.AppliedAt
+	}
+	if r.WithdrawnAt != nil {
+		op.WithdrawnAt, op.WithdrawnBy = *r.WithdrawnAt, r.WithdrawnBy
 	}
 	return op
 }
@@ -85,4 +89,78 @@ func (s *executor) Operation(ctx context.Context, id int64) (driver.Operation, e
 		return driver.Operation{}, fmt.Errorf("get operator request %d: %w", id, err)
 	}
 	return operation(r), nil
+}
+
+// OperationListPending lists up to max pending requests, oldest first, after
+// request afterID.
+func (s *executor) OperationListPending(ctx context.Context, afterID int64, max int) ([]driver.Operation, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.SagaOperationListPendingAfter(ctx, db, &dbsqlc.SagaOperationListPendingAfterParams{AfterID: afterID, Max: int32(max)})
+	if err != nil {
+		return nil, fmt.Errorf("list pending operator requests: %w", err)
+	}
+	out := make([]driver.Operation, len(rows))
+	for i, r := range rows {
+		out[i] = operation(r)
+	}
+	return out, nil
+}
+
+// WithdrawOperation withdraws pending request id on behalf of actor.
+func (s *executor) WithdrawOperation(ctx context.Context, id int64, actor string) (driver.Operation, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return driver.Operation{}, err
+	}
+	r, err := s.queries.SagaOperationWithdraw(ctx, db, &dbsqlc.SagaOperationWithdrawParams{ID: id, Actor: storableText(actor)})
+	if errors.Is(err, pgx.ErrNoRows) {
+		op, err := s.Operation(ctx, id)
+		if err != nil {
+			return driver.Operation{}, err
+		}
+		return op, fmt.Errorf("withdraw operator request %d: %w", id, driver.ErrNotPending)
+	}
+	if err != nil {
+		return driver.Operation{}, fmt.Errorf("withdraw operator request %d: %w", id, err)
+	}
+	return operation(r), nil
+}
+
+// Operations returns up to limit requests: the pending ones oldest first,
+// or with all every one newest first.
+func (s *executor) Operations(ctx context.Context, all bool, limit int) ([]driver.Operation, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	var rows []*dbsqlc.SagaboxSagaOperation
+	if all {
+		rows, err = s.queries.SagaOperationListRecent(ctx, db, int32(min(limit, math.MaxInt32)))
+	} else {
+		rows, err = s.queries.SagaOperationListPending(ctx, db, int32(min(limit, math.MaxInt32)))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list operator requests of schema %q: %w", s.schema, err)
+	}
+	out := make([]driver.Operation, len(rows))
+	for i, r := range rows {
+		out[i] = operation(r)
+	}
+	return out, nil
+}
+
+// OperationsPending counts the pending requests.
+func (s *executor) OperationsPending(ctx context.Context) (int64, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.queries.SagaOperationCountPending(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("count pending operator requests of schema %q: %w", s.schema, err)
+	}
+	return n, nil
 }

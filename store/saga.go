@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
@@ -30,6 +31,12 @@ func sagaRecord(r *dbsqlc.SagaboxSaga) driver.SagaRecord {
 	}
 	if r.FinishedAt != nil {
 		rec.FinishedAt = *r.FinishedAt
+	}
+	if r.ConcurrencyKey != nil {
+		rec.ConcurrencyKey = *r.ConcurrencyKey
+	}
+	if r.AdmittedAt != nil {
+		rec.AdmittedAt = *r.AdmittedAt
 	}
 	return rec
 }
@@ -91,7 +98,7 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 		ID: r.ID, SagaType: r.Type, Version: int32(r.Version), Status: r.Status, StartKey: nullable(r.StartKey),
 		Data: r.Data, Steps: r.Steps, CurrentStep: int32(r.CurrentStep), Phase: r.Phase, Deadline: timePtr(r.Deadline),
 		Attempts: int32(r.Attempts), LastError: r.LastError, Now: now, FinishedAt: timePtr(r.FinishedAt),
-		Traceparent: r.TraceParent, Tracestate: r.TraceState,
+		Traceparent: r.TraceParent, Tracestate: r.TraceState, ConcurrencyKey: nullable(r.ConcurrencyKey),
 		HAt: nonNil(h.at), HEvent: nonNil(h.event), HStep: nonNil(h.step), HStepIndex: nonNil(h.stepIndex),
 		HPhase: nonNil(h.phase), HAttempt: nonNil(h.attempt), HDetail: nonNil(h.detail), HActor: nonNil(h.actor),
 		HMessageID: nonNil(h.messageID),
@@ -180,6 +187,12 @@ func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
 	}
 	if r.FinishedAt != nil {
 		rec.FinishedAt = *r.FinishedAt
+	}
+	if r.ConcurrencyKey != nil {
+		rec.ConcurrencyKey = *r.ConcurrencyKey
+	}
+	if r.AdmittedAt != nil {
+		rec.AdmittedAt = *r.AdmittedAt
 	}
 	return rec
 }
@@ -303,11 +316,16 @@ func (s *executor) SagaList(ctx context.Context, f driver.SagaFilter) ([]driver.
 	if err != nil {
 		return nil, err
 	}
-	p := &dbsqlc.SagaListParams{SagaType: nullable(f.Type), Statuses: nonNil(f.Statuses), Max: int32(f.Limit)}
+	p := &dbsqlc.SagaListParams{SagaType: nullable(f.Type), Statuses: nonNil(f.Statuses), StartKey: nullable(f.StartKey), Max: int32(f.Limit)}
 	if p.Max <= 0 {
 		p.Max = 100
 	}
 	p.UpdatedBefore = timePtr(f.UpdatedBefore)
+	p.DeadlineBefore = timePtr(f.DeadlineBefore)
+	p.StartKey = nullable(f.StartKey)
+	if f.Version != 0 {
+		p.Version = pgtype.Int4{Int32: int32(f.Version), Valid: true}
+	}
 	if f.After != nil {
 		at := f.After.CreatedAt
 		p.AfterCreatedAt = &at

@@ -72,3 +72,21 @@ func (s *executor) SagaCountOverdue(ctx context.Context, before time.Time) (int6
 	}
 	return n, nil
 }
+
+// SagaCountOpen counts the running, compensating and failed sagas of
+// sagaTypes, by type and status.
+func (s *executor) SagaCountOpen(ctx context.Context, sagaTypes []string) ([]driver.SagaCount, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.SagaCountOpen(ctx, db, nonNil(sagaTypes))
+	if err != nil {
+		return nil, fmt.Errorf("count open sagas: %w", err)
+	}
+	out := make([]driver.SagaCount, len(rows))
+	for i, r := range rows {
+		out[i] = driver.SagaCount{Type: r.SagaType, Status: r.Status, Count: r.Count}
+	}
+	return out, nil
+}

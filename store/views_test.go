@@ -47,3 +47,23 @@ func TestInspectionViews(t *testing.T) {
 	require.EqualValues(t, 1, backlog)
 	require.GreaterOrEqual(t, age, 0.0)
 }
+
+// A finished saga has no current step (current_step -1): the view must not
+// name one. `steps -> -1` counts from the end of the array in PostgreSQL,
+// which named the last step, one a compensated saga may never have run.
+func TestInspectionViewFinishedSagaHasNoCurrentStep(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	rec := newSaga("order-10", time.Time{})
+	rec.Status = "compensated"
+	rec.Phase = "compensation"
+	rec.Steps = []byte(`[{"name":"reserve-stock","status":"compensated","attempt":1},{"name":"charge","status":"rejected","attempt":1},{"name":"ship","status":"pending"}]`)
+	rec.CurrentStep = -1
+	require.True(t, start(t, s, rec, time.Now()))
+	var step *string
+	var current int
+	require.NoError(t, s.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT current_step, current_step_name FROM %q.sagabox_saga_v`, s.Schema())).Scan(&current, &step))
+	require.Equal(t, -1, current)
+	require.Nil(t, step, "a finished saga has no current step name")
+}

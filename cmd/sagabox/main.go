@@ -1,6 +1,8 @@
 // Command sagabox operates sagabox: it applies migrations, inspects sagas,
-// outboxes and inboxes, runs operator actions (retry, abort) and measures
-// the relay. Run `sagabox help` for the commands.
+// outboxes and inboxes, runs operator actions (retry, abort) and lists and
+// cancels their requests, inspects and replays RabbitMQ dead letters, tears
+// down a namespace and measures the relay. Every command with output prints
+// JSON with --json (docs/operations.md). Run `sagabox help` for the commands.
 package main
 
 import (

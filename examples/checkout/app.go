@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,12 +70,17 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 	a.pool = pool
 	dialCtx, cancelDial := context.WithTimeout(ctx, 15*time.Second)
 	defer cancelDial()
+	urls := strings.Split(o.amqpURL, ",")
 	broker, err := rabbitmq.New(dialCtx, rabbitmq.Config{
-		URL: o.amqpURL, Namespace: o.namespace, ConnectionName: "checkout-" + o.service, Logger: log,
+		URL: urls[0], URLs: urls[1:], Namespace: o.namespace, ConnectionName: "checkout-" + o.service, Logger: log,
 	})
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("RabbitMQ is unreachable at %s: %w", redactURL(o.amqpURL), err)
+		hosts := make([]string, len(urls))
+		for i, u := range urls {
+			hosts[i] = redactURL(u)
+		}
+		return nil, fmt.Errorf("RabbitMQ is unreachable at %s: %w", strings.Join(hosts, ", "), err)
 	}
 	a.broker = broker
 	if a.obs, err = newObservability(o, out); err != nil {
@@ -160,6 +166,7 @@ func (a *app) orchestrator() (*orchestrator.Client, error) {
 		Pool: a.pool, Schema: a.orders.Schema(), Service: contract.ServiceOrders, Broker: a.broker,
 		Logger:         a.log,
 		Relay:          orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Admission:      orchestrator.AdmissionConfig{MaxRunning: a.o.maxRunning},
 		TracerProvider: a.obs.tracerProvider, MeterProvider: a.obs.meterProvider,
 	})
 }
@@ -231,7 +238,7 @@ func (a *app) run(ctx context.Context) error {
 	}
 	defer wg.Wait()
 
-	if orch == nil {
+	if orch == nil || !a.o.place {
 		fmt.Fprintf(a.out, "checkout: %s service running (run %s); stop it with Ctrl-C\n", a.o.service, a.o.runID)
 		select {
 		case <-runCtx.Done():

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,20 +30,12 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 	fmt.Fprintf(a.out, "checkout: run %s: placing %d orders (%d should complete, %d should be compensated)\n",
 		p.runID, len(p.orders), p.completedExpected, len(p.orders)-p.completedExpected)
 	start := time.Now()
-	ids := make([]uuid.UUID, len(p.orders))
-	for i, o := range p.orders {
-		// Placing an order again is safe (its ID is the saga's start key),
-		// so a placement whose outcome a database restart hid is repeated.
-		err := a.retryTransient(ctx, "place order "+o.ID, func(ctx context.Context) error {
-			started, err := a.orders.Place(ctx, a.pool, orch, o)
-			if err == nil {
-				ids[i] = started.ID
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
+	ids, err := a.place(ctx, orch, p)
+	if err != nil {
+		return err
+	}
+	if d := time.Since(start); len(ids) > 0 {
+		fmt.Fprintf(a.out, "checkout: placed %d orders in %s (%.0f/s)\n", len(ids), d.Round(time.Millisecond), float64(len(ids))/d.Seconds())
 	}
 
 	status := make([]saga.Status, len(ids))
@@ -83,6 +76,9 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 		}
 	}
 	a.summary(t, len(ids))
+	if err := a.retryTransient(ctx, "read flow control figures", func(ctx context.Context) error { return a.flow(ctx, ids) }); err != nil {
+		return err
+	}
 	if err := a.timelines(ctx, orch, ids, status); err != nil {
 		return err
 	}
@@ -111,17 +107,106 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 	return a.checkInvariants(ctx, p, status)
 }
 
-// refresh reads the status of every saga not yet known to be terminal.
-func (a *app) refresh(ctx context.Context, orch *orchestrator.Client, ids []uuid.UUID, status []saga.Status) (tally, error) {
-	var t tally
+// place places the plan's orders, each in a transaction of its own, from
+// -placers goroutines at once, and returns their sagas' ids in plan order.
+func (a *app) place(ctx context.Context, orch *orchestrator.Client, p *plan) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, len(p.orders))
+	var pace <-chan time.Time
+	if a.o.rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / a.o.rate))
+		defer t.Stop()
+		pace = t.C
+	}
+	next := make(chan int)
+	errs := make(chan error, a.o.placers)
+	var wg sync.WaitGroup
+	for range a.o.placers {
+		wg.Go(func() {
+			paced := false
+			for i := range next {
+				o := p.orders[i]
+				// Only new orders wait for the pace (-rate): a restarted
+				// orders service goes quickly over those it placed before.
+				if pace != nil && paced {
+					select {
+					case <-ctx.Done():
+						errs <- ctx.Err()
+						return
+					case <-pace:
+					}
+				}
+				paced = false
+				// Placing an order again is safe (its ID is the saga's start
+				// key), so a placement whose outcome a database restart hid
+				// is repeated.
+				err := a.retryTransient(ctx, "place order "+o.ID, func(ctx context.Context) error {
+					started, err := a.orders.Place(ctx, a.pool, orch, o)
+					if err == nil {
+						ids[i] = started.ID
+						paced = !started.Existing
+					}
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	var err error
+feed:
+	for i := range p.orders {
+		select {
+		case next <- i:
+		case err = <-errs:
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return ids, err
+}
+
+// refresh reads the status of every saga not yet known to be terminal, in
+// one query over the orchestrator's saga view (a stable query API), so that
+// watching thousands of sagas does not load the database.
+func (a *app) refresh(ctx context.Context, _ *orchestrator.Client, ids []uuid.UUID, status []saga.Status) (tally, error) {
+	var open []uuid.UUID
+	at := make(map[uuid.UUID]int, len(ids))
 	for i, id := range ids {
 		if !status[i].Terminal() {
-			s, err := orch.Get(ctx, id)
-			if err != nil {
-				return t, err
-			}
-			status[i] = s.Status
+			open = append(open, id)
+			at[id] = i
 		}
+	}
+	if len(open) > 0 {
+		rows, err := a.pool.Query(ctx, a.orders.SQL(`SELECT id, status FROM orders.sagabox_saga_v WHERE id = ANY($1)`), open)
+		if err != nil {
+			return tally{}, fmt.Errorf("read saga statuses: %w", err)
+		}
+		for rows.Next() {
+			var id uuid.UUID
+			var st string
+			if err := rows.Scan(&id, &st); err != nil {
+				rows.Close()
+				return tally{}, fmt.Errorf("read saga statuses: %w", err)
+			}
+			status[at[id]] = saga.Status(st)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return tally{}, fmt.Errorf("read saga statuses: %w", err)
+		}
+	}
+	var t tally
+	for i := range ids {
 		switch status[i] {
 		case saga.StatusCompleted:
 			t.completed++
@@ -134,6 +219,29 @@ func (a *app) refresh(ctx context.Context, orch *orchestrator.Client, ids []uuid
 		}
 	}
 	return t, nil
+}
+
+// flow prints how the run's sagas fared under flow control: how many waited
+// for admission and how long, how long they took from start to end, and how
+// many step time-outs fired.
+func (a *app) flow(ctx context.Context, ids []uuid.UUID) error {
+	var queued, timeouts int
+	var waitP50, waitP99, waitMax, p50, p99 float64
+	err := a.pool.QueryRow(ctx, a.orders.SQL(`
+		SELECT count(*) FILTER (WHERE admitted_at > created_at),
+		       coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY admission_wait_seconds), 0),
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY admission_wait_seconds), 0),
+		       coalesce(max(admission_wait_seconds), 0),
+		       coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY age_seconds), 0),
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY age_seconds), 0),
+		       (SELECT count(*) FROM orders.sagabox_saga_history_v WHERE saga_id = ANY($1) AND event = 'timed-out')
+		FROM orders.sagabox_saga_v WHERE id = ANY($1)`), ids).Scan(&queued, &waitP50, &waitP99, &waitMax, &p50, &p99, &timeouts)
+	if err != nil {
+		return fmt.Errorf("read flow control figures: %w", err)
+	}
+	fmt.Fprintf(a.out, "flow control: %d of %d sagas waited for admission (wait p50 %.2fs, p99 %.2fs, max %.2fs); start to end p50 %.2fs, p99 %.2fs; step time-outs: %d\n",
+		queued, len(ids), waitP50, waitP99, waitMax, p50, p99, timeouts)
+	return nil
 }
 
 func (a *app) summary(t tally, n int) {

@@ -40,6 +40,10 @@ func main() {
 // options are the command-line flags.
 type options struct {
 	orders       int
+	placers      int
+	maxRunning   int
+	place        bool
+	rate         float64
 	failRate     float64
 	databaseURL  string
 	amqpURL      string
@@ -58,9 +62,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("checkout", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&o.orders, "orders", 20, "number of orders to place")
+	fs.IntVar(&o.placers, "placers", 1, "how many orders are placed at once (more: a burst)")
+	fs.IntVar(&o.maxRunning, "max-running", 0, "flow control: most checkout sagas running at once (0: the orchestrator's default; -1: no limit)")
+	fs.BoolVar(&o.place, "place", true, "orders service: place the orders and wait for their sagas (false: only run the orchestrator, as a further instance)")
+	fs.Float64Var(&o.rate, "rate", 0, "orders placed per second (0: as fast as they go)")
 	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders that payment or inventory rejects (0..1)")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), "PostgreSQL URL (env DATABASE_URL)")
-	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (env AMQP_URL)")
+	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL, or comma-separated URLs of the nodes of a cluster, tried in turn (env AMQP_URL)")
 	fs.StringVar(&o.service, "service", "all", "which service to run: all, orders, inventory, payment or shipping")
 	fs.StringVar(&o.runID, "run-id", "", "identifies this run's customers and products; processes of one run share it (default: random)")
 	fs.StringVar(&o.namespace, "namespace", "checkout", "RabbitMQ namespace (prefix of exchanges and queues)")
@@ -79,6 +87,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.failRate < 0 || o.failRate > 1 {
 		return nil, fmt.Errorf("-fail-rate %v: want a fraction between 0 and 1", o.failRate)
+	}
+	if o.placers < 1 {
+		return nil, fmt.Errorf("-placers %d: want 1 or more", o.placers)
+	}
+	if o.rate < 0 {
+		return nil, fmt.Errorf("-rate %v: want 0 or more", o.rate)
 	}
 	if o.orders < 0 {
 		return nil, fmt.Errorf("-orders %d: want 0 or more", o.orders)

@@ -321,3 +321,49 @@ func TestCheckoutSurvivesDatabaseRestart(t *testing.T) {
 	require.Contains(t, out.String(), "invariants: OK")
 	require.Contains(t, errOut.String(), "unreachable", "the restart was seen and waited out")
 }
+
+var flowLine = regexp.MustCompile(`(?m)^flow control: (\d+) of (\d+) sagas waited for admission .*; step time-outs: (\d+)$`)
+
+// TestCheckoutBurstIsAdmittedWithoutTimeouts: a burst of orders placed
+// faster than they complete waits for admission instead of piling commands
+// up in front of the participants: the sagas beyond the limit are queued,
+// admitted as others end, and no step times out. (The documented run is
+// 5,000 orders with the default limit; this one scales it down for CI.)
+func TestCheckoutBurstIsAdmittedWithoutTimeouts(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	args := append(isolated(t), "-orders", "600", "-placers", "8", "-max-running", "50", "-fail-rate", "0.3",
+		"-timeout", "5m", "-run-id", "burst"+dbtest.SchemaName(t)[2:8])
+	code := run(context.Background(), args, &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	s := parseSummary(t, out.String())
+	require.Equal(t, summary{sagas: 600, completed: s.completed, compensated: 600 - s.completed}, s)
+	m := flowLine.FindStringSubmatch(out.String())
+	require.NotNil(t, m, "no flow control line:\n%s", out.String())
+	waited, _ := strconv.Atoi(m[1])
+	require.Positive(t, waited, "the burst went past the limit: %s", m[0])
+	require.Equal(t, "0", m[3], "no step timed out: %s", m[0])
+	require.Contains(t, out.String(), "invariants: OK")
+}
+
+// With -place=false the orders service runs its orchestrator only, as a
+// further instance next to the one that places the orders: it places
+// nothing and runs until stopped.
+func TestCheckoutFurtherOrdersInstance(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out lockedBuffer
+	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5")
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, &out, io.Discard) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "orders service running") },
+		60*time.Second, 20*time.Millisecond, out.String())
+	require.NotContains(t, out.String(), "placing")
+	cancel()
+	require.Equal(t, 0, <-done, out.String())
+
+	var errOut bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"-rate", "-1"}, io.Discard, &errOut))
+	require.Contains(t, errOut.String(), "-rate")
+}

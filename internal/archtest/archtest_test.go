@@ -1,5 +1,5 @@
-// Package archtest holds the import rules of sagabox's layout (STYLE.md) as
-// a test, so that they cannot erode unnoticed. The linter's depguard rules
+// Package archtest holds the import rules of sagabox's layout (README.md,
+// "Layout") as a test, so that they cannot erode unnoticed. The linter's depguard rules
 // (.golangci.yml) say the same for each file; this test checks the built
 // packages, tests included where a rule covers them.
 package archtest
@@ -106,10 +106,16 @@ var rules = []rule{
 	// against) talks AMQP directly, by design; nothing else in the bench does
 	// beyond reading the server version and deleting its queues.
 	{"only transport/rabbitmq talks AMQP", not(in("transport/rabbitmq", "internal/testkit/amqptest", "cmd/sagabox/internal/bench")), external("github.com/rabbitmq/amqp091-go")},
+	{"the console is a tool above the clients", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant"), in("console")},
+	// faulttest is test support for users' services, like saga/sagatest:
+	// the library never depends on it, and it drives sagabox through the
+	// public API only, as a user's test does.
+	{"the library never imports the fault kit", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant", "cmd"), in("faulttest")},
+	{"the fault kit uses the public API only", in("faulttest"), in("internal")},
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
 }
 
-// TestImportRules checks the import direction that STYLE.md sets: every
+// TestImportRules checks the import direction that README.md sets: every
 // arrow points down (cmd → clients → internal engine → store, transport →
 // message; saga is a leaf), the two clients never import each other, and
 // only store, transport/rabbitmq and the test kit see pgx's lower layers and
@@ -142,6 +148,9 @@ func TestRulesCatchViolations(t *testing.T) {
 		"internal/ is below the clients":                          {module + "/internal/relay", module + "/orchestrator"},
 		"store is below the engine and the clients":               {module + "/store", module + "/internal/engine"},
 		"the driver contract imports nothing of ours but message": {module + "/internal/driver", module + "/store"},
+		"the console is a tool above the clients":                 {module + "/orchestrator", module + "/console"},
+		"the library never imports the fault kit":                 {module + "/participant", module + "/faulttest"},
+		"the fault kit uses the public API only":                  {module + "/faulttest", module + "/internal/engine"},
 	}
 	for _, r := range rules {
 		v, ok := violations[r.why]

@@ -10,6 +10,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -65,6 +66,34 @@ type Executor interface {
 	// nothing and returns false (a concurrent start with the same key waits
 	// for the other transaction to end).
 	StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
+	// SagaAdmission reads, in tx (the caller's transaction), what a start
+	// of a saga of sagaType needs to run at once or be queued: its running
+	// sagas counted up to maxRunning, whether sagas without a concurrency
+	// key wait for admission, and whether a saga holds or waits for key
+	// ("" for none).
+	SagaAdmission(ctx context.Context, tx pgx.Tx, sagaType string, maxRunning int, key string) (Admission, error)
+	// LockConcurrencyKey takes, in tx and until it ends, the lock of the
+	// concurrency key key of sagaType, waiting for a transaction that holds
+	// it. SagaAdmission must follow it, as a statement of its own.
+	LockConcurrencyKey(ctx context.Context, tx pgx.Tx, sagaType, key string) error
+	// TryLockAdmission takes, in t and until it ends, the schema's
+	// admission lock, and reports false when another transaction holds it.
+	TryLockAdmission(ctx context.Context, t Tx) (bool, error)
+	// CountRunning counts, in t, the running and compensating sagas of
+	// sagaType, up to max.
+	CountRunning(ctx context.Context, t Tx, sagaType string, max int) (int, error)
+	// ClaimQueuedSagas locks in t, in start order, up to max queued sagas
+	// of sagaType and of one of the versions that may be admitted now:
+	// those without a concurrency key and the first queued saga of each key
+	// no saga of the type is running or compensating for.
+	ClaimQueuedSagas(ctx context.Context, t Tx, sagaType string, versions []int, max int) ([]SagaRecord, error)
+	// FreeConcurrencyKeys takes, in t, the locks of those keys of sagaType
+	// that no transaction holds and returns those of them that no saga of
+	// the type is running or compensating for: two statements, so that the
+	// second sees what the lock's last holder committed.
+	FreeConcurrencyKeys(ctx context.Context, t Tx, sagaType string, keys []string) (map[string]bool, error)
+	// SagaQueued counts the sagas waiting for admission, per type.
+	SagaQueued(ctx context.Context) ([]QueuedCount, error)
 	// SagaByStartKey returns the saga of type sagaType started with
 	// startKey, read in tx (nil: on the pool), or an error wrapping
 	// message.ErrNotFound.
@@ -137,6 +166,9 @@ type Executor interface {
 	// Barrier returns, read in t, the mark of env's saga step in phase, or
 	// an error wrapping message.ErrNotFound.
 	Barrier(ctx context.Context, t Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error)
+	// BarrierList returns the barrier marks saga id left in this schema, in
+	// the order they were left.
+	BarrierList(ctx context.Context, id uuid.UUID) ([]BarrierRecord, error)
 	// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
 	// phase unless one is there, and reports whether it did. A "started"
 	// mark that env itself left (an outside call given up on) is completed
@@ -200,6 +232,10 @@ type Executor interface {
 	InboxStats(ctx context.Context, recent time.Duration) (InboxStats, error)
 	// SagaCounts counts sagas by type and status.
 	SagaCounts(ctx context.Context) ([]SagaCount, error)
+	// SagaCountOpen counts the running, compensating and failed sagas of
+	// the given types, by type and status (statuses without sagas are
+	// left out).
+	SagaCountOpen(ctx context.Context, sagaTypes []string) ([]SagaCount, error)
 	// SagaCountOverdue counts running or compensating sagas whose deadline
 	// is before before.
 	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
@@ -209,6 +245,9 @@ type Executor interface {
 	// Operation returns request id, or an error wrapping
 	// message.ErrNotFound.
 	Operation(ctx context.Context, id int64) (Operation, error)
+	// OperationListPending lists up to max pending requests, oldest first,
+	// after request afterID (0: from the first).
+	OperationListPending(ctx context.Context, afterID int64, max int) ([]Operation, error)
 	// ClaimOperation begins t by locking the oldest pending request for a
 	// saga of the definitions keys (or for a saga that does not exist),
 	// skipping requests another orchestrator holds; nil when there is none.
@@ -216,4 +255,19 @@ type Executor interface {
 	// MarkOperation records in t that request id was handled at at (refusal
 	// is why it was refused, or empty) and commits t, in one round trip.
 	MarkOperation(ctx context.Context, t Tx, id int64, at time.Time, refusal string) error
+	// WithdrawOperation withdraws pending request id on behalf of actor so
+	// that no orchestrator applies it, and returns it. It returns an error
+	// wrapping ErrNotPending, with the request, if it was applied or
+	// withdrawn before, and one wrapping message.ErrNotFound if it does not
+	// exist.
+	WithdrawOperation(ctx context.Context, id int64, actor string) (Operation, error)
+	// Operations returns up to limit requests: the pending ones oldest
+	// first, or with all every one newest first.
+	Operations(ctx context.Context, all bool, limit int) ([]Operation, error)
+	// OperationsPending counts the pending requests.
+	OperationsPending(ctx context.Context) (int64, error)
 }
+
+// ErrNotPending says an operator request was already applied, refused or
+// withdrawn.
+var ErrNotPending = errors.New("operator request is not pending")

@@ -144,7 +144,15 @@ type Operation struct {
 	AppliedAt time.Time
 	// Error is why the orchestrator refused the action; empty when applied.
 	Error string
+	// WithdrawnAt is when the request was withdrawn (no orchestrator
+	// applies it), and WithdrawnBy who withdrew it; zero and empty unless
+	// withdrawn.
+	WithdrawnAt time.Time
+	WithdrawnBy string
 }
+
+// Pending reports whether the request waits for an orchestrator.
+func (o *Operation) Pending() bool { return o.AppliedAt.IsZero() && o.WithdrawnAt.IsZero() }
 
 // SagaRecord is a saga instance row.
 type SagaRecord struct {
@@ -171,6 +179,34 @@ type SagaRecord struct {
 	// TraceParent and TraceState are the W3C trace context of the span that
 	// started the saga; empty without tracing.
 	TraceParent, TraceState string
+	// ConcurrencyKey is the key of which at most one saga of the type runs
+	// at a time; empty for none.
+	ConcurrencyKey string
+	// AdmittedAt is when the saga left the queue (its start time if it
+	// never waited); zero while it is queued.
+	AdmittedAt time.Time
+}
+
+// Admission is what a start needs to know to run a saga at once or queue
+// it (Executor.SagaAdmission).
+type Admission struct {
+	// Running counts the type's running and compensating sagas, up to the
+	// limit asked for.
+	Running int
+	// Queued is true when sagas of the type without a concurrency key wait
+	// for admission.
+	Queued bool
+	// KeyTaken is true when a saga of the type and the start's concurrency
+	// key is queued, running or compensating.
+	KeyTaken bool
+}
+
+// QueuedCount counts the queued sagas of a type.
+type QueuedCount struct {
+	Type  string
+	Count int64
+	// Oldest is the start time of the longest-waiting saga.
+	Oldest time.Time
 }
 
 // HistoryRecord is one entry of a saga's history.
@@ -229,10 +265,17 @@ type Transition struct {
 type SagaFilter struct {
 	// Type keeps only sagas of this definition name; empty keeps all.
 	Type string
+	// Version keeps only sagas of this definition version; 0 keeps all.
+	Version int
+	// StartKey keeps only sagas started with this key; empty keeps all.
+	StartKey string
 	// Statuses keeps only sagas in one of these statuses; empty keeps all.
 	Statuses []string
 	// UpdatedBefore keeps only sagas not updated since; zero keeps all.
 	UpdatedBefore time.Time
+	// DeadlineBefore keeps only running or compensating sagas whose
+	// deadline is before it (overdue ones); zero keeps all.
+	DeadlineBefore time.Time
 	// After continues a listing after this saga (its CreatedAt and ID).
 	After *SagaRecord
 	// Limit is the page size. Defaults to 100.
@@ -337,4 +380,15 @@ type DeliveryEnd struct {
 	// Settle marks the message's "started" inbox entry "done": an outside
 	// handler's delivery that ends in the transaction that began it.
 	Settle bool
+}
+
+// BarrierRecord is one barrier mark as stored, for inspection.
+type BarrierRecord struct {
+	SagaID    uuid.UUID
+	Step      string
+	Phase     message.Phase
+	MessageID uuid.UUID
+	Outcome   BarrierOutcome
+	ReplyKind message.Kind
+	CreatedAt time.Time
 }

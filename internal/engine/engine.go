@@ -183,7 +183,7 @@ func (e *Engine) Wake() { e.relay.Wake() }
 // which outlives ctx by at most the stop timeout.
 type Loop func(ctx, workCtx context.Context)
 
-// Run registers the outbox gauges, starts the relay, retention and loops,
+// Run registers the outbox gauges (and the delivery counters at zero), starts the relay, retention and loops,
 // and consumes queue until ctx is cancelled. It then stops taking
 // deliveries, waits up to the stop timeout for those in flight (and for the
 // loops), stops the relay and returns nil; or it returns the subscription's
@@ -194,6 +194,7 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 		return err
 	}
 	defer func() { _ = gauges.Unregister() }()
+	e.cfg.Telemetry.ZeroDeliveryCounters(ctx, e.cfg.Component, e.cfg.DB.Schema())
 
 	// Deliveries and loops run on workCtx, which outlives ctx by at most
 	// StopTimeout so that a shutdown lets transactions in flight finish.

@@ -111,13 +111,20 @@ type Telemetry struct {
 	sagasFinished   metric.Int64Counter
 	stepLatency     metric.Float64Histogram
 	sagaDuration    metric.Float64Histogram
+	admissionWait   metric.Float64Histogram
 	deadlines       metric.Int64Counter
 	retries         metric.Int64Counter
+
+	handlerDuration metric.Float64Histogram
 
 	backlog   metric.Int64ObservableGauge
 	oldestAge metric.Float64ObservableGauge
 	dead      metric.Int64ObservableGauge
 	overdue   metric.Int64ObservableGauge
+	queued    metric.Int64ObservableGauge
+	queueAge  metric.Float64ObservableGauge
+	open      metric.Int64ObservableGauge
+	requests  metric.Int64ObservableGauge
 }
 
 // Metric names, documented in docs/operations.md.
@@ -138,8 +145,47 @@ const (
 	MetricSagasOverdue         = "sagabox.sagas.overdue"
 	MetricStepDuration         = "sagabox.saga.step.duration"
 	MetricSagaDuration         = "sagabox.saga.duration"
+	MetricAdmissionWait        = "sagabox.saga.admission_wait"
+	MetricSagasQueued          = "sagabox.sagas.queued"
+	MetricQueuedOldestAge      = "sagabox.sagas.queued.oldest_age"
 	MetricDeadlinesFired       = "sagabox.sweeper.deadlines_fired"
+	MetricSagasOpen            = "sagabox.sagas.open"
+	MetricOperatorPending      = "sagabox.operator_requests.pending"
+	MetricHandlerDuration      = "sagabox.handler.duration"
 )
+
+// MetricNames lists every metric sagabox exports (its own and the RabbitMQ
+// adapter's sagabox.dead_letters), for tools and tests that check
+// dashboards and alert rules against them.
+var MetricNames = []string{
+	MetricRelayPublished, MetricRelayPublishErrors, MetricRelayBatchSize, MetricRelayPublishDuration,
+	MetricOutboxBacklog, MetricOutboxOldestAge, MetricOutboxDead, MetricInboxDuplicates, MetricMessagesHandled,
+	MetricDeadLetters, MetricRetries, MetricSagasStarted, MetricSagasFinished, MetricSagasOverdue,
+	MetricStepDuration, MetricSagaDuration, MetricDeadlinesFired, MetricSagasOpen, MetricOperatorPending,
+	MetricHandlerDuration,
+}
+
+// Handler outcomes (AttrOutcome on sagabox.handler.duration).
+const (
+	HandlerOK       = "ok"       // the handler returned without error
+	HandlerRejected = "rejected" // a command's handler rejected it (participant.Reject)
+	HandlerError    = "error"    // the handler failed (or panicked); the delivery is retried
+)
+
+// OpenStatuses are the statuses of sagabox.sagas.open: sagas not finished.
+var OpenStatuses = []string{"running", "compensating", "failed"}
+
+// finishedStatuses are the terminal statuses of sagabox.sagas.finished.
+var finishedStatuses = []string{"completed", "compensated", "failed"}
+
+// deadLetterReasons are the reason classes a client's engine counts.
+var deadLetterReasons = []string{
+	ReasonUnknownType, ReasonInvalidPayload, ReasonPayloadTooLarge, ReasonUnexpectedKind,
+	ReasonRetriesExhausted, ReasonUnknownDefinition, ReasonInvalidInstance,
+}
+
+// retryCauses are the retry causes a client counts.
+var retryCauses = []string{CauseHandler, CauseDatabase, CauseTimeout, CauseOperator, CauseShutdown}
 
 // New returns instruments from tp and mp; nil providers mean the global ones.
 func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
@@ -190,6 +236,32 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 	if t.sagaDuration, err = t.meter.Float64Histogram(MetricSagaDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from a saga's start to its terminal status."),
 		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.admissionWait, err = t.meter.Float64Histogram(MetricAdmissionWait, metric.WithUnit("s"),
+		metric.WithDescription("Time a saga waited for admission (flow control) before its first step ran; 0 for a saga started at once."),
+		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.queued, err = t.meter.Int64ObservableGauge(MetricSagasQueued, metric.WithUnit("{saga}"),
+		metric.WithDescription("Sagas waiting for admission (flow control), by type.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.queueAge, err = t.meter.Float64ObservableGauge(MetricQueuedOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("How long the longest-waiting queued saga of a type has waited for admission.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.handlerDuration, err = t.meter.Float64Histogram(MetricHandlerDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time a participant's handler took for one delivery (in the delivery's transaction), by message type and outcome."),
+		metric.WithExplicitBucketBoundaries(secs...)); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.open, err = t.meter.Int64ObservableGauge(MetricSagasOpen, metric.WithUnit("{saga}"),
+		metric.WithDescription("Sagas not finished, by type and status: running, compensating, or failed (waiting for an operator).")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.requests, err = t.meter.Int64ObservableGauge(MetricOperatorPending, metric.WithUnit("{request}"),
+		metric.WithDescription("Operator requests (retry, abort) recorded by the CLI and not yet applied or withdrawn.")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	if t.backlog, err = t.meter.Int64ObservableGauge(MetricOutboxBacklog, metric.WithUnit("{message}"),
@@ -260,6 +332,81 @@ func (t *Telemetry) RegisterOverdueGauge(st driver.Executor, grace time.Duration
 	return reg, nil
 }
 
+// RegisterSagaGauges reports, at every collection, the sagas of st of the
+// given types that are running, compensating or failed
+// (sagabox.sagas.open, every type and status reported, zeros included), and
+// the pending operator requests (sagabox.operator_requests.pending). Both
+// come from counts over indexes: the open sagas' range of the (type,
+// status) index and the pending requests' partial index.
+func (t *Telemetry) RegisterSagaGauges(st driver.Executor, sagaTypes []string) (metric.Registration, error) {
+	schema := AttrSchema.String(st.Schema())
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		counts, err := st.SagaCountOpen(ctx, sagaTypes)
+		if err != nil {
+			return err
+		}
+		n := map[[2]string]int64{}
+		for _, c := range counts {
+			n[[2]string{c.Type, c.Status}] = c.Count
+		}
+		for _, typ := range sagaTypes {
+			for _, status := range OpenStatuses {
+				o.ObserveInt64(t.open, n[[2]string{typ, status}], metric.WithAttributes(schema, AttrSagaType.String(typ), AttrStatus.String(status)))
+			}
+		}
+		pending, err := st.OperationsPending(ctx)
+		if err != nil {
+			return err
+		}
+		o.ObserveInt64(t.requests, pending, metric.WithAttributes(schema))
+		return nil
+	}, t.open, t.requests)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register saga gauges: %w", err)
+	}
+	return reg, nil
+}
+
+// ZeroDeliveryCounters adds zero to the counters of one component's
+// deliveries and relay for schema, with every reason class and cause, so
+// that their series exist from the start: an alert on their increase sees
+// 0, not "no data", until the first event.
+func (t *Telemetry) ZeroDeliveryCounters(ctx context.Context, component, schema string) {
+	s := AttrSchema.String(schema)
+	t.published.Add(ctx, 0, metric.WithAttributes(s))
+	t.publishErrors.Add(ctx, 0, metric.WithAttributes(s))
+	t.duplicates.Add(ctx, 0, metric.WithAttributes(s))
+	for _, r := range deadLetterReasons {
+		t.deadLetters.Add(ctx, 0, metric.WithAttributes(s, AttrComponent.String(component), AttrReason.String(r)))
+	}
+	for _, c := range retryCauses {
+		t.retries.Add(ctx, 0, metric.WithAttributes(AttrComponent.String(component), AttrCause.String(c)))
+	}
+}
+
+// ZeroSagaCounters adds zero to the saga counters of each saga type (each
+// terminal status of sagabox.sagas.finished), for the same reason as
+// ZeroDeliveryCounters.
+func (t *Telemetry) ZeroSagaCounters(ctx context.Context, sagaTypes []string) {
+	for _, typ := range sagaTypes {
+		a := AttrSagaType.String(typ)
+		t.sagasStarted.Add(ctx, 0, metric.WithAttributes(a))
+		t.deadlines.Add(ctx, 0, metric.WithAttributes(a))
+		for _, status := range finishedStatuses {
+			t.sagasFinished.Add(ctx, 0, metric.WithAttributes(a, AttrStatus.String(status)))
+		}
+	}
+}
+
+// HandlerDone records how long a participant's handler took for a message
+// of msgType and kind, and its outcome (a Handler constant).
+func (t *Telemetry) HandlerDone(ctx context.Context, schema, msgType, kind, outcome string, d time.Duration) {
+	t.handlerDuration.Record(ctx, max(d, 0).Seconds(), metric.WithAttributes(AttrSchema.String(schema),
+		AttrMessageType.String(msgType), AttrKind.String(kind), AttrOutcome.String(outcome)))
+}
+
 // Duplicate counts a delivery the inbox recognised as a duplicate.
 func (t *Telemetry) Duplicate(ctx context.Context, schema, msgType string) {
 	t.duplicates.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrMessageType.String(msgType)))
@@ -281,6 +428,35 @@ func (t *Telemetry) DeadLetter(ctx context.Context, schema, component, reason st
 // SagaStarted counts a started saga.
 func (t *Telemetry) SagaStarted(ctx context.Context, sagaType string) {
 	t.sagasStarted.Add(ctx, 1, metric.WithAttributes(AttrSagaType.String(sagaType)))
+}
+
+// SagaAdmitted records how long a saga of sagaType waited for admission.
+func (t *Telemetry) SagaAdmitted(ctx context.Context, sagaType string, wait time.Duration) {
+	t.admissionWait.Record(ctx, max(wait, 0).Seconds(), metric.WithAttributes(AttrSagaType.String(sagaType)))
+}
+
+// RegisterQueuedGauges reports, at every collection, the sagas of st waiting
+// for admission and the wait of the oldest, per type (no series for a type
+// with none queued).
+func (t *Telemetry) RegisterQueuedGauges(st driver.Executor, now func() time.Time) (metric.Registration, error) {
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		counts, err := st.SagaQueued(ctx)
+		if err != nil {
+			return err
+		}
+		for _, q := range counts {
+			attrs := metric.WithAttributes(AttrSchema.String(st.Schema()), AttrSagaType.String(q.Type))
+			o.ObserveInt64(t.queued, q.Count, attrs)
+			o.ObserveFloat64(t.queueAge, max(now().Sub(q.Oldest), 0).Seconds(), attrs)
+		}
+		return nil
+	}, t.queued, t.queueAge)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register queued saga gauges: %w", err)
+	}
+	return reg, nil
 }
 
 // SagaFinished counts a saga that reached status and records its duration.

@@ -115,6 +115,7 @@ type link struct {
 	sess   *session      // nil while disconnected
 	ready  chan struct{} // closed when sess becomes non-nil
 	lostAt time.Time     // when sess became nil; zero while connected
+	node   int           // index in Config.urls of the node dialled first
 }
 
 // down returns since when l has been disconnected, or the zero time.
@@ -241,14 +242,14 @@ func (b *Broker) connect(ctx context.Context, l *link) (*session, error) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl), time.Millisecond)
 	}
-	conn, err := amqp.DialConfig(b.cfg.URL, amqp.Config{
+	conn, err := b.dial(l, amqp.Config{
 		Properties: props,
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Dial:       amqp.DefaultDial(timeout),
 	})
 	if err != nil {
-		return nil, dialError(b.cfg.URL, err)
+		return nil, err
 	}
 	if err := b.declareAll(ctx, conn); err != nil {
 		_ = conn.Close()
@@ -260,6 +261,32 @@ func (b *Broker) connect(ctx context.Context, l *link) (*session, error) {
 		pubReq: make(chan *pubRequest),
 	}
 	return sess, nil
+}
+
+// dial connects l to the first node that accepts it, starting with the one
+// it reached last and going through Config.URLs in turn. It returns the
+// error of every node tried when none accepts.
+func (b *Broker) dial(l *link, cfg amqp.Config) (*amqp.Connection, error) {
+	urls := b.cfg.urls()
+	l.mu.Lock()
+	first := l.node
+	l.mu.Unlock()
+	var errs []error
+	for i := range urls {
+		n := (first + i) % len(urls)
+		conn, err := amqp.DialConfig(urls[n], cfg)
+		if err == nil {
+			l.mu.Lock()
+			l.node = n
+			l.mu.Unlock()
+			return conn, nil
+		}
+		errs = append(errs, dialError(urls[n], err))
+	}
+	if len(errs) == 1 {
+		return nil, errs[0]
+	}
+	return nil, errors.Join(errs...)
 }
 
 // run is the manager of l's connection: it serves a session until its
@@ -317,7 +344,7 @@ func (b *Broker) serve(l *link, sess *session) (closed bool) {
 	if closed {
 		_ = sess.conn.Close()
 	} else {
-		b.log.Warn("rabbitmq connection lost; reconnecting", "connection", l.role, "err", redactErr(b.cfg.URL, causeErr(cause)))
+		b.log.Warn("rabbitmq connection lost; reconnecting", "connection", l.role, "err", b.redact(causeErr(cause)))
 		_ = sess.conn.Close()
 	}
 	sess.wg.Wait()
@@ -472,6 +499,14 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// redact removes the passwords of every configured URL from err.
+func (b *Broker) redact(err error) error {
+	for _, u := range b.cfg.urls() {
+		err = redactErr(u, err)
+	}
+	return err
+}
 
 func redactErr(rawURL string, err error) error {
 	if err == nil {

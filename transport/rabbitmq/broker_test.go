@@ -420,6 +420,7 @@ func TestConfigValidate(t *testing.T) {
 		{rabbitmq.Config{PublishChannels: -1}, "PublishChannels"},
 		{rabbitmq.Config{DeliveryLimit: -1}, "DeliveryLimit"},
 		{rabbitmq.Config{URL: "nats://x"}, "URL"},
+		{rabbitmq.Config{URLs: []string{"amqp://ok/", "nats://x"}}, "URL"},
 	} {
 		require.ErrorContains(t, tc.cfg.WithDefaults().Validate(), tc.want)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -45,6 +46,14 @@ type Config struct {
 	// appears in errors or logs with its password. Defaults to DefaultURL
 	// (amqp://guest:guest@127.0.0.1:5672/).
 	URL string
+
+	// URLs are further AMQP URLs of other nodes of the same RabbitMQ cluster,
+	// tried in order after URL. Each connection dials the node it last
+	// reached first and, when that fails, the next URL in the list (wrapping
+	// round), so a client reconnects to a surviving node when the one it
+	// used is down. Their passwords never appear in errors or logs either.
+	// Defaults to none.
+	URLs []string
 
 	// Namespace prefixes every exchange and queue the broker declares, so that
 	// several systems (or tests) share one vhost without seeing each other's
@@ -157,17 +166,31 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// urls returns URL followed by URLs, without repeats: the nodes tried in
+// turn.
+func (c *Config) urls() []string {
+	out := []string{c.URL}
+	for _, u := range c.URLs {
+		if u != "" && !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
 var namespaceRE = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // validate checks a config that went through WithDefaults.
 func (c *Config) validate() error {
 	var errs []error
-	u, err := url.Parse(c.URL)
-	switch {
-	case err != nil:
-		errs = append(errs, fmt.Errorf("URL %s is not a valid URL", redactURL(c.URL)))
-	case u.Scheme != "amqp" && u.Scheme != "amqps":
-		errs = append(errs, fmt.Errorf("URL %s: scheme must be amqp or amqps", redactURL(c.URL)))
+	for _, raw := range c.urls() {
+		u, err := url.Parse(raw)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("URL %s is not a valid URL", redactURL(raw)))
+		case u.Scheme != "amqp" && u.Scheme != "amqps":
+			errs = append(errs, fmt.Errorf("URL %s: scheme must be amqp or amqps", redactURL(raw)))
+		}
 	}
 	if !namespaceRE.MatchString(c.Namespace) {
 		errs = append(errs, fmt.Errorf("Namespace %q: use letters, digits, '_', '-' and inner '.'", c.Namespace))

@@ -47,7 +47,11 @@ func New(schema string) *Service {
 // Schema returns the service's schema.
 func (s *Service) Schema() string { return s.schema }
 
-func (s *Service) sql(query string) string {
+func (s *Service) sql(query string) string { return s.SQL(query) }
+
+// SQL returns query with the schema "orders." replaced by the service's
+// schema.
+func (s *Service) SQL(query string) string {
 	return strings.ReplaceAll(query, "orders.", pgx.Identifier{s.schema}.Sanitize()+".")
 }
 

@@ -103,6 +103,44 @@ func (q *Queries) BarrierInsert(ctx context.Context, db DBTX, arg *BarrierInsert
 	return result.RowsAffected(), nil
 }
 
+const barrierListBySaga = `-- name: BarrierListBySaga :many
+SELECT saga_id, step, phase, message_id, outcome, reply_kind, reply_payload, created_at FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = $1::uuid
+ORDER BY created_at, step, phase
+`
+
+// The marks saga @saga_id left at this participant (its primary key's
+// prefix), in the order they were left: what the barrier decided for each
+// step and phase, for inspection.
+func (q *Queries) BarrierListBySaga(ctx context.Context, db DBTX, sagaID uuid.UUID) ([]*SagaboxBarrier, error) {
+	rows, err := db.Query(ctx, barrierListBySaga, sagaID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxBarrier{}
+	for rows.Next() {
+		var i SagaboxBarrier
+		if err := rows.Scan(
+			&i.SagaID,
+			&i.Step,
+			&i.Phase,
+			&i.MessageID,
+			&i.Outcome,
+			&i.ReplyKind,
+			&i.ReplyPayload,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const deliveryBeginAction = `-- name: DeliveryBeginAction :one
 WITH inbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)

@@ -202,6 +202,42 @@ func (q *Queries) SagaCountByStatus(ctx context.Context, db DBTX) ([]*SagaCountB
 	return items, nil
 }
 
+const sagaCountOpen = `-- name: SagaCountOpen :many
+SELECT saga_type, status, count(*)::bigint AS count
+FROM /* TEMPLATE: schema */sagabox_saga
+WHERE saga_type = ANY($1::text[]) AND status IN ('running', 'compensating', 'failed')
+GROUP BY saga_type, status
+`
+
+type SagaCountOpenRow struct {
+	SagaType string
+	Status   string
+	Count    int64
+}
+
+// The running, compensating and failed sagas of the given types, by type
+// and status: ranges of the (saga_type, status, created_at, id) index that
+// hold only sagas not finished, however many finished ones the table keeps.
+func (q *Queries) SagaCountOpen(ctx context.Context, db DBTX, sagaTypes []string) ([]*SagaCountOpenRow, error) {
+	rows, err := db.Query(ctx, sagaCountOpen, sagaTypes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaCountOpenRow{}
+	for rows.Next() {
+		var i SagaCountOpenRow
+		if err := rows.Scan(&i.SagaType, &i.Status, &i.Count); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sagaCountOverdue = `-- name: SagaCountOverdue :one
 SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
 WHERE deadline < $1::timestamptz AND status IN ('running', 'compensating')

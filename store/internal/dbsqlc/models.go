@@ -142,24 +142,26 @@ type SagaboxOutboxV struct {
 }
 
 type SagaboxSaga struct {
-	ID          uuid.UUID
-	SagaType    string
-	Version     int32
-	Status      string
-	StartKey    *string
-	Data        []byte
-	Steps       []byte
-	CurrentStep int32
-	Phase       string
-	Revision    int64
-	Deadline    *time.Time
-	Attempts    int32
-	LastError   string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	FinishedAt  *time.Time
-	Traceparent string
-	Tracestate  string
+	ID             uuid.UUID
+	SagaType       string
+	Version        int32
+	Status         string
+	StartKey       *string
+	Data           []byte
+	Steps          []byte
+	CurrentStep    int32
+	Phase          string
+	Revision       int64
+	Deadline       *time.Time
+	Attempts       int32
+	LastError      string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	FinishedAt     *time.Time
+	Traceparent    string
+	Tracestate     string
+	ConcurrencyKey *string
+	AdmittedAt     *time.Time
 }
 
 type SagaboxSagaHistory struct {
@@ -200,6 +202,15 @@ type SagaboxSagaOperation struct {
 	RequestedAt time.Time
 	AppliedAt   *time.Time
 	Error       string
+	WithdrawnAt *time.Time
+	WithdrawnBy string
+}
+
+type SagaboxSagaQueuedV struct {
+	SagaType          string
+	Queued            int64
+	OldestQueuedAt    interface{}
+	OldestWaitSeconds float64
 }
 
 type SagaboxSagaStepV struct {
@@ -216,20 +227,23 @@ type SagaboxSagaStepV struct {
 }
 
 type SagaboxSagaV struct {
-	ID              uuid.UUID
-	SagaType        string
-	Version         int32
-	Status          string
-	CurrentStep     int32
-	CurrentStepName interface{}
-	Phase           string
-	LastError       string
-	Deadline        *time.Time
-	StartKey        *string
-	Revision        int64
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	FinishedAt      *time.Time
-	AgeSeconds      float64
-	Data            []byte
+	ID                   uuid.UUID
+	SagaType             string
+	Version              int32
+	Status               string
+	CurrentStep          int32
+	CurrentStepName      interface{}
+	Phase                string
+	LastError            string
+	Deadline             *time.Time
+	StartKey             *string
+	Revision             int64
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
+	FinishedAt           *time.Time
+	AgeSeconds           float64
+	Data                 []byte
+	ConcurrencyKey       *string
+	AdmittedAt           *time.Time
+	AdmissionWaitSeconds float64
 }

@@ -13,9 +13,9 @@ import (
 )
 
 const sagaOperationClaim = `-- name: SagaOperationClaim :one
-SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error FROM /* TEMPLATE: schema */sagabox_saga_operation o
+SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error, o.withdrawn_at, o.withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation o
 LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
-WHERE o.applied_at IS NULL
+WHERE o.applied_at IS NULL AND o.withdrawn_at IS NULL
   AND (s.id IS NULL OR (s.saga_type, s.version) IN (
       SELECT unnest($1::text[]), unnest($2::integer[])
   ))
@@ -46,12 +46,27 @@ func (q *Queries) SagaOperationClaim(ctx context.Context, db DBTX, arg *SagaOper
 		&i.RequestedAt,
 		&i.AppliedAt,
 		&i.Error,
+		&i.WithdrawnAt,
+		&i.WithdrawnBy,
 	)
 	return &i, err
 }
 
+const sagaOperationCountPending = `-- name: SagaOperationCountPending :one
+SELECT count(*) FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL AND withdrawn_at IS NULL
+`
+
+// Counts the pending operator requests (the partial index).
+func (q *Queries) SagaOperationCountPending(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, sagaOperationCountPending)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const sagaOperationGet = `-- name: SagaOperationGet :one
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = $1::bigint
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = $1::bigint
 `
 
 func (q *Queries) SagaOperationGet(ctx context.Context, db DBTX, id int64) (*SagaboxSagaOperation, error) {
@@ -66,6 +81,8 @@ func (q *Queries) SagaOperationGet(ctx context.Context, db DBTX, id int64) (*Sag
 		&i.RequestedAt,
 		&i.AppliedAt,
 		&i.Error,
+		&i.WithdrawnAt,
+		&i.WithdrawnBy,
 	)
 	return &i, err
 }
@@ -74,7 +91,7 @@ const sagaOperationInsert = `-- name: SagaOperationInsert :one
 
 INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
 VALUES ($1::uuid, $2::text, $3::text, $4::text)
-RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error
+RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by
 `
 
 type SagaOperationInsertParams struct {
@@ -104,8 +121,132 @@ func (q *Queries) SagaOperationInsert(ctx context.Context, db DBTX, arg *SagaOpe
 		&i.RequestedAt,
 		&i.AppliedAt,
 		&i.Error,
+		&i.WithdrawnAt,
+		&i.WithdrawnBy,
 	)
 	return &i, err
+}
+
+const sagaOperationListPending = `-- name: SagaOperationListPending :many
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL AND withdrawn_at IS NULL
+ORDER BY id
+LIMIT $1::integer
+`
+
+// The pending operator requests, oldest first (the partial index).
+func (q *Queries) SagaOperationListPending(ctx context.Context, db DBTX, maxRows int32) ([]*SagaboxSagaOperation, error) {
+	rows, err := db.Query(ctx, sagaOperationListPending, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSagaOperation{}
+	for rows.Next() {
+		var i SagaboxSagaOperation
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaID,
+			&i.Action,
+			&i.Actor,
+			&i.Reason,
+			&i.RequestedAt,
+			&i.AppliedAt,
+			&i.Error,
+			&i.WithdrawnAt,
+			&i.WithdrawnBy,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaOperationListPendingAfter = `-- name: SagaOperationListPendingAfter :many
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation
+WHERE applied_at IS NULL AND withdrawn_at IS NULL AND id > $1::bigint
+ORDER BY id
+LIMIT $2::integer
+`
+
+type SagaOperationListPendingAfterParams struct {
+	AfterID int64
+	Max     int32
+}
+
+// Lists pending operator requests oldest first, after request @after_id
+// (keyset paging on the pending index).
+func (q *Queries) SagaOperationListPendingAfter(ctx context.Context, db DBTX, arg *SagaOperationListPendingAfterParams) ([]*SagaboxSagaOperation, error) {
+	rows, err := db.Query(ctx, sagaOperationListPendingAfter, arg.AfterID, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSagaOperation{}
+	for rows.Next() {
+		var i SagaboxSagaOperation
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaID,
+			&i.Action,
+			&i.Actor,
+			&i.Reason,
+			&i.RequestedAt,
+			&i.AppliedAt,
+			&i.Error,
+			&i.WithdrawnAt,
+			&i.WithdrawnBy,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaOperationListRecent = `-- name: SagaOperationListRecent :many
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation
+ORDER BY id DESC
+LIMIT $1::integer
+`
+
+// The most recent operator requests, pending or not, newest first.
+func (q *Queries) SagaOperationListRecent(ctx context.Context, db DBTX, maxRows int32) ([]*SagaboxSagaOperation, error) {
+	rows, err := db.Query(ctx, sagaOperationListRecent, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSagaOperation{}
+	for rows.Next() {
+		var i SagaboxSagaOperation
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaID,
+			&i.Action,
+			&i.Actor,
+			&i.Reason,
+			&i.RequestedAt,
+			&i.AppliedAt,
+			&i.Error,
+			&i.WithdrawnAt,
+			&i.WithdrawnBy,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const sagaOperationMarkApplied = `-- name: SagaOperationMarkApplied :exec
@@ -123,4 +264,37 @@ type SagaOperationMarkAppliedParams struct {
 func (q *Queries) SagaOperationMarkApplied(ctx context.Context, db DBTX, arg *SagaOperationMarkAppliedParams) error {
 	_, err := db.Exec(ctx, sagaOperationMarkApplied, arg.AppliedAt, arg.Error, arg.ID)
 	return err
+}
+
+const sagaOperationWithdraw = `-- name: SagaOperationWithdraw :one
+UPDATE /* TEMPLATE: schema */sagabox_saga_operation
+SET withdrawn_at = now(), withdrawn_by = $1::text
+WHERE id = $2::bigint AND applied_at IS NULL AND withdrawn_at IS NULL
+RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by
+`
+
+type SagaOperationWithdrawParams struct {
+	Actor string
+	ID    int64
+}
+
+// Withdraws a pending operator request: no orchestrator applies it. It
+// waits for an orchestrator applying it right now and then matches nothing,
+// so a request is either applied or withdrawn, never both.
+func (q *Queries) SagaOperationWithdraw(ctx context.Context, db DBTX, arg *SagaOperationWithdrawParams) (*SagaboxSagaOperation, error) {
+	row := db.QueryRow(ctx, sagaOperationWithdraw, arg.Actor, arg.ID)
+	var i SagaboxSagaOperation
+	err := row.Scan(
+		&i.ID,
+		&i.SagaID,
+		&i.Action,
+		&i.Actor,
+		&i.Reason,
+		&i.RequestedAt,
+		&i.AppliedAt,
+		&i.Error,
+		&i.WithdrawnAt,
+		&i.WithdrawnBy,
+	)
+	return &i, err
 }

@@ -13,8 +13,51 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const sagaAdmission = `-- name: SagaAdmission :one
+SELECT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = $1::text AND status IN ('running', 'compensating')
+        LIMIT $2::integer
+    ) AS r)::integer AS running,
+    EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = $1::text AND status = 'queued' AND concurrency_key IS NULL
+    ) AS queued,
+    EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = $1::text AND concurrency_key = $3::text
+          AND status IN ('queued', 'running', 'compensating')
+    ) AS key_taken
+`
+
+type SagaAdmissionParams struct {
+	SagaType       string
+	MaxRunning     int32
+	ConcurrencyKey *string
+}
+
+type SagaAdmissionRow struct {
+	Running  int32
+	Queued   bool
+	KeyTaken bool
+}
+
+// What a start of a saga of @saga_type needs to know to run at once or be
+// queued: how many sagas of the type are running or compensating (counted
+// up to @max_running), whether sagas wait for admission that are not
+// waiting for a concurrency key of their own (a new start queues behind
+// them), and whether a saga of the type holds or waits for
+// @concurrency_key.
+func (q *Queries) SagaAdmission(ctx context.Context, db DBTX, arg *SagaAdmissionParams) (*SagaAdmissionRow, error) {
+	row := db.QueryRow(ctx, sagaAdmission, arg.SagaType, arg.MaxRunning, arg.ConcurrencyKey)
+	var i SagaAdmissionRow
+	err := row.Scan(&i.Running, &i.Queued, &i.KeyTaken)
+	return &i, err
+}
+
 const sagaClaimDue = `-- name: SagaClaimDue :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= $1::timestamptz
   AND s.deadline IS NOT NULL
   AND s.status IN ('running', 'compensating')
@@ -79,6 +122,75 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.ConcurrencyKey,
+			&i.AdmittedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaClaimQueued = `-- name: SagaClaimQueued :many
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.saga_type = $1::text
+  AND s.status = 'queued'
+  AND s.version = ANY($2::integer[])
+  AND (s.concurrency_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga o
+      WHERE o.saga_type = s.saga_type AND o.concurrency_key = s.concurrency_key
+        AND o.status IN ('queued', 'running', 'compensating')
+        AND (o.status <> 'queued' OR (o.created_at, o.id) < (s.created_at, s.id))
+  ))
+ORDER BY s.created_at, s.id
+LIMIT $3::integer
+FOR UPDATE OF s SKIP LOCKED
+`
+
+type SagaClaimQueuedParams struct {
+	SagaType string
+	Versions []int32
+	Max      int32
+}
+
+// Locks up to @max queued sagas of @saga_type (of the versions @versions)
+// that may run now, in start order: those without a concurrency key, and
+// the first queued saga of each key no saga of the type is running or
+// compensating for.
+func (q *Queries) SagaClaimQueued(ctx context.Context, db DBTX, arg *SagaClaimQueuedParams) ([]*SagaboxSaga, error) {
+	rows, err := db.Query(ctx, sagaClaimQueued, arg.SagaType, arg.Versions, arg.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaboxSaga{}
+	for rows.Next() {
+		var i SagaboxSaga
+		if err := rows.Scan(
+			&i.ID,
+			&i.SagaType,
+			&i.Version,
+			&i.Status,
+			&i.StartKey,
+			&i.Data,
+			&i.Steps,
+			&i.CurrentStep,
+			&i.Phase,
+			&i.Revision,
+			&i.Deadline,
+			&i.Attempts,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FinishedAt,
+			&i.Traceparent,
+			&i.Tracestate,
+			&i.ConcurrencyKey,
+			&i.AdmittedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -91,7 +203,7 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 }
 
 const sagaGet = `-- name: SagaGet :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
 `
 
 func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxSaga, error) {
@@ -116,12 +228,14 @@ func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxS
 		&i.FinishedAt,
 		&i.Traceparent,
 		&i.Tracestate,
+		&i.ConcurrencyKey,
+		&i.AdmittedAt,
 	)
 	return &i, err
 }
 
 const sagaGetByStartKey = `-- name: SagaGetByStartKey :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
 WHERE saga_type = $1::text AND start_key = $2::text
 `
 
@@ -152,6 +266,8 @@ func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetBy
 		&i.FinishedAt,
 		&i.Traceparent,
 		&i.Tracestate,
+		&i.ConcurrencyKey,
+		&i.AdmittedAt,
 	)
 	return &i, err
 }
@@ -194,34 +310,83 @@ func (q *Queries) SagaHistoryList(ctx context.Context, db DBTX, sagaID uuid.UUID
 	return items, nil
 }
 
+const sagaKeysRunning = `-- name: SagaKeysRunning :many
+SELECT DISTINCT concurrency_key::text AS concurrency_key FROM /* TEMPLATE: schema */sagabox_saga
+WHERE saga_type = $1::text AND concurrency_key = ANY($2::text[])
+  AND status IN ('running', 'compensating')
+`
+
+type SagaKeysRunningParams struct {
+	SagaType       string
+	ConcurrencyKey []string
+}
+
+// Returns which of the concurrency keys @concurrency_key of @saga_type a
+// saga is running or compensating for (read after their locks were taken).
+func (q *Queries) SagaKeysRunning(ctx context.Context, db DBTX, arg *SagaKeysRunningParams) ([]string, error) {
+	rows, err := db.Query(ctx, sagaKeysRunning, arg.SagaType, arg.ConcurrencyKey)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var concurrency_key string
+		if err := rows.Scan(&concurrency_key); err != nil {
+			return nil, err
+		}
+		items = append(items, concurrency_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sagaList = `-- name: SagaList :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
-  AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
-  AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
-  AND ($4::timestamptz IS NULL
-       OR (created_at, id) > ($4::timestamptz, $5::uuid))
+  AND ($2::integer IS NULL OR version = $2::integer)
+  AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
+  AND ($4::text IS NULL OR start_key = $4::text)
+  AND ($5::timestamptz IS NULL OR updated_at < $5::timestamptz)
+  AND ($6::timestamptz IS NULL
+       OR (deadline < $6::timestamptz AND deadline IS NOT NULL
+           AND status IN ('running', 'compensating')))
+  AND ($7::timestamptz IS NULL
+       OR (created_at, id) > ($7::timestamptz, $8::uuid))
 ORDER BY created_at, id
-LIMIT $6::integer
+LIMIT $9::integer
 `
 
 type SagaListParams struct {
 	SagaType       *string
+	Version        pgtype.Int4
 	Statuses       []string
+	StartKey       *string
 	UpdatedBefore  *time.Time
+	DeadlineBefore *time.Time
 	AfterCreatedAt *time.Time
 	AfterID        uuid.NullUUID
 	Max            int32
 }
 
-// Lists sagas oldest first (by start), filtered by type, status and the
-// time of their last change, with keyset paging on (created_at, id), which
-// never change: a page follows the previous one however the sagas move on.
+// Lists sagas oldest first (by start), filtered by type, version, status,
+// start key, the time of their last change and an overdue deadline, with
+// keyset paging on (created_at, id), which never change: a page follows the
+// previous one however the sagas move on. Each filter has an index to
+// start from: type and status (sagabox_saga_type_status_created_at_idx,
+// sagabox_saga_status_created_at_idx), start key (sagabox_saga_start_key_idx
+// with a type, sagabox_saga_start_key_only_idx without), overdue deadline
+// (sagabox_saga_deadline_idx).
 func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaList,
 		arg.SagaType,
+		arg.Version,
 		arg.Statuses,
+		arg.StartKey,
 		arg.UpdatedBefore,
+		arg.DeadlineBefore,
 		arg.AfterCreatedAt,
 		arg.AfterID,
 		arg.Max,
@@ -252,6 +417,8 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.ConcurrencyKey,
+			&i.AdmittedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -264,7 +431,7 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 }
 
 const sagaLock = `-- name: SagaLock :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at FROM /* TEMPLATE: schema */sagabox_saga
 WHERE id = ANY($1::uuid[])
 ORDER BY id
 FOR UPDATE
@@ -300,7 +467,63 @@ func (q *Queries) SagaLock(ctx context.Context, db DBTX, ids []uuid.UUID) ([]*Sa
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.ConcurrencyKey,
+			&i.AdmittedAt,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaLockConcurrencyKey = `-- name: SagaLockConcurrencyKey :exec
+SELECT pg_advisory_xact_lock(hashtextextended(
+    'sagabox.concurrency:' || $1::text || ':' || $2::text || ':' || $3::text, 0))
+`
+
+type SagaLockConcurrencyKeyParams struct {
+	SchemaName     string
+	SagaType       string
+	ConcurrencyKey string
+}
+
+// Takes the transaction-scoped advisory lock of the concurrency key
+// @concurrency_key of @saga_type, waiting for it. A start with a key holds
+// it until the caller's transaction ends, so that the admission pass and
+// other starts decide on the key only once they can see its saga.
+func (q *Queries) SagaLockConcurrencyKey(ctx context.Context, db DBTX, arg *SagaLockConcurrencyKeyParams) error {
+	_, err := db.Exec(ctx, sagaLockConcurrencyKey, arg.SchemaName, arg.SagaType, arg.ConcurrencyKey)
+	return err
+}
+
+const sagaQueuedCounts = `-- name: SagaQueuedCounts :many
+SELECT saga_type, count(*)::bigint AS queued, min(created_at)::timestamptz AS oldest
+FROM /* TEMPLATE: schema */sagabox_saga
+WHERE status = 'queued'
+GROUP BY saga_type
+`
+
+type SagaQueuedCountsRow struct {
+	SagaType string
+	Queued   int64
+	Oldest   time.Time
+}
+
+// Counts the sagas waiting for admission, per type, with the oldest's start.
+func (q *Queries) SagaQueuedCounts(ctx context.Context, db DBTX) ([]*SagaQueuedCountsRow, error) {
+	rows, err := db.Query(ctx, sagaQueuedCounts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaQueuedCountsRow{}
+	for rows.Next() {
+		var i SagaQueuedCountsRow
+		if err := rows.Scan(&i.SagaType, &i.Queued, &i.Oldest); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
@@ -323,13 +546,13 @@ WITH inbox AS (
     -- One primary-key lookup per saga, in id order, whatever the planner
     -- believes of the table's size: a join could scan the whole table when
     -- its statistics are missing or stale (a fresh deployment, a burst).
-    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate
+    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.concurrency_key, l.admitted_at
     FROM (SELECT DISTINCT inbox.saga_id FROM inbox WHERE inbox.fresh ORDER BY inbox.saga_id) AS k,
          LATERAL (
-             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
+             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
          ) AS l
 )
-SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate
+SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate, locked.concurrency_key, locked.admitted_at
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh
 `
 
@@ -342,26 +565,28 @@ type SagaReceiveParams struct {
 }
 
 type SagaReceiveRow struct {
-	MessageID   uuid.UUID
-	Fresh       bool
-	ID          uuid.NullUUID
-	SagaType    *string
-	Version     pgtype.Int4
-	Status      *string
-	StartKey    *string
-	Data        []byte
-	Steps       []byte
-	CurrentStep pgtype.Int4
-	Phase       *string
-	Revision    pgtype.Int8
-	Deadline    *time.Time
-	Attempts    pgtype.Int4
-	LastError   *string
-	CreatedAt   *time.Time
-	UpdatedAt   *time.Time
-	FinishedAt  *time.Time
-	Traceparent *string
-	Tracestate  *string
+	MessageID      uuid.UUID
+	Fresh          bool
+	ID             uuid.NullUUID
+	SagaType       *string
+	Version        pgtype.Int4
+	Status         *string
+	StartKey       *string
+	Data           []byte
+	Steps          []byte
+	CurrentStep    pgtype.Int4
+	Phase          *string
+	Revision       pgtype.Int8
+	Deadline       *time.Time
+	Attempts       pgtype.Int4
+	LastError      *string
+	CreatedAt      *time.Time
+	UpdatedAt      *time.Time
+	FinishedAt     *time.Time
+	Traceparent    *string
+	Tracestate     *string
+	ConcurrencyKey *string
+	AdmittedAt     *time.Time
 }
 
 // Receives replies: records each in the inbox (a duplicate counts itself
@@ -404,6 +629,8 @@ func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceivePara
 			&i.FinishedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.ConcurrencyKey,
+			&i.AdmittedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -468,13 +695,16 @@ const sagaStart = `-- name: SagaStart :one
 WITH saga AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga (
         id, saga_type, version, status, start_key, data, steps, current_step, phase,
-        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate
+        deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate,
+        concurrency_key, admitted_at
     ) VALUES (
         $1::uuid, $2::text, $3::integer, $4::text, $5::text,
         $6::jsonb, $7::jsonb, $8::integer, $9::text,
         $10::timestamptz, $11::integer, $12::text,
         $13::timestamptz, $13::timestamptz, $14::timestamptz,
-        $15::text, $16::text
+        $15::text, $16::text,
+        $17::text,
+        CASE WHEN $4::text = 'queued' THEN NULL ELSE $13::timestamptz END
     )
     ON CONFLICT (saga_type, start_key) WHERE start_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -483,15 +713,15 @@ WITH saga AS (
         saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
     )
     SELECT saga.id,
-           unnest($17::timestamptz[]),
-           unnest($18::text[]),
+           unnest($18::timestamptz[]),
            unnest($19::text[]),
-           unnest($20::integer[]),
-           unnest($21::text[]),
-           unnest($22::integer[]),
-           unnest($23::text[]),
+           unnest($20::text[]),
+           unnest($21::integer[]),
+           unnest($22::text[]),
+           unnest($23::integer[]),
            unnest($24::text[]),
-           nullif(unnest($25::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+           unnest($25::text[]),
+           nullif(unnest($26::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
     FROM saga
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
@@ -499,23 +729,23 @@ WITH saga AS (
         step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
         headers, payload, created_at
     )
-    SELECT unnest($26::uuid[]),
-           unnest($27::text[]),
+    SELECT unnest($27::uuid[]),
            unnest($28::text[]),
            unnest($29::text[]),
            unnest($30::text[]),
-           saga.id,
            unnest($31::text[]),
+           saga.id,
            unnest($32::text[]),
-           unnest($33::integer[]),
+           unnest($33::text[]),
            unnest($34::integer[]),
-           unnest($35::text[]),
+           unnest($35::integer[]),
            unnest($36::text[]),
            unnest($37::text[]),
            unnest($38::text[]),
-           unnest($39::jsonb[]),
-           unnest($40::bytea[]),
-           unnest($41::timestamptz[])
+           unnest($39::text[]),
+           unnest($40::jsonb[]),
+           unnest($41::bytea[]),
+           unnest($42::timestamptz[])
     FROM saga
 )
 SELECT (count(*) > 0)::boolean AS inserted FROM saga
@@ -538,6 +768,7 @@ type SagaStartParams struct {
 	FinishedAt     *time.Time
 	Traceparent    string
 	Tracestate     string
+	ConcurrencyKey *string
 	HAt            []time.Time
 	HEvent         []string
 	HStep          []string
@@ -591,6 +822,7 @@ func (q *Queries) SagaStart(ctx context.Context, db DBTX, arg *SagaStartParams) 
 		arg.FinishedAt,
 		arg.Traceparent,
 		arg.Tracestate,
+		arg.ConcurrencyKey,
 		arg.HAt,
 		arg.HEvent,
 		arg.HStep,
@@ -622,6 +854,56 @@ func (q *Queries) SagaStart(ctx context.Context, db DBTX, arg *SagaStartParams) 
 	return inserted, err
 }
 
+const sagaTryLockAdmission = `-- name: SagaTryLockAdmission :one
+SELECT pg_try_advisory_xact_lock(hashtextextended('sagabox.admission:' || $1::text, 0))::boolean AS locked
+`
+
+// Takes the transaction-scoped advisory lock of the admission pass of the
+// schema @schema_name, if no other orchestrator holds it: one pass at a
+// time admits, so that two never both fill the same free places.
+func (q *Queries) SagaTryLockAdmission(ctx context.Context, db DBTX, schemaName string) (bool, error) {
+	row := db.QueryRow(ctx, sagaTryLockAdmission, schemaName)
+	var locked bool
+	err := row.Scan(&locked)
+	return locked, err
+}
+
+const sagaTryLockConcurrencyKeys = `-- name: SagaTryLockConcurrencyKeys :many
+SELECT k.key::text AS concurrency_key
+FROM unnest($1::text[]) AS k(key)
+WHERE pg_try_advisory_xact_lock(hashtextextended(
+    'sagabox.concurrency:' || $2::text || ':' || $3::text || ':' || k.key, 0))
+`
+
+type SagaTryLockConcurrencyKeysParams struct {
+	ConcurrencyKey []string
+	SchemaName     string
+	SagaType       string
+}
+
+// Takes, without waiting, the transaction-scoped advisory locks of the
+// concurrency keys @concurrency_key of @saga_type that nobody holds, and
+// returns those keys.
+func (q *Queries) SagaTryLockConcurrencyKeys(ctx context.Context, db DBTX, arg *SagaTryLockConcurrencyKeysParams) ([]string, error) {
+	rows, err := db.Query(ctx, sagaTryLockConcurrencyKeys, arg.ConcurrencyKey, arg.SchemaName, arg.SagaType)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var concurrency_key string
+		if err := rows.Scan(&concurrency_key); err != nil {
+			return nil, err
+		}
+		items = append(items, concurrency_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sagaWrite = `-- name: SagaWrite :one
 WITH updated AS (
     UPDATE /* TEMPLATE: schema */sagabox_saga AS s
@@ -635,7 +917,10 @@ WITH updated AS (
         last_error = u.last_error,
         revision = s.revision + 1,
         updated_at = $2::timestamptz,
-        finished_at = nullif(u.finished_at, '0001-01-01 00:00:00+00'::timestamptz)
+        finished_at = nullif(u.finished_at, '0001-01-01 00:00:00+00'::timestamptz),
+        -- The first transition out of 'queued' admits the saga.
+        admitted_at = CASE WHEN s.admitted_at IS NULL AND u.status <> 'queued' THEN $2::timestamptz
+                           ELSE s.admitted_at END
     FROM (
         SELECT unnest($1::uuid[]) AS id,
                unnest($3::bigint[]) AS revision,

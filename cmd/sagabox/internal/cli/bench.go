@@ -94,6 +94,6 @@ an open-loop run at half the engine's rate (--rate to choose it).`,
 	f.DurationVar(&sagaCfg.Duration, "duration", bench.DefaultDuration, "length of the open-loop runs")
 	f.BoolVar(&sagaCfg.KeepSchemas, "keep-schemas", false, "leave the engine's schemas in place after the run, for inspection (drop them yourself)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
-	cmd.AddCommand(relay, sagas)
+	cmd.AddCommand(relay, withJSON(sagas))
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
 	"github.com/sagabox/sagabox/store"
 )
 
@@ -55,6 +56,9 @@ func (a *app) migrateCommand() *cobra.Command {
 			if lineFlag == "" || lineFlag == "all" {
 				return withCode(ExitUsage, fmt.Errorf("migrate down needs --line messaging or --line saga"))
 			}
+			if err := positive("steps", steps); err != nil {
+				return err
+			}
 			ls, err := lines()
 			if err != nil {
 				return err
@@ -88,26 +92,19 @@ func (a *app) migrateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			type row struct {
-				Line      string  `json:"line"`
-				Version   int     `json:"version"`
-				Name      string  `json:"name"`
-				AppliedAt *string `json:"applied_at"`
-			}
-			rows := make([]row, len(states))
+			out := view.MigrationList{Schema: a.schema, Migrations: make([]view.Migration, len(states))}
 			for i, s := range states {
-				rows[i] = row{Line: string(s.Line), Version: s.Version, Name: s.Name}
+				out.Migrations[i] = view.Migration{Line: string(s.Line), Version: s.Version, Name: s.Name}
 				if s.AppliedAt != nil {
-					at := fmtTime(s.AppliedAt)
-					rows[i].AppliedAt = &at
+					out.Migrations[i].AppliedAt = s.AppliedAt.UTC()
 				}
 			}
-			return a.print(rows, func(w io.Writer) {
+			return a.print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "LINE\tVERSION\tNAME\tAPPLIED")
-				for _, r := range rows {
+				for _, r := range out.Migrations {
 					applied := "pending"
-					if r.AppliedAt != nil {
-						applied = *r.AppliedAt
+					if !r.AppliedAt.IsZero() {
+						applied = fmtTime(r.AppliedAt)
 					}
 					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", r.Line, r.Version, r.Name, applied)
 				}
@@ -142,26 +139,21 @@ func (a *app) migrateCommand() *cobra.Command {
 		},
 	}
 	printCmd.Flags().BoolVar(&downSQL, "down", false, "print the down migration")
-	cmd.AddCommand(up, down, list, printCmd)
+	cmd.AddCommand(withJSON(up), withJSON(down), withJSON(list), printCmd)
 	return cmd
 }
 
 func (a *app) printMigrations(migs []store.Migration, verb string) error {
-	type row struct {
-		Line    string `json:"line"`
-		Version int    `json:"version"`
-		Name    string `json:"name"`
-	}
-	rows := make([]row, len(migs))
+	out := view.MigrationList{Schema: a.schema, Migrations: make([]view.Migration, len(migs))}
 	for i, m := range migs {
-		rows[i] = row{string(m.Line), m.Version, m.Name}
+		out.Migrations[i] = view.Migration{Line: string(m.Line), Version: m.Version, Name: m.Name}
 	}
-	return a.print(map[string]any{verb: rows, "schema": a.schema}, func(w io.Writer) {
-		if len(rows) == 0 {
+	return a.print(out, func(w io.Writer) {
+		if len(out.Migrations) == 0 {
 			fmt.Fprintf(w, "schema %s: nothing to do\n", a.schema)
 			return
 		}
-		for _, r := range rows {
+		for _, r := range out.Migrations {
 			fmt.Fprintf(w, "schema %s: %s %s %d (%s)\n", a.schema, verb, r.Line, r.Version, r.Name)
 		}
 	})

@@ -7,21 +7,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-)
 
-// deadRow is one outbox row the relay gave up on, as `outbox dead` prints
-// it.
-type deadRow struct {
-	ID              int64     `json:"id"`
-	MessageID       string    `json:"message_id"`
-	Kind            string    `json:"kind"`
-	Type            string    `json:"type"`
-	RoutingKey      string    `json:"routing_key"`
-	SagaID          string    `json:"saga_id,omitempty"`
-	PublishAttempts int       `json:"publish_attempts"`
-	Reason          string    `json:"reason"`
-	DeadAt          time.Time `json:"dead_at"`
-}
+	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
+	"github.com/sagabox/sagabox/store"
+)
 
 func (a *app) outboxDeadCommand() *cobra.Command {
 	var limit int
@@ -30,38 +19,38 @@ func (a *app) outboxDeadCommand() *cobra.Command {
 		Short: "List outbox messages the relay gave up on (replies and events no queue takes), most recent first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if limit < 1 {
-				return withCode(ExitUsage, fmt.Errorf("--limit %d: want 1 or more", limit))
+			if err := positive("limit", limit); err != nil {
+				return err
 			}
 			st, pool, err := a.openStore(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging); err != nil {
+				return err
+			}
 			dead, err := st.Executor().OutboxDeadList(cmd.Context(), limit)
 			if err != nil {
 				return err
 			}
-			rows := make([]deadRow, len(dead))
+			out := view.DeadOutboxList{Schema: a.schema, Messages: make([]view.DeadOutboxMessage, len(dead))}
 			for i, d := range dead {
-				rows[i] = deadRow{
-					ID: d.ID, MessageID: d.Message.MessageID.String(), Kind: string(d.Message.Kind), Type: d.Message.Type,
-					RoutingKey: d.Message.RoutingKey, PublishAttempts: d.PublishAttempts, Reason: d.Reason, DeadAt: d.DeadAt,
-				}
-				if d.Message.SagaID != [16]byte{} {
-					rows[i].SagaID = d.Message.SagaID.String()
+				out.Messages[i] = view.DeadOutboxMessage{
+					ID: d.ID, MessageID: d.Message.MessageID, Kind: string(d.Message.Kind), Type: d.Message.Type, SagaID: d.Message.SagaID,
+					RoutingKey: d.Message.RoutingKey, PublishAttempts: d.PublishAttempts, Reason: d.Reason, DeadAt: d.DeadAt.UTC(),
 				}
 			}
-			return a.print(rows, func(w io.Writer) {
+			return a.print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tKIND\tTYPE\tROUTING KEY\tATTEMPTS\tDEAD SINCE\tREASON")
-				for _, r := range rows {
+				for _, r := range out.Messages {
 					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Kind, r.Type, r.RoutingKey, r.PublishAttempts, r.DeadAt.Format(time.RFC3339), r.Reason)
 				}
 			})
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 100, "most rows to list")
-	return cmd
+	return withJSON(cmd)
 }
 
 func (a *app) outboxRetryDeadCommand() *cobra.Command {
@@ -80,6 +69,9 @@ func (a *app) outboxRetryDeadCommand() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging); err != nil {
+				return err
+			}
 			ex := st.Executor()
 			var n int64
 			verb := "made unpublished again (the relay publishes them)"
@@ -92,10 +84,7 @@ func (a *app) outboxRetryDeadCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := struct {
-				Matched int64 `json:"matched"`
-				Deleted bool  `json:"deleted"`
-			}{n, drop}
+			out := view.DeadOutboxRetry{Schema: a.schema, Requested: len(ids), Matched: n, Deleted: drop}
 			if err := a.print(out, func(w io.Writer) { fmt.Fprintf(w, "%d of %d dead messages %s\n", n, len(ids), verb) }); err != nil {
 				return err
 			}
@@ -107,5 +96,5 @@ func (a *app) outboxRetryDeadCommand() *cobra.Command {
 	}
 	cmd.Flags().Int64SliceVar(&ids, "id", nil, "outbox row id (repeat or comma-separate)")
 	cmd.Flags().BoolVar(&drop, "delete", false, "delete the rows instead of publishing them again")
-	return cmd
+	return withJSON(cmd)
 }

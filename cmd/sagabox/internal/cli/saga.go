@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
 	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -21,7 +22,7 @@ import (
 )
 
 // ExitPending means an operator request was recorded but no orchestrator
-// applied it in time.
+// applied it in time (it was withdrawn unless --keep was given).
 const ExitPending = 5
 
 func (a *app) sagaCommand() *cobra.Command {
@@ -37,38 +38,16 @@ func (a *app) client(ctx context.Context) (*orchestrator.Client, *store.Store, f
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if err := a.checkSchema(ctx, st, pool, store.LineMessaging, store.LineSaga); err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
 	c, err := orchestrator.NewClient(orchestrator.Config{Pool: pool, Schema: a.schema, Service: "sagabox-cli"})
 	if err != nil {
 		pool.Close()
 		return nil, nil, nil, err
 	}
-	if err := st.CheckSchema(ctx, store.LineMessaging, store.LineSaga); err != nil {
-		pool.Close()
-		return nil, nil, nil, err
-	}
 	return c, st, pool.Close, nil
-}
-
-// sagaRow is the JSON and table shape of a saga in a listing.
-type sagaRow struct {
-	ID          uuid.UUID   `json:"id"`
-	Type        string      `json:"type"`
-	Version     int         `json:"version"`
-	Status      saga.Status `json:"status"`
-	CurrentStep string      `json:"current_step,omitempty"`
-	LastError   string      `json:"last_error,omitempty"`
-	StartKey    string      `json:"start_key,omitempty"`
-	CreatedAt   time.Time   `json:"created_at"`
-	UpdatedAt   time.Time   `json:"updated_at"`
-}
-
-func rowOf(s *orchestrator.Saga) sagaRow {
-	r := sagaRow{ID: s.ID, Type: s.Type, Version: s.Version, Status: s.Status, LastError: s.LastError,
-		StartKey: s.StartKey, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
-	if s.CurrentStep >= 0 && s.CurrentStep < len(s.Steps) {
-		r.CurrentStep = s.Steps[s.CurrentStep].Name
-	}
-	return r
 }
 
 func (a *app) sagaListCommand() *cobra.Command {
@@ -79,6 +58,12 @@ func (a *app) sagaListCommand() *cobra.Command {
 		Short: "List sagas, oldest (first started) first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := positive("limit", opts.Limit); err != nil {
+				return err
+			}
+			if opts.OlderThan < 0 {
+				return withCode(ExitUsage, fmt.Errorf("--older-than %s: want a positive duration", opts.OlderThan))
+			}
 			for _, s := range statuses {
 				st := saga.Status(s)
 				if !st.Valid() {
@@ -93,21 +78,20 @@ func (a *app) sagaListCommand() *cobra.Command {
 			defer closeDB()
 			res, err := c.List(cmd.Context(), &opts)
 			if err != nil {
+				if strings.Contains(err.Error(), "ListOpts.After") {
+					return withCode(ExitUsage, fmt.Errorf("--after %q is not a cursor this command printed", opts.After))
+				}
 				return err
 			}
-			rows := make([]sagaRow, len(res.Sagas))
+			out := view.SagaList{Sagas: make([]view.Saga, len(res.Sagas)), NextCursor: res.Cursor}
 			for i, s := range res.Sagas {
-				rows[i] = rowOf(s)
+				out.Sagas[i] = view.SagaOf(s)
 			}
-			out := struct {
-				Sagas  []sagaRow `json:"sagas"`
-				Cursor string    `json:"next_cursor,omitempty"`
-			}{rows, res.Cursor}
 			return a.print(out, func(w io.Writer) {
-				fmt.Fprintln(w, "ID\tTYPE\tSTATUS\tSTEP\tIDLE\tLAST ERROR")
-				for _, r := range rows {
-					fmt.Fprintf(w, "%s\t%s v%d\t%s\t%s\t%s\t%s\n", r.ID, r.Type, r.Version, r.Status, dash(r.CurrentStep),
-						fmtDuration(time.Since(r.UpdatedAt)), dash(truncate(r.LastError, 60)))
+				fmt.Fprintln(w, "ID\tTYPE\tSTATUS\tSTEP\tSTART KEY\tIDLE\tLAST ERROR")
+				for _, r := range out.Sagas {
+					fmt.Fprintf(w, "%s\t%s v%d\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Type, r.Version, r.Status, dash(r.CurrentStep),
+						dash(truncate(r.StartKey, 30)), fmtDuration(time.Since(r.UpdatedAt)), dash(truncate(r.LastError, 60)))
 				}
 				if res.Cursor != "" {
 					fmt.Fprintf(w, "(more: --after %s)\n", res.Cursor)
@@ -117,42 +101,77 @@ func (a *app) sagaListCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&opts.Type, "type", "", "only sagas of this definition name")
 	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only sagas in these statuses (comma-separated)")
+	cmd.Flags().StringVar(&opts.StartKey, "key", "", "only sagas started with this start key (StartOpts.StartKey)")
 	cmd.Flags().DurationVar(&opts.OlderThan, "older-than", 0, "only sagas not updated for this long (e.g. 10m)")
 	cmd.Flags().IntVar(&opts.Limit, "limit", 50, "page size")
 	cmd.Flags().StringVar(&opts.After, "after", "", "continue after this cursor (printed at the end of a page)")
-	return cmd
+	return withJSON(cmd)
+}
+
+// resolveSaga returns the saga named by an id argument or by --key (and
+// --type): exactly one of them must be given.
+func (a *app) resolveSaga(ctx context.Context, c *orchestrator.Client, args []string, key, sagaType string) (*orchestrator.Saga, error) {
+	if key == "" {
+		id, err := parseID(args[0])
+		if err != nil {
+			return nil, err
+		}
+		s, err := c.Get(ctx, id)
+		if errors.Is(err, orchestrator.ErrNotFound) {
+			return nil, withCode(ExitNotFound, fmt.Errorf("saga %s does not exist in schema %s", id, a.schema))
+		}
+		return s, err
+	}
+	res, err := c.List(ctx, &orchestrator.ListOpts{Type: sagaType, StartKey: key, Limit: 2})
+	if err != nil {
+		return nil, err
+	}
+	switch len(res.Sagas) {
+	case 0:
+		return nil, withCode(ExitNotFound, fmt.Errorf("no saga with start key %q in schema %s", key, a.schema))
+	case 1:
+		return res.Sagas[0], nil
+	}
+	return nil, withCode(ExitUsage, fmt.Errorf("sagas of several types have start key %q: name one with --type", key))
+}
+
+// sagaArgs accepts SAGA_ID, or no argument with --key.
+func sagaArgs(key *string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		switch {
+		case *key == "" && len(args) != 1:
+			return withCode(ExitUsage, errors.New("name the saga: SAGA_ID or --key START_KEY"))
+		case *key != "" && len(args) != 0:
+			return withCode(ExitUsage, errors.New("name the saga by SAGA_ID or by --key, not both"))
+		case *key == "":
+			_, err := parseID(args[0])
+			return err
+		}
+		return nil
+	}
 }
 
 func (a *app) sagaShowCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "show SAGA_ID",
+	var key, sagaType string
+	cmd := &cobra.Command{
+		Use:   "show {SAGA_ID | --key START_KEY [--type TYPE]}",
 		Short: "Show one saga: data, step states and its full timeline",
-		Args:  cobra.ExactArgs(1),
+		Args:  sagaArgs(&key),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
-			if err != nil {
-				return err
-			}
 			c, _, closeDB, err := a.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer closeDB()
-			s, err := c.Get(cmd.Context(), id)
-			if errors.Is(err, orchestrator.ErrNotFound) {
-				return withCode(ExitNotFound, fmt.Errorf("saga %s does not exist in schema %s", id, a.schema))
-			}
+			s, err := a.resolveSaga(cmd.Context(), c, args, key, sagaType)
 			if err != nil {
 				return err
 			}
-			hist, err := c.History(cmd.Context(), id)
+			hist, err := c.History(cmd.Context(), s.ID)
 			if err != nil {
 				return err
 			}
-			out := struct {
-				*orchestrator.Saga
-				History []saga.HistoryEntry `json:"history"`
-			}{s, hist}
+			out := view.SagaDetailOf(s, hist)
 			return a.print(out, func(w io.Writer) {
 				fmt.Fprintf(w, "saga\t%s\n", s.ID)
 				fmt.Fprintf(w, "type\t%s v%d\n", s.Type, s.Version)
@@ -189,28 +208,56 @@ func (a *app) sagaShowCommand() *cobra.Command {
 			})
 		},
 	}
+	cmd.Flags().StringVar(&key, "key", "", "the saga's start key instead of its id")
+	cmd.Flags().StringVar(&sagaType, "type", "", "with --key: the saga's type, when sagas of several types share the key")
+	return withJSON(cmd)
+}
+
+// applicable returns why action cannot apply to s in its status, or "".
+// It is the saga core's rule (saga.Runner.Apply), checked before a request
+// is recorded so that a request that cannot apply is refused at once.
+func applicable(action string, s *orchestrator.Saga) string {
+	switch action {
+	case "abort":
+		if s.Status != saga.StatusRunning && s.Status != saga.StatusQueued {
+			return fmt.Sprintf("only a running or queued saga can be aborted, this one is %s", s.Status)
+		}
+	case "retry":
+		switch s.Status {
+		case saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed:
+		default:
+			return fmt.Sprintf("a %s saga has nothing to retry", s.Status)
+		}
+	}
+	return ""
 }
 
 func (a *app) sagaActionCommand(action string) *cobra.Command {
-	var actor, reason string
+	var actor, reason, key, sagaType string
 	var wait time.Duration
+	var keep bool
 	short := map[string]string{
 		"retry": "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
 		"abort": "Compensate a running saga from its current step",
 	}[action]
 	cmd := &cobra.Command{
-		Use:   action + " SAGA_ID --reason TEXT",
+		Use:   action + " {SAGA_ID | --key START_KEY} --reason TEXT",
 		Short: short,
 		Long: short + ".\n\nThe request is recorded in the database and applied by a running orchestrator of the\n" +
-			"schema (it has the saga definitions); the command waits for the outcome.",
-		Args: cobra.ExactArgs(1),
+			"schema (it has the saga definitions); the command waits for the outcome. A request the\n" +
+			"saga's status rules out is refused at once (exit 4). When --wait expires, or on Ctrl-C,\n" +
+			"the request is withdrawn so that it never fires later (exit 5), unless --keep is given:\n" +
+			"then it stays queued for the next orchestrator (`sagabox ops list`, `sagabox ops cancel`).",
+		Args: sagaArgs(&key),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
-			if err != nil {
-				return err
-			}
 			if strings.TrimSpace(reason) == "" {
 				return withCode(ExitUsage, errors.New("--reason is required: it is recorded in the saga's history"))
+			}
+			if strings.TrimSpace(actor) == "" {
+				return withCode(ExitUsage, errors.New("--actor is required: it is recorded in the saga's history"))
+			}
+			if wait < 0 {
+				return withCode(ExitUsage, fmt.Errorf("--wait %s: want 0 or more", wait))
 			}
 			ctx := cmd.Context()
 			c, st, closeDB, err := a.client(ctx)
@@ -218,47 +265,90 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 				return err
 			}
 			defer closeDB()
-			if _, err := c.Get(ctx, id); errors.Is(err, orchestrator.ErrNotFound) {
-				return withCode(ExitNotFound, fmt.Errorf("saga %s does not exist in schema %s", id, a.schema))
-			} else if err != nil {
-				return err
-			}
-			op, err := st.Executor().RequestOperation(ctx, id, action, actor, reason)
+			s, err := a.resolveSaga(ctx, c, args, key, sagaType)
 			if err != nil {
 				return err
 			}
-			op, err = waitApplied(ctx, st, op.ID, wait)
+			if why := applicable(action, s); why != "" {
+				return withCode(ExitRefused, fmt.Errorf("%s of saga %s refused: %s", action, s.ID, why))
+			}
+			op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason)
 			if err != nil {
 				return err
 			}
-			if op.AppliedAt.IsZero() {
-				return withCode(ExitPending, fmt.Errorf("%s of saga %s requested (request %d), but no orchestrator applied it within %s; is an orchestrator running for schema %s? It will be applied when one runs",
-					action, id, op.ID, wait, a.schema))
+			op, waitErr := waitApplied(ctx, st, op, wait)
+			if waitErr != nil && ctx.Err() == nil {
+				return waitErr
+			}
+			if op.Pending() && (!keep || ctx.Err() != nil) {
+				// Expired or interrupted: withdraw, unless an orchestrator
+				// applied it meanwhile (then report that outcome).
+				wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				withdrawn, err := st.Executor().WithdrawOperation(wctx, op.ID, actor)
+				if err != nil && !errors.Is(err, driver.ErrNotPending) {
+					return fmt.Errorf("%s of saga %s: request %d was not applied and could not be withdrawn (withdraw it with `sagabox ops cancel %d`): %w", action, s.ID, op.ID, op.ID, err)
+				}
+				op = withdrawn
+				if op.Pending() || !op.WithdrawnAt.IsZero() {
+					why := fmt.Sprintf("no orchestrator applied it within %s (is an orchestrator running for schema %s?)", wait, a.schema)
+					if ctx.Err() != nil {
+						why = "interrupted"
+					}
+					return a.pending(op, withCode(ExitPending, fmt.Errorf("%s of saga %s not applied: %s. Request %d withdrawn: it will not be applied (--keep leaves it queued)",
+						action, s.ID, why, op.ID)))
+				}
+			}
+			if op.Pending() {
+				return a.pending(op, withCode(ExitPending, fmt.Errorf("%s of saga %s requested (request %d), but no orchestrator applied it within %s; is an orchestrator running for schema %s? It stays queued (--keep) and is applied when one runs; `sagabox ops cancel %d` withdraws it",
+					action, s.ID, op.ID, wait, a.schema, op.ID)))
 			}
 			if op.Error != "" {
-				return withCode(ExitRefused, fmt.Errorf("%s of saga %s refused: %s", action, id, op.Error))
+				return a.pending(op, withCode(ExitRefused, fmt.Errorf("%s of saga %s refused: %s", action, s.ID, op.Error)))
 			}
-			s, err := c.Get(ctx, id)
+			s, err = c.Get(context.WithoutCancel(ctx), s.ID)
 			if err != nil {
 				return err
 			}
-			return a.print(rowOf(s), func(w io.Writer) {
-				fmt.Fprintf(w, "%s of saga %s applied; status is now %s\n", action, id, s.Status)
+			sv := view.SagaOf(s)
+			return a.print(view.OperationResult{Operation: view.OperationOf(&op), Saga: &sv}, func(w io.Writer) {
+				fmt.Fprintf(w, "%s of saga %s applied; status is now %s\n", action, s.ID, s.Status)
 			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the saga's history; required)")
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who (recorded in the saga's history)")
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Second, "how long to wait for an orchestrator to apply the request")
-	return cmd
+	cmd.Flags().BoolVar(&keep, "keep", false, "leave the request queued when --wait expires (it is applied when an orchestrator runs)")
+	cmd.Flags().StringVar(&key, "key", "", "the saga's start key instead of its id")
+	cmd.Flags().StringVar(&sagaType, "type", "", "with --key: the saga's type, when sagas of several types share the key")
+	return withJSON(cmd)
 }
 
-func waitApplied(ctx context.Context, st *store.Store, id int64, wait time.Duration) (driver.Operation, error) {
+// pending prints op with --json (a script learns the request's id and
+// state) and returns err, which carries the exit code.
+func (a *app) pending(op driver.Operation, err error) error {
+	if a.json {
+		if perr := a.print(view.OperationResult{Operation: view.OperationOf(&op)}, nil); perr != nil {
+			return perr
+		}
+	}
+	return err
+}
+
+// waitApplied polls request op until an orchestrator handled it, wait has
+// passed or ctx is done; it returns the request as last read (op itself if
+// no read succeeded).
+func waitApplied(ctx context.Context, st *store.Store, op driver.Operation, wait time.Duration) (driver.Operation, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		op, err := st.Executor().Operation(ctx, id)
-		if err != nil || !op.AppliedAt.IsZero() || time.Now().After(deadline) {
+		read, err := st.Executor().Operation(ctx, op.ID)
+		if err != nil {
 			return op, err
+		}
+		op = read
+		if !op.Pending() || !time.Now().Before(deadline) {
+			return op, nil
 		}
 		select {
 		case <-ctx.Done():

@@ -9,15 +9,35 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
 	"github.com/sagabox/sagabox/store"
 )
 
-// schemas returns --schema, or every sagabox schema with --all-schemas.
-func (a *app) schemas(ctx context.Context, pool *pgxpool.Pool, all bool) ([]string, error) {
-	if !all {
-		return []string{a.schema}, nil
+// messagingStores returns the store of --schema, checked to have the
+// messaging line, or with --all-schemas those of every schema that has
+// sagabox tables.
+func (a *app) messagingStores(ctx context.Context, pool *pgxpool.Pool, all bool) ([]*store.Store, error) {
+	schemas := []string{a.schema}
+	if all {
+		var err error
+		if schemas, err = store.ListSchemas(ctx, pool); err != nil {
+			return nil, err
+		}
 	}
-	return store.ListSchemas(ctx, pool)
+	stores := make([]*store.Store, len(schemas))
+	for i, schema := range schemas {
+		st, err := store.New(pool, schema)
+		if err != nil {
+			return nil, withCode(ExitUsage, err)
+		}
+		if !all {
+			if err := a.checkSchema(ctx, st, pool, store.LineMessaging); err != nil {
+				return nil, err
+			}
+		}
+		stores[i] = st
+	}
+	return stores, nil
 }
 
 func (a *app) outboxCommand() *cobra.Command {
@@ -33,38 +53,29 @@ func (a *app) outboxCommand() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			schemas, err := a.schemas(cmd.Context(), pool, all)
+			stores, err := a.messagingStores(cmd.Context(), pool, all)
 			if err != nil {
 				return err
 			}
-			type row struct {
-				Schema           string  `json:"schema"`
-				Backlog          int64   `json:"backlog"`
-				OldestAgeSeconds float64 `json:"oldest_age_seconds"`
-				Retrying         int64   `json:"retrying"`
-			}
-			var rows []row
-			for _, schema := range schemas {
-				st, err := store.New(pool, schema)
-				if err != nil {
-					return withCode(ExitUsage, err)
-				}
+			out := view.OutboxStatsList{Schemas: []view.OutboxStats{}}
+			for _, st := range stores {
 				s, err := st.Executor().OutboxStats(cmd.Context())
 				if err != nil {
 					return err
 				}
-				rows = append(rows, row{schema, s.Backlog, s.OldestAge.Seconds(), s.Retrying})
+				out.Schemas = append(out.Schemas, view.OutboxStats{Schema: st.Schema(), Backlog: s.Backlog,
+					OldestAgeSeconds: s.OldestAge.Seconds(), Retrying: s.Retrying, Dead: s.Dead})
 			}
-			return a.print(rows, func(w io.Writer) {
-				fmt.Fprintln(w, "SCHEMA\tBACKLOG\tOLDEST UNSENT\tRETRYING")
-				for _, r := range rows {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%d\n", r.Schema, r.Backlog, fmtDuration(time.Duration(r.OldestAgeSeconds*float64(time.Second))), r.Retrying)
+			return a.print(out, func(w io.Writer) {
+				fmt.Fprintln(w, "SCHEMA\tBACKLOG\tOLDEST UNSENT\tRETRYING\tDEAD")
+				for _, r := range out.Schemas {
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\n", r.Schema, r.Backlog, fmtDuration(time.Duration(r.OldestAgeSeconds*float64(time.Second))), r.Retrying, r.Dead)
 				}
 			})
 		},
 	}
 	stats.Flags().BoolVar(&all, "all-schemas", false, "report every schema that has sagabox tables")
-	cmd.AddCommand(stats, a.outboxDeadCommand(), a.outboxRetryDeadCommand())
+	cmd.AddCommand(withJSON(stats), a.outboxDeadCommand(), a.outboxRetryDeadCommand())
 	return cmd
 }
 
@@ -82,32 +93,25 @@ func (a *app) inboxCommand() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			schemas, err := a.schemas(cmd.Context(), pool, all)
+			if recent <= 0 {
+				return withCode(ExitUsage, fmt.Errorf("--recent %s: want a positive duration", recent))
+			}
+			stores, err := a.messagingStores(cmd.Context(), pool, all)
 			if err != nil {
 				return err
 			}
-			type row struct {
-				Schema             string `json:"schema"`
-				Processed          int64  `json:"processed"`
-				Duplicates         int64  `json:"duplicates"`
-				DuplicatedMessages int64  `json:"duplicated_messages"`
-				RecentlyDuplicated int64  `json:"recently_duplicated"`
-			}
-			var rows []row
-			for _, schema := range schemas {
-				st, err := store.New(pool, schema)
-				if err != nil {
-					return withCode(ExitUsage, err)
-				}
+			out := view.InboxStatsList{Schemas: []view.InboxStats{}}
+			for _, st := range stores {
 				s, err := st.Executor().InboxStats(cmd.Context(), recent)
 				if err != nil {
 					return err
 				}
-				rows = append(rows, row{schema, s.Total, s.Duplicates, s.DuplicatedMessages, s.RecentlyDuplicated})
+				out.Schemas = append(out.Schemas, view.InboxStats{Schema: st.Schema(), Processed: s.Total, Duplicates: s.Duplicates,
+					DuplicatedMessages: s.DuplicatedMessages, RecentlyDuplicated: s.RecentlyDuplicated, RecentSeconds: recent.Seconds()})
 			}
-			return a.print(rows, func(w io.Writer) {
+			return a.print(out, func(w io.Writer) {
 				fmt.Fprintf(w, "SCHEMA\tPROCESSED\tDUPLICATES\tDUPLICATED MESSAGES\tDUPLICATED IN LAST %s\n", recent)
-				for _, r := range rows {
+				for _, r := range out.Schemas {
 					fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\n", r.Schema, r.Processed, r.Duplicates, r.DuplicatedMessages, r.RecentlyDuplicated)
 				}
 			})
@@ -115,6 +119,6 @@ func (a *app) inboxCommand() *cobra.Command {
 	}
 	stats.Flags().BoolVar(&all, "all-schemas", false, "report every schema that has sagabox tables")
 	stats.Flags().DurationVar(&recent, "recent", time.Hour, "window for recently duplicated messages")
-	cmd.AddCommand(stats)
+	cmd.AddCommand(withJSON(stats))
 	return cmd
 }

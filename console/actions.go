@@ -1,0 +1,171 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// maxReason is the longest reason an action accepts, in bytes.
+const maxReason = 2000
+
+// reasonOf returns the request's required reason.
+func reasonOf(r *http.Request) (string, error) {
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	switch {
+	case reason == "":
+		return "", errors.New("a reason is required: it is recorded with the action")
+	case len(reason) > maxReason:
+		return "", fmt.Errorf("the reason has %d bytes: at most %d", len(reason), maxReason)
+	}
+	return reason, nil
+}
+
+// actorOf returns who performs the request's action.
+func (c *console) actorOf(r *http.Request) (string, error) {
+	actor := strings.TrimSpace(c.cfg.Actor(r))
+	if actor == "" {
+		return "", errors.New("no actor: the console's Actor found nobody for this request")
+	}
+	return actor, nil
+}
+
+// sagaAction records an operator request (retry or abort) for a saga,
+// which a running orchestrator of the schema applies, and waits up to
+// ActionWait for it to be applied.
+func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not a saga id (a UUID)", r.PathValue("id")))
+		return
+	}
+	action := r.PathValue("action")
+	if action != "retry" && action != "abort" {
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("unknown action %q: want retry or abort", action))
+		return
+	}
+	reason, err := reasonOf(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	actor, err := c.actorOf(r)
+	if err != nil {
+		c.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	ctx := r.Context()
+	s, err := c.orch.Get(ctx, id)
+	if err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	// Refuse at once what the saga core would refuse: the request would
+	// only be recorded and refused later.
+	switch {
+	case action == "abort" && s.Status != saga.StatusRunning && s.Status != saga.StatusQueued:
+		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a running or queued saga can be aborted", id, s.Status))
+		return
+	case action == "retry" && s.Status != saga.StatusRunning && s.Status != saga.StatusCompensating && s.Status != saga.StatusFailed:
+		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a running, compensating or failed saga can be retried", id, s.Status))
+		return
+	}
+	ex := c.sagas.Executor()
+	op, err := ex.RequestOperation(ctx, id, action, actor, reason)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	c.log.Info("operator request recorded", "request_id", op.ID, "saga_id", id.String(), "action", action, "actor", actor, "reason", reason)
+	if op, err = c.waitApplied(ctx, ex, op); err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	flash := fmt.Sprintf("%s requested (request %d); no orchestrator of schema %s applied it within %s: it is pending", action, op.ID, c.cfg.Schema, c.cfg.ActionWait)
+	switch {
+	case !op.AppliedAt.IsZero() && op.Error != "":
+		flash = fmt.Sprintf("%s refused: %s", action, op.Error)
+	case !op.AppliedAt.IsZero():
+		flash = fmt.Sprintf("%s applied (request %d by %s)", action, op.ID, actor)
+	}
+	v := url.Values{"op": {strconv.FormatInt(op.ID, 10)}, "flash": {flash}}
+	http.Redirect(w, r, fmt.Sprintf("%s/sagas/%s?%s", c.cfg.BasePath, id, v.Encode()), http.StatusSeeOther)
+}
+
+// waitApplied polls request op until an orchestrator handled it or
+// ActionWait has passed.
+func (c *console) waitApplied(ctx context.Context, ex driver.Executor, op driver.Operation) (driver.Operation, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ActionWait)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for op.AppliedAt.IsZero() {
+		select {
+		case <-ctx.Done():
+			return op, nil
+		case <-tick.C:
+		}
+		next, err := ex.Operation(ctx, op.ID)
+		if errors.Is(err, context.DeadlineExceeded) {
+			return op, nil
+		}
+		if err != nil {
+			return op, err
+		}
+		op = next
+	}
+	return op, nil
+}
+
+// replay makes a dead outbox row unpublished again, so that the relay
+// publishes it, and logs it with the actor and the reason.
+func (c *console) replay(w http.ResponseWriter, r *http.Request) {
+	schema := r.PathValue("schema")
+	var ex driver.Executor
+	for _, sc := range c.schemas {
+		if sc.name == schema {
+			ex = sc.store.Executor()
+		}
+	}
+	if ex == nil {
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("schema %q is not one this console shows", schema))
+		return
+	}
+	row, err := strconv.ParseInt(r.PathValue("row"), 10, 64)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not an outbox row id", r.PathValue("row")))
+		return
+	}
+	reason, err := reasonOf(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	actor, err := c.actorOf(r)
+	if err != nil {
+		c.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	n, err := ex.OutboxDeadRetry(r.Context(), []int64{row})
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	if n == 0 {
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("outbox row %d of schema %s is not dead (replayed or deleted already?)", row, schema))
+		return
+	}
+	c.log.Warn("dead outbox row replayed by operator", "schema", schema, "outbox_id", row, "actor", actor, "reason", reason)
+	v := url.Values{"flash": {fmt.Sprintf("outbox row %d of schema %s replayed by %s: the relay publishes it again", row, schema, actor)}}
+	http.Redirect(w, r, c.cfg.BasePath+"/outbox?"+v.Encode(), http.StatusSeeOther)
+}

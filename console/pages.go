@@ -1,0 +1,373 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// pageNames are the templates of templates/, each rendered inside
+// layout.html.
+var pageNames = []string{"sagas", "saga", "outbox", "requests", "error"}
+
+func parsePages(funcs template.FuncMap) (map[string]*template.Template, error) {
+	pages := make(map[string]*template.Template, len(pageNames))
+	for _, name := range pageNames {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("parse template %s: %w", name, err)
+		}
+		pages[name] = t
+	}
+	return pages, nil
+}
+
+func (c *console) funcs() template.FuncMap {
+	return template.FuncMap{
+		"path": func(p string) string { return c.cfg.BasePath + p },
+		"time": func(t time.Time) string {
+			if t.IsZero() {
+				return "–"
+			}
+			return t.UTC().Format("2006-01-02 15:04:05.000")
+		},
+		"since": func(from, t time.Time) string {
+			if t.IsZero() {
+				return ""
+			}
+			return "+" + t.Sub(from).Round(time.Millisecond).String()
+		},
+		"age": func(d time.Duration) string {
+			if d == 0 {
+				return "–"
+			}
+			return d.Round(time.Millisecond).String()
+		},
+		"dash": func(s string) string {
+			if s == "" {
+				return "–"
+			}
+			return s
+		},
+	}
+}
+
+// page is what every template gets.
+type page struct {
+	Title        string
+	Nav          string
+	Schema       string
+	AllowActions bool
+	CSRF         string
+	Flash        string
+	Data         any
+}
+
+// render writes template name with data.
+func (c *console) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
+	p := page{Title: title, Nav: name, Schema: c.cfg.Schema, AllowActions: c.cfg.AllowActions, Data: data, Flash: r.URL.Query().Get("flash")}
+	if c.cfg.AllowActions {
+		tok, err := c.csrf.token(w, r)
+		if err != nil {
+			http.Error(w, "generate CSRF token: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		p.CSRF = tok
+	}
+	var buf bytes.Buffer
+	if err := c.pages[name].Execute(&buf, p); err != nil {
+		c.log.Error("render page", "page", name, "err", err)
+		http.Error(w, "render page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'none'; form-action 'self'; frame-ancestors 'none'")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// fail renders an error page with status.
+func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	if status >= 500 {
+		c.log.Error("console request failed", "path", r.URL.Path, "err", err)
+	}
+	c.render(w, r, status, "error", http.StatusText(status), struct {
+		Status int
+		Error  string
+	}{status, err.Error()})
+}
+
+// sagaFilter is the list's filter form.
+type sagaFilter struct {
+	Type, Status, Version, Key string
+	Overdue                    bool
+}
+
+func (f sagaFilter) query() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"type": f.Type, "status": f.Status, "version": f.Version, "key": f.Key} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if f.Overdue {
+		v.Set("overdue", "1")
+	}
+	return v
+}
+
+// sagaRow is one saga of the list.
+type sagaRow struct {
+	*orchestrator.Saga
+	Step    string
+	Overdue bool
+}
+
+func rowOf(s *orchestrator.Saga, now time.Time) sagaRow {
+	r := sagaRow{Saga: s}
+	if s.CurrentStep >= 0 && s.CurrentStep < len(s.Steps) && !s.Status.Terminal() {
+		r.Step = s.Steps[s.CurrentStep].Name
+	}
+	r.Overdue = !s.Deadline.IsZero() && s.Deadline.Before(now) && (s.Status == saga.StatusRunning || s.Status == saga.StatusCompensating)
+	return r
+}
+
+var statuses = []saga.Status{saga.StatusQueued, saga.StatusRunning, saga.StatusCompensating, saga.StatusCompleted, saga.StatusCompensated, saga.StatusFailed}
+
+func (c *console) sagaList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := sagaFilter{Type: strings.TrimSpace(q.Get("type")), Status: q.Get("status"), Version: strings.TrimSpace(q.Get("version")),
+		Key: q.Get("key"), Overdue: q.Get("overdue") != ""}
+	opts := &orchestrator.ListOpts{Type: f.Type, StartKey: f.Key, Overdue: f.Overdue, Limit: c.cfg.PageSize, After: q.Get("after")}
+	if f.Status != "" {
+		st := saga.Status(f.Status)
+		if !st.Valid() {
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("status %q: want one of %v", f.Status, statuses))
+			return
+		}
+		opts.Statuses = []saga.Status{st}
+	}
+	if f.Version != "" {
+		v, err := strconv.Atoi(f.Version)
+		if err != nil || v < 1 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("version %q: want a number from 1", f.Version))
+			return
+		}
+		opts.Version = v
+	}
+	res, err := c.orch.List(r.Context(), opts)
+	if err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	now := time.Now()
+	rows := make([]sagaRow, len(res.Sagas))
+	for i, s := range res.Sagas {
+		rows[i] = rowOf(s, now)
+	}
+	next := ""
+	if res.Cursor != "" {
+		v := f.query()
+		v.Set("after", res.Cursor)
+		next = c.cfg.BasePath + "/sagas?" + v.Encode()
+	}
+	first := ""
+	if opts.After != "" {
+		first = c.cfg.BasePath + "/sagas?" + f.query().Encode()
+	}
+	c.render(w, r, http.StatusOK, "sagas", "Sagas", struct {
+		Filter   sagaFilter
+		Statuses []saga.Status
+		Sagas    []sagaRow
+		Next     string
+		First    string
+	}{f, statuses, rows, next, first})
+}
+
+// statusOf maps a read error to an HTTP status.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, orchestrator.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, context.Canceled):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// barrierRow is one barrier mark, with the schema it is in.
+type barrierRow struct {
+	Schema string
+	driver.BarrierRecord
+}
+
+// historyRow is one history entry, with whether an operator made it.
+type historyRow struct {
+	saga.HistoryEntry
+	Seq      int
+	Operator bool
+}
+
+func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not a saga id (a UUID)", r.PathValue("id")))
+		return
+	}
+	ctx := r.Context()
+	s, err := c.orch.Get(ctx, id)
+	if err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	hist, err := c.orch.History(ctx, id)
+	if err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	rows := make([]historyRow, len(hist))
+	for i, h := range hist {
+		rows[i] = historyRow{HistoryEntry: h, Seq: i + 1, Operator: h.Actor != ""}
+	}
+	var marks []barrierRow
+	var markErrs []string
+	for _, sc := range c.schemas {
+		recs, err := sc.store.Executor().BarrierList(ctx, id)
+		if err != nil {
+			markErrs = append(markErrs, err.Error())
+			continue
+		}
+		for _, m := range recs {
+			marks = append(marks, barrierRow{Schema: sc.name, BarrierRecord: m})
+		}
+	}
+	pending, err := c.pendingFor(ctx, id)
+	if err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	var op *driver.Operation
+	if n, err := strconv.ParseInt(r.URL.Query().Get("op"), 10, 64); err == nil {
+		if o, err := c.sagas.Executor().Operation(ctx, n); err == nil && o.SagaID == id {
+			op = &o
+		}
+	}
+	data, _ := json.MarshalIndent(json.RawMessage(s.Data), "", "  ")
+	c.render(w, r, http.StatusOK, "saga", "Saga "+s.ID.String(), struct {
+		Saga      sagaRow
+		TraceID   string
+		Data      string
+		History   []historyRow
+		Barrier   []barrierRow
+		BarrierEr []string
+		Pending   []driver.Operation
+		Op        *driver.Operation
+		CanRetry  bool
+		CanAbort  bool
+	}{
+		Saga: rowOf(s, time.Now()), TraceID: traceID(s.TraceParent), Data: string(data), History: rows,
+		Barrier: marks, BarrierEr: markErrs, Pending: pending, Op: op,
+		CanRetry: s.Status == saga.StatusRunning || s.Status == saga.StatusCompensating || s.Status == saga.StatusFailed,
+		CanAbort: s.Status == saga.StatusRunning || s.Status == saga.StatusQueued,
+	})
+}
+
+// pendingFor returns the pending operator requests of saga id (among the
+// oldest pages of pending requests, which an orchestrator keeps short).
+func (c *console) pendingFor(ctx context.Context, id uuid.UUID) ([]driver.Operation, error) {
+	ops, err := c.sagas.Executor().OperationListPending(ctx, 0, 1000)
+	if err != nil {
+		return nil, err
+	}
+	var out []driver.Operation
+	for _, op := range ops {
+		if op.SagaID == id {
+			out = append(out, op)
+		}
+	}
+	return out, nil
+}
+
+// traceID is the trace id of a W3C traceparent ("00-<trace>-<span>-<flags>").
+func traceID(traceparent string) string {
+	parts := strings.Split(traceparent, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	return parts[1]
+}
+
+// schemaOutbox is the outbox page's section of one schema.
+type schemaOutbox struct {
+	Schema string
+	Error  string
+	Stats  driver.OutboxStats
+	Dead   []driver.OutboxDead
+	Inbox  []driver.Attempt
+}
+
+func (c *console) outbox(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	out := make([]schemaOutbox, 0, len(c.schemas))
+	for _, sc := range c.schemas {
+		so := schemaOutbox{Schema: sc.name}
+		ex := sc.store.Executor()
+		var err error
+		if so.Stats, err = ex.OutboxStats(ctx); err == nil {
+			if so.Dead, err = ex.OutboxDeadList(ctx, c.cfg.PageSize); err == nil {
+				so.Inbox, err = ex.AttemptList(ctx, true, c.cfg.PageSize)
+			}
+		}
+		if err != nil {
+			so.Error = err.Error()
+		}
+		out = append(out, so)
+	}
+	c.render(w, r, http.StatusOK, "outbox", "Outbox and dead letters", struct {
+		Schemas  []schemaOutbox
+		PageSize int
+	}{out, c.cfg.PageSize})
+}
+
+func (c *console) requests(w http.ResponseWriter, r *http.Request) {
+	var after int64
+	if s := r.URL.Query().Get("after"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("after %q: want a request id", s))
+			return
+		}
+		after = n
+	}
+	ops, err := c.sagas.Executor().OperationListPending(r.Context(), after, c.cfg.PageSize)
+	if err != nil {
+		c.fail(w, r, statusOf(err), err)
+		return
+	}
+	next := ""
+	if len(ops) == c.cfg.PageSize {
+		next = fmt.Sprintf("%s/requests?after=%d", c.cfg.BasePath, ops[len(ops)-1].ID)
+	}
+	c.render(w, r, http.StatusOK, "requests", "Pending operator requests", struct {
+		Requests []driver.Operation
+		Next     string
+		Paged    bool
+	}{ops, next, after != 0})
+}
