@@ -43,8 +43,9 @@ func (s *Service) sql(query string) string {
 	return strings.ReplaceAll(query, "payment.", pgx.Identifier{s.schema}.Sanitize()+".")
 }
 
-// Setup creates the service's business tables if they do not exist. The
-// schema itself is created by the sagabox migrations, which run first.
+// Setup creates the service's business tables, and its outside provider's
+// table, if they do not exist. The schema itself is created by the sagabox
+// migrations, which run first.
 func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	_, err := pool.Exec(ctx, s.sql(`
 		CREATE TABLE IF NOT EXISTS payment.account (
@@ -57,7 +58,16 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 			amount_cents bigint NOT NULL,
 			refunded     boolean NOT NULL DEFAULT false
 		);
-		ALTER TABLE payment.charge ADD COLUMN IF NOT EXISTS charge_id text NOT NULL DEFAULT '';`))
+		ALTER TABLE payment.charge ADD COLUMN IF NOT EXISTS charge_id text NOT NULL DEFAULT '';
+		-- The outside provider's own record of the operations it applied,
+		-- one per idempotency key (see Provider).
+		CREATE TABLE IF NOT EXISTS payment.provider_op (
+			key          text PRIMARY KEY,
+			status       text NOT NULL,
+			customer     text NOT NULL DEFAULT '',
+			amount_cents bigint NOT NULL DEFAULT 0,
+			charge_key   text NOT NULL DEFAULT ''
+		);`))
 	if err != nil {
 		return fmt.Errorf("payment: create tables: %w", err)
 	}

@@ -39,17 +39,9 @@ type ProviderStats struct {
 }
 
 // StartProvider starts the provider of s on a local port, keeping its
-// state in s's schema, and creates its table. Close stops it.
+// state in s's schema (its tables are created by Service.Setup). Close
+// stops it.
 func StartProvider(ctx context.Context, pool *pgxpool.Pool, s *Service) (*Provider, error) {
-	if _, err := pool.Exec(ctx, s.sql(`CREATE TABLE IF NOT EXISTS payment.provider_op (
-			key          text PRIMARY KEY,
-			status       text NOT NULL,
-			customer     text NOT NULL DEFAULT '',
-			amount_cents bigint NOT NULL DEFAULT 0,
-			charge_key   text NOT NULL DEFAULT ''
-		)`)); err != nil {
-		return nil, fmt.Errorf("payment provider: create table: %w", err)
-	}
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("payment provider: listen: %w", err)
