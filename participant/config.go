@@ -57,6 +57,22 @@ const (
 // and outgoing events); the orchestrator's is the same type.
 type RelayConfig = relay.Options
 
+// RelayMode is how the relay finds committed outbox rows
+// (RelayConfig.Mode); the orchestrator's is the same type.
+type RelayMode = relay.Mode
+
+// Relay modes (RelayConfig.Mode).
+const (
+	// RelayModePoll, the default, claims unpublished rows from the outbox
+	// table.
+	RelayModePoll = relay.ModePoll
+	// RelayModeLog reads the outbox's inserts from PostgreSQL's
+	// write-ahead log through a logical replication slot (wal_level =
+	// logical; create the slot with `sagabox relay setup-log`): no polling,
+	// no claim, one reader per slot with standbys. See docs/operations.md.
+	RelayModeLog = relay.ModeLog
+)
+
 // RetentionConfig says how long a Client keeps processed rows; the
 // orchestrator's is the same type (its Sagas field is the orchestrator's
 // only).

@@ -137,6 +137,11 @@ func (a *app) setup(ctx context.Context) error {
 		if err := svc.tables(ctx, a.pool); err != nil {
 			return err
 		}
+		if a.o.relayMode == string(orchestrator.RelayModeLog) {
+			if _, err := st.SetupOutboxLog(ctx); err != nil {
+				return fmt.Errorf("set up the log relay of %s: %w", name, err)
+			}
+		}
 	}
 	return nil
 }
@@ -151,7 +156,7 @@ func (a *app) services() []string {
 func (a *app) participant(name string, register func(*participant.Client), schema string) (*participant.Client, error) {
 	c, err := participant.NewClient(participant.Config{
 		Pool: a.pool, Schema: schema, Service: name, Broker: a.broker, Logger: a.log,
-		Relay:          participant.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Relay:          participant.RelayConfig{PollInterval: 200 * time.Millisecond, Mode: participant.RelayMode(a.o.relayMode)},
 		TracerProvider: a.obs.tracerProvider, MeterProvider: a.obs.meterProvider,
 	})
 	if err != nil {
@@ -165,7 +170,7 @@ func (a *app) orchestrator() (*orchestrator.Client, error) {
 	return orchestrator.NewClient(orchestrator.Config{
 		Pool: a.pool, Schema: a.orders.Schema(), Service: contract.ServiceOrders, Broker: a.broker,
 		Logger:         a.log,
-		Relay:          orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond},
+		Relay:          orchestrator.RelayConfig{PollInterval: 200 * time.Millisecond, Mode: orchestrator.RelayMode(a.o.relayMode)},
 		Admission:      orchestrator.AdmissionConfig{MaxRunning: a.o.maxRunning},
 		TracerProvider: a.obs.tracerProvider, MeterProvider: a.obs.meterProvider,
 	})

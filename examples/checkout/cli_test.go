@@ -128,7 +128,7 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated, "--json"}, db...)...)
 	require.Equal(t, exitOK, code)
 	var shown struct {
-		Status  saga.Status         `json:"Status"`
+		Status  saga.Status         `json:"status"`
 		History []saga.HistoryEntry `json:"history"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &shown))
@@ -138,24 +138,28 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	// stats of the services' outboxes and inboxes.
 	code, stdout, _ = sagabox(t, "outbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
 	require.Equal(t, exitOK, code)
-	var ostats []struct {
-		Schema  string `json:"schema"`
-		Backlog int64  `json:"backlog"`
+	var ostats struct {
+		Schemas []struct {
+			Schema  string `json:"schema"`
+			Backlog int64  `json:"backlog"`
+		} `json:"schemas"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &ostats))
 	require.Equal(t, []struct {
 		Schema  string `json:"schema"`
 		Backlog int64  `json:"backlog"`
-	}{{prefix + "inventory", 0}}, ostats, "every reply was published")
+	}{{prefix + "inventory", 0}}, ostats.Schemas, "every reply was published")
 	code, stdout, _ = sagabox(t, "inbox", "stats", "--json", "--database-url", flags[1], "--schema", prefix+"inventory")
 	require.Equal(t, exitOK, code)
-	var istats []struct {
-		Processed  int64 `json:"processed"`
-		Duplicates int64 `json:"duplicates"`
+	var istats struct {
+		Schemas []struct {
+			Processed  int64 `json:"processed"`
+			Duplicates int64 `json:"duplicates"`
+		} `json:"schemas"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &istats))
-	require.Len(t, istats, 1)
-	require.GreaterOrEqual(t, istats[0].Processed, int64(6), "every reserve (and release) was recorded")
+	require.Len(t, istats.Schemas, 1)
+	require.GreaterOrEqual(t, istats.Schemas[0].Processed, int64(6), "every reserve (and release) was recorded")
 
 	// Dead outbox rows: listed, retried, and an unknown id reported.
 	inv := []string{"--database-url", flags[1], "--schema", prefix + "inventory"}
@@ -167,15 +171,17 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 		RETURNING id`, prefix+"inventory")).Scan(&deadID))
 	code, stdout, stderr = sagabox(t, append([]string{"outbox", "dead", "--json"}, inv...)...)
 	require.Equal(t, exitOK, code, stderr)
-	var dead []struct {
-		ID     int64  `json:"id"`
-		Reason string `json:"reason"`
+	var dead struct {
+		Messages []struct {
+			ID     int64  `json:"id"`
+			Reason string `json:"reason"`
+		} `json:"messages"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &dead))
 	require.Equal(t, []struct {
 		ID     int64  `json:"id"`
 		Reason string `json:"reason"`
-	}{{deadID, "unroutable after 10 attempts: test"}}, dead)
+	}{{deadID, "unroutable after 10 attempts: test"}}, dead.Messages)
 	code, _, stderr = sagabox(t, append([]string{"outbox", "retry-dead", "--id", fmt.Sprint(deadID), "--delete"}, inv...)...)
 	require.Equal(t, exitOK, code, stderr)
 	code, _, _ = sagabox(t, append([]string{"outbox", "retry-dead", "--id", fmt.Sprint(deadID)}, inv...)...)
@@ -196,11 +202,6 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	require.Contains(t, stderr, "cannot reach PostgreSQL at 127.0.0.1:1")
 	require.NotContains(t, stderr, "s3cret")
 
-	// No orchestrator runs now: an operator request waits, and says so.
-	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test", "--wait", "300ms"}, db...)...)
-	require.Equal(t, exitPending, code, stderr)
-	require.Contains(t, stderr, "no orchestrator applied it")
-
 	// An orchestrator of the example's orders service, with inventory down:
 	// a new saga waits at its first step.
 	o, err := parseFlags(append(flags, "-service", "orders"), io.Discard)
@@ -212,11 +213,6 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	orch, err := a.orchestrator()
 	require.NoError(t, err)
 	require.NoError(t, orch.Register(a.orders.Saga))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- orch.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
-
 	stuck := func(id string) *orchestrator.Started {
 		started, err := a.orders.Place(context.Background(), a.pool, orch, orders.Order{
 			ID: id, Customer: "nobody", SKU: "none", Qty: 1, AmountCents: 100, Address: "x",
@@ -226,8 +222,18 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	}
 	toRetry, toAbort := stuck(prefix+"retry"), stuck(prefix+"abort")
 
-	// The compensated saga cannot be aborted: refused, exit 4 (the request
-	// left pending above is refused the same way).
+	// No orchestrator runs yet: an operator request waits, says so, and is
+	// withdrawn when its wait expires.
+	code, _, stderr = sagabox(t, append([]string{"saga", "abort", toAbort.ID.String(), "--reason", "test", "--wait", "300ms"}, db...)...)
+	require.Equal(t, exitPending, code, stderr)
+	require.Contains(t, stderr, "no orchestrator applied it")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- orch.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	// The compensated saga cannot be aborted: refused at once, exit 4.
 	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test"}, db...)...)
 	require.Equal(t, exitRefused, code, stderr)
 

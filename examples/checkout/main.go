@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/sagabox/sagabox/orchestrator"
 )
 
 func main() {
@@ -55,6 +57,7 @@ type options struct {
 	metricsAddr  string
 	trace        bool
 	verbose      bool
+	relayMode    string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -77,6 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at this address (e.g. :9464)")
 	fs.BoolVar(&o.trace, "trace", false, "print the spans of one saga's trace")
 	fs.BoolVar(&o.verbose, "v", false, "log at info level")
+	fs.StringVar(&o.relayMode, "relay-mode", "poll", "how the services' relays find their outbox rows: poll, or log (logical replication: needs wal_level = logical)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -84,6 +88,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case "all", "orders", "inventory", "payment", "shipping":
 	default:
 		return nil, fmt.Errorf("-service %q: want all, orders, inventory, payment or shipping", o.service)
+	}
+	if o.relayMode != string(orchestrator.RelayModePoll) && o.relayMode != string(orchestrator.RelayModeLog) {
+		return nil, fmt.Errorf("-relay-mode %q: want poll or log", o.relayMode)
 	}
 	if o.failRate < 0 || o.failRate > 1 {
 		return nil, fmt.Errorf("-fail-rate %v: want a fraction between 0 and 1", o.failRate)

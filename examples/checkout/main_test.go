@@ -367,3 +367,30 @@ func TestCheckoutFurtherOrdersInstance(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"-rate", "-1"}, io.Discard, &errOut))
 	require.Contains(t, errOut.String(), "-rate")
 }
+
+// The example runs with every service's relay in log mode (-relay-mode
+// log) on a private cluster with wal_level = logical: every saga ends as
+// planned and the business invariants hold.
+func TestCheckoutInLogRelayMode(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{Settings: map[string]string{"wal_level": "logical"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pg.Close()) })
+
+	var out, errOut lockedBuffer
+	args := append([]string{"-database-url", pg.URL(), "-orders", "30", "-fail-rate", "0.3", "-run-id", "logmode", "-relay-mode", "log"}, isolatedQueues(t)...)
+	code := run(ctx, args, &out, &errOut)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	s := parseSummary(t, out.String())
+	require.Equal(t, summary{sagas: 30, completed: s.completed, compensated: 30 - s.completed}, s, out.String())
+	require.Contains(t, out.String(), "invariants: OK")
+
+	pool, err := pgxpool.New(ctx, pg.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	var slots int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sagabox_%'`).Scan(&slots))
+	require.Equal(t, 4, slots, "one slot per service")
+}

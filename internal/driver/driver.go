@@ -222,6 +222,22 @@ type Executor interface {
 	// nil.
 	Listen(ctx context.Context, onNotify func()) error
 
+	// OpenOutboxLog opens a replication connection and starts streaming
+	// the publication's inserts into the outbox from the slot's confirmed
+	// position. It fails with an error wrapping ErrLogSlotBusy when another
+	// reader holds the slot, and says what to change when the server's
+	// wal_level is not logical or the slot or publication is missing.
+	OpenOutboxLog(ctx context.Context, slot, publication string) (OutboxLog, error)
+	// OutboxLogSetup creates the publication of the outbox's inserts and
+	// the logical replication slot (pgoutput) unless they exist, and
+	// reports whether it created the slot.
+	OutboxLogSetup(ctx context.Context, slot, publication string) (bool, error)
+	// OutboxLogDrop drops the slot (refused while a reader holds it) and
+	// the publication, those that exist.
+	OutboxLogDrop(ctx context.Context, slot, publication string) error
+	// OutboxLogStatus returns the state of the set-up and of the slot.
+	OutboxLogStatus(ctx context.Context, slot, publication string) (LogStatus, error)
+
 	// Prune deletes the rows r selects in small batches, each its own
 	// transaction of one round trip under the timeouts of background work.
 	Prune(ctx context.Context, r Retention) (Pruned, error)
@@ -271,3 +287,38 @@ type Executor interface {
 // ErrNotPending says an operator request was already applied, refused or
 // withdrawn.
 var ErrNotPending = errors.New("operator request is not pending")
+
+// OutboxLog reads the inserts into an outbox from PostgreSQL's
+// write-ahead log through a logical replication slot (pgoutput), over a
+// replication connection of its own. It is used by one goroutine.
+type OutboxLog interface {
+	// Next waits for the next committed rows, in commit order, up to max
+	// (a transaction larger than max spans several batches), or for the
+	// server's keepalive when idle; it then returns at once with what it has
+	// read. With wait above 0 it returns an empty batch when nothing came
+	// within wait.
+	Next(ctx context.Context, max int, wait time.Duration) (LogBatch, error)
+	// Confirm reports to the server that everything up to lsn is
+	// processed: the slot's confirmed flush position moves there and the
+	// server may recycle the log before it. With lsn 0 (or behind the last
+	// confirmed position) it repeats the last one, as a keepalive.
+	Confirm(ctx context.Context, lsn uint64) error
+	// Close closes the replication connection without confirming anything
+	// more.
+	Close(ctx context.Context) error
+}
+
+// ErrLogSlotBusy is the error OpenOutboxLog wraps when another reader holds
+// the replication slot: the caller stands by.
+var ErrLogSlotBusy = errors.New("the replication slot is in use by another reader")
+
+// LogNames returns the replication slot and the publication of schema's
+// outbox in log mode: both "sagabox_<schema>" (cut to PostgreSQL's 63
+// characters).
+func LogNames(schema string) (slot, publication string) {
+	n := "sagabox_" + schema
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n, n
+}

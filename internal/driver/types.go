@@ -392,3 +392,32 @@ type BarrierRecord struct {
 	ReplyKind message.Kind
 	CreatedAt time.Time
 }
+
+// LogBatch is what OutboxLog.Next read: rows in commit order, and how far
+// the slot may be confirmed once all of them are published.
+type LogBatch struct {
+	Rows []OutboxRow
+	// Through is the log position that may be confirmed once every row of
+	// Rows is published: the end of the last transaction completed in the
+	// batch, or, when the reader is idle (no transaction open, no row
+	// returned), the server's position; 0 when the batch completes no
+	// transaction (it is the head of a large one).
+	Through uint64
+}
+
+// LogStatus is the state of log mode's set-up and slot in the database.
+type LogStatus struct {
+	// WALLevel is the server's wal_level; log mode needs "logical".
+	WALLevel string
+	// PublicationExists and SlotExists say whether the publication and the
+	// replication slot exist.
+	PublicationExists, SlotExists bool
+	// Active is whether a reader holds the slot, ActivePID its backend.
+	Active    bool
+	ActivePID int
+	// LagBytes is how much write-ahead log the slot holds behind the
+	// server's current position (pg_current_wal_lsn - confirmed_flush_lsn).
+	LagBytes int64
+	// ConfirmedLSN is the slot's confirmed flush position.
+	ConfirmedLSN uint64
+}

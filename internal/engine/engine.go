@@ -189,12 +189,22 @@ type Loop func(ctx, workCtx context.Context)
 // loops), stops the relay and returns nil; or it returns the subscription's
 // error if the broker gives up on it.
 func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Loop) error {
+	if err := e.relay.Check(ctx); err != nil {
+		return err
+	}
 	gauges, err := e.cfg.Telemetry.RegisterOutboxGauges(e.cfg.DB)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = gauges.Unregister() }()
 	e.cfg.Telemetry.ZeroDeliveryCounters(ctx, e.cfg.Component, e.cfg.DB.Schema())
+	if slot, pub, ok := e.relay.LogSlot(); ok {
+		slotGauges, err := e.cfg.Telemetry.RegisterSlotGauges(e.cfg.DB, slot, pub)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = slotGauges.Unregister() }()
+	}
 
 	// Deliveries and loops run on workCtx, which outlives ctx by at most
 	// StopTimeout so that a shutdown lets transactions in flight finish.
@@ -242,12 +252,21 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 // for retention, plus the listener's own when the relay listens.
 func ConnsNeeded(workers int, relay relay.Options, loops int) int {
 	relay = relay.WithDefaults()
-	n := workers + relay.Workers + loops + 1
+	relayConns := relay.Workers
+	if relay.Mode == relayModeLog {
+		// One connection settles; the replication connection is its own.
+		relayConns = 1
+	}
+	n := workers + relayConns + loops + 1
 	if relay.Listen {
 		n++
 	}
 	return n
 }
+
+// relayModeLog is relay.ModeLog (the parameter of ConnsNeeded shadows the
+// package).
+const relayModeLog = relay.ModeLog
 
 // checkPool warns when the pool is smaller than what the engine can hold at
 // once: deliveries would queue for connections, a bottleneck that shows as

@@ -91,7 +91,28 @@ type Options struct {
 	// the participant's queue to exist. Defaults to
 	// DefaultUnroutableAttempts (10, about 40 s of backoff).
 	UnroutableAttempts int
+	// Mode is how the relay finds committed rows: ModePoll (the default)
+	// claims them from the outbox table; ModeLog reads their inserts from
+	// PostgreSQL's write-ahead log through a logical replication slot (see
+	// log.go and docs/operations.md). Workers, PollInterval, Listen and
+	// Lease apply to ModePoll only.
+	Mode Mode
+	// Slot and Publication name the replication slot and the publication of
+	// ModeLog. Default to LogNames of the schema.
+	Slot, Publication string
 }
+
+// Mode is how a relay finds committed outbox rows.
+type Mode string
+
+// Modes of a relay.
+const (
+	// ModePoll claims unpublished rows from the outbox table.
+	ModePoll Mode = "poll"
+	// ModeLog streams the outbox's inserts from the write-ahead log
+	// (logical replication, pgoutput), in commit order.
+	ModeLog Mode = "log"
+)
 
 // WithDefaults returns a copy of o with every zero field set to its default.
 func (o Options) WithDefaults() Options {
@@ -112,6 +133,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.UnroutableAttempts == 0 {
 		o.UnroutableAttempts = DefaultUnroutableAttempts
+	}
+	if o.Mode == "" {
+		o.Mode = ModePoll
 	}
 	return o
 }
@@ -136,6 +160,9 @@ func (o Options) Validate(name string) error {
 	}
 	if o.UnroutableAttempts < 1 {
 		f("UnroutableAttempts %d is less than 1", o.UnroutableAttempts)
+	}
+	if o.Mode != ModePoll && o.Mode != ModeLog {
+		f("Mode %q is neither %q nor %q", o.Mode, ModePoll, ModeLog)
 	}
 	if o.Lease <= o.PublishTimeout {
 		f("Lease %s must exceed PublishTimeout %s", o.Lease, o.PublishTimeout)
@@ -194,6 +221,15 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schem
 	if log == nil {
 		log = slog.Default()
 	}
+	if opts.Slot == "" || opts.Publication == "" {
+		slot, pub := LogNames(db.Schema())
+		if opts.Slot == "" {
+			opts.Slot = slot
+		}
+		if opts.Publication == "" {
+			opts.Publication = pub
+		}
+	}
 	host, _ := os.Hostname()
 	return &Relay{
 		opts:          opts,
@@ -220,6 +256,9 @@ func (r *Relay) Wake() {
 // Run publishes until ctx is cancelled, then lets batches in flight finish
 // (marking what was confirmed) and returns nil.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.opts.Mode == ModeLog {
+		return r.runLog(ctx)
+	}
 	var wg sync.WaitGroup
 	for range r.opts.Workers {
 		wg.Add(1)

@@ -200,7 +200,10 @@ func TestOptionsValidation(t *testing.T) {
 
 func TestGuaranteeAtomicOutboxOnlyCommittedRowsPublished(t *testing.T) {
 	t.Parallel()
-	s := dbtest.Store(t, store.LineMessaging)
+	forModes(t, testAtomicOutboxOnlyCommittedRowsPublished)
+}
+
+func testAtomicOutboxOnlyCommittedRowsPublished(t *testing.T, mode Mode, s *dbtest.DB) {
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
 	ctx := context.Background()
@@ -215,7 +218,7 @@ func TestGuaranteeAtomicOutboxOnlyCommittedRowsPublished(t *testing.T) {
 	require.ErrorContains(t, err, "abort")
 	committed := writeCommitted(t, s, events("ok", 0, 20))
 
-	r, _ := runRelay(t, testConfig{Store: s, Publisher: b})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: mode}})
 	r.Wake()
 	snk.waitDistinct(t, len(committed))
 	waitBacklogZero(t, s)
@@ -235,13 +238,19 @@ func TestGuaranteeAtomicOutboxOnlyCommittedRowsPublished(t *testing.T) {
 // them again (duplicates allowed).
 func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 	t.Parallel()
-	s := dbtest.Store(t, store.LineMessaging)
+	forModes(t, testNoLostMessageRelayCrashBetweenPublishAndMark)
+}
+
+// In log mode the crash comes between the broker's confirms and the
+// slot's confirmed position: the next reader streams from the last
+// confirmed position.
+func testNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T, mode Mode, s *dbtest.DB) {
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
 	ids := writeCommitted(t, s, events("k", 0, 30))
 
 	crashed := make(chan struct{})
-	r, err := New(s.Executor, b, Options{Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, Schema{}, amqptest.Logger(t))
+	r, err := New(s.Executor, b, Options{Mode: mode, Workers: 1, BatchSize: 10, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
 	var once sync.Once
 	r.testHookAfterPublish = func([]driver.OutboxRow) bool {
@@ -259,7 +268,7 @@ func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, len(ids), st.Backlog, "the crashed relay marked nothing")
 
-	_, _ = runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}})
+	_, _ = runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: mode, Lease: 1500 * time.Millisecond, PublishTimeout: time.Second}})
 	snk.waitDistinct(t, len(ids))
 	waitBacklogZero(t, s)
 	seen, order := snk.snapshot()
@@ -273,11 +282,14 @@ func TestGuaranteeNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T) {
 // published: the relay resumes on its own and every committed row arrives.
 func TestGuaranteeNoLostMessageConnectionClosedMidStream(t *testing.T) {
 	t.Parallel()
-	s := dbtest.Store(t, store.LineMessaging)
+	forModes(t, testNoLostMessageConnectionClosedMidStream)
+}
+
+func testNoLostMessageConnectionClosedMidStream(t *testing.T, mode Mode, s *dbtest.DB) {
 	cfg := amqptest.Config(t)
 	b := amqptest.NewBroker(t, cfg)
 	snk := newSink(t, b)
-	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{BatchSize: 20}})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: mode, BatchSize: 20}})
 
 	var ids []uuid.UUID
 	for i := range 20 {
@@ -471,10 +483,13 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 // lost.
 func TestKeyChainWrittenAfterEachPublishArrives(t *testing.T) {
 	t.Parallel()
-	s := dbtest.Store(t, store.LineMessaging)
+	forModes(t, testKeyChainWrittenAfterEachPublishArrives)
+}
+
+func testKeyChainWrittenAfterEachPublishArrives(t *testing.T, mode Mode, s *dbtest.DB) {
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 2, PollInterval: time.Hour}})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: mode, Workers: 2, PollInterval: time.Hour}})
 	const n = 60
 	for i := range n {
 		writeCommitted(t, s, events("chain", i, 1))

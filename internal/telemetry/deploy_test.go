@@ -33,6 +33,12 @@ func (fakeStats) SagaCountOpen(context.Context, []string) ([]driver.SagaCount, e
 	return nil, nil
 }
 func (fakeStats) OperationsPending(context.Context) (int64, error) { return 0, nil }
+func (fakeStats) SagaQueued(context.Context) ([]driver.QueuedCount, error) {
+	return []driver.QueuedCount{{Type: "checkout", Count: 1, Oldest: time.Now()}}, nil
+}
+func (fakeStats) OutboxLogStatus(context.Context, string, string) (driver.LogStatus, error) {
+	return driver.LogStatus{SlotExists: true}, nil
+}
 
 type nopPublisher struct{}
 
@@ -58,6 +64,8 @@ func exported(t *testing.T) (metrics, labels map[string]bool) {
 		func() error { _, err := tel.RegisterOutboxGauges(st); return err },
 		func() error { _, err := tel.RegisterOverdueGauge(st, time.Minute, time.Now); return err },
 		func() error { _, err := tel.RegisterSagaGauges(st, []string{"checkout"}); return err },
+		func() error { _, err := tel.RegisterQueuedGauges(st, time.Now); return err },
+		func() error { _, err := tel.RegisterSlotGauges(st, "sagabox_orders", "sagabox_orders"); return err },
 	} {
 		require.NoError(t, register())
 	}
@@ -65,6 +73,7 @@ func exported(t *testing.T) (metrics, labels map[string]bool) {
 	tel.ZeroSagaCounters(ctx, []string{"checkout"})
 	tel.Handled(ctx, "orders", "participant", "inventory.reserve", telemetry.OutcomeApplied)
 	tel.SagaFinished(ctx, "checkout", "completed", time.Second)
+	tel.SagaAdmitted(ctx, "checkout", time.Second)
 	tel.StepDone(ctx, "checkout", "reserve", "action", time.Second)
 	tel.HandlerDone(ctx, "orders", "inventory.reserve", "command", telemetry.HandlerOK, time.Millisecond)
 	require.NoError(t, tel.Publisher("orders", nopPublisher{}).Publish(ctx, command()))

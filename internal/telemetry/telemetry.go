@@ -32,6 +32,7 @@ const InstrumentationName = "github.com/sagabox/sagabox"
 // message id) go on spans only.
 const (
 	AttrSchema      = attribute.Key("sagabox.schema")
+	AttrSlot        = attribute.Key("sagabox.slot")
 	AttrSagaType    = attribute.Key("sagabox.saga_type")
 	AttrSagaID      = attribute.Key("sagabox.saga_id")
 	AttrSagaVersion = attribute.Key("sagabox.saga_version")
@@ -125,6 +126,8 @@ type Telemetry struct {
 	queueAge  metric.Float64ObservableGauge
 	open      metric.Int64ObservableGauge
 	requests  metric.Int64ObservableGauge
+	slotLag   metric.Int64ObservableGauge
+	slotUp    metric.Int64ObservableGauge
 }
 
 // Metric names, documented in docs/operations.md.
@@ -136,6 +139,8 @@ const (
 	MetricOutboxBacklog        = "sagabox.outbox.backlog"
 	MetricOutboxOldestAge      = "sagabox.outbox.oldest_age"
 	MetricOutboxDead           = "sagabox.outbox.dead"
+	MetricRelaySlotLag         = "sagabox.relay.slot.lag"
+	MetricRelaySlotActive      = "sagabox.relay.slot.active"
 	MetricInboxDuplicates      = "sagabox.inbox.duplicates"
 	MetricMessagesHandled      = "sagabox.messages.handled"
 	MetricDeadLetters          = "sagabox.dead_letters"
@@ -162,7 +167,8 @@ var MetricNames = []string{
 	MetricOutboxBacklog, MetricOutboxOldestAge, MetricOutboxDead, MetricInboxDuplicates, MetricMessagesHandled,
 	MetricDeadLetters, MetricRetries, MetricSagasStarted, MetricSagasFinished, MetricSagasOverdue,
 	MetricStepDuration, MetricSagaDuration, MetricDeadlinesFired, MetricSagasOpen, MetricOperatorPending,
-	MetricHandlerDuration,
+	MetricHandlerDuration, MetricAdmissionWait, MetricSagasQueued, MetricQueuedOldestAge,
+	MetricRelaySlotLag, MetricRelaySlotActive,
 }
 
 // Handler outcomes (AttrOutcome on sagabox.handler.duration).
@@ -280,7 +286,41 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 		metric.WithDescription("Running or compensating sagas whose deadline passed more than a grace period ago (the sweeper is not keeping up or not running).")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	if t.slotLag, err = t.meter.Int64ObservableGauge(MetricRelaySlotLag, metric.WithUnit("By"),
+		metric.WithDescription("Write-ahead log the relay's replication slot (log mode) holds behind the server's position: what a forgotten or stuck slot keeps on disk.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.slotUp, err = t.meter.Int64ObservableGauge(MetricRelaySlotActive, metric.WithUnit("{reader}"),
+		metric.WithDescription("1 when a relay reads the replication slot (log mode), 0 when none does.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
 	return t, nil
+}
+
+// RegisterSlotGauges reports, at every collection, the lag in bytes of
+// the replication slot of a relay in log mode and whether a reader holds
+// it. Unregister the returned registration when the client stops.
+func (t *Telemetry) RegisterSlotGauges(st driver.Executor, slot, publication string) (metric.Registration, error) {
+	attrs := metric.WithAttributes(AttrSchema.String(st.Schema()), AttrSlot.String(slot))
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		ls, err := st.OutboxLogStatus(ctx, slot, publication)
+		if err != nil || !ls.SlotExists {
+			return err
+		}
+		o.ObserveInt64(t.slotLag, ls.LagBytes, attrs)
+		active := int64(0)
+		if ls.Active {
+			active = 1
+		}
+		o.ObserveInt64(t.slotUp, active, attrs)
+		return nil
+	}, t.slotLag, t.slotUp)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register replication slot gauges: %w", err)
+	}
+	return reg, nil
 }
 
 // Tracer returns sagabox's tracer.

@@ -1,11 +1,14 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // clockTicks is USER_HZ, the unit of the times in /proc/<pid>/stat, which is
@@ -35,7 +38,26 @@ func (a cpuTimes) sub(b cpuTimes) cpuTimes {
 // postmaster's cutime, so the sum stays monotonic and the difference of two
 // readings is the CPU spent in between. Every process of those names on the
 // machine is counted, whoever caused its work.
-func readCPU() (cpuTimes, error) {
+func readCPU() (cpuTimes, error) { return readCPUServer(0) }
+
+// readCPUOf is readCPU with PostgreSQL's share limited to the server
+// behind pool (its postmaster and the postmaster's children), when it runs
+// on this machine: other servers' work does not count.
+func readCPUOf(ctx context.Context, pool *pgxpool.Pool) (cpuTimes, error) {
+	var backend int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return cpuTimes{}, fmt.Errorf("find the server's processes: %w", err)
+	}
+	postmaster, err := procPPID(fmt.Sprintf("/proc/%d/stat", backend))
+	if err != nil {
+		postmaster = 0 // not on this machine: count every postgres process
+	}
+	return readCPUServer(postmaster)
+}
+
+// readCPUServer is readCPU counting, when postmaster is not 0, only that
+// PostgreSQL server's processes.
+func readCPUServer(postmaster int) (cpuTimes, error) {
 	var t cpuTimes
 	_, self, err := procStat("/proc/self/stat")
 	if err != nil {
@@ -55,6 +77,12 @@ func readCPU() (cpuTimes, error) {
 			continue // the process exited meanwhile
 		}
 		switch {
+		case comm == "postgres" && postmaster != 0:
+			if pid, _ := strconv.Atoi(e.Name()); pid == postmaster {
+				t.Postgres += used
+			} else if ppid, err := procPPID("/proc/" + e.Name() + "/stat"); err == nil && ppid == postmaster {
+				t.Postgres += used
+			}
 		case comm == "postgres":
 			t.Postgres += used
 		case rabbitComms[comm]:
@@ -62,6 +90,21 @@ func readCPU() (cpuTimes, error) {
 		}
 	}
 	return t, nil
+}
+
+// procPPID returns the parent PID in the stat file path.
+func procPPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	closing := strings.LastIndexByte(s, ')')
+	fields := strings.Fields(s[closing+1:])
+	if closing < 0 || len(fields) < 2 {
+		return 0, fmt.Errorf("parse %s: no ppid", path)
+	}
+	return strconv.Atoi(fields[1])
 }
 
 // procStat returns the comm of the process whose stat file is path and its

@@ -44,6 +44,10 @@ type RelayConfig struct {
 	// LatencyRate, when positive, replaces the rate of the latency
 	// measurements (by default half the saturated rate).
 	LatencyRate float64
+	// Modes are the relay modes measured side by side, in this order;
+	// default relay.ModePoll only. relay.ModeLog needs a server with
+	// wal_level = logical.
+	Modes []relay.Mode
 	// Log receives progress lines.
 	Log io.Writer
 }
@@ -60,6 +64,25 @@ type RelayReport struct {
 	Latency        Percentiles
 	LatencyOldRows Percentiles
 	ProcessedRows  int
+	// Modes are the drain and latency of each relay mode measured, in
+	// the order of RelayConfig.Modes; DrainPerSec and Latency above are the
+	// first mode's.
+	Modes []ModeReport
+}
+
+// ModeReport is what RunRelay measured of one relay mode.
+type ModeReport struct {
+	Mode        relay.Mode
+	DrainPerSec float64
+	// DrainCPU is the CPU time per drained message of PostgreSQL (the
+	// server's postmaster and its children), RabbitMQ (every RabbitMQ
+	// process on the machine) and this process (the relay and the sink
+	// consumer), from /proc.
+	DrainCPU cpuTimes
+	// LatencyRatePerSec is the rate of its latency run: half its drain
+	// rate, or RelayConfig.LatencyRate.
+	LatencyRatePerSec float64
+	Latency           Percentiles
 }
 
 // Percentiles of commit→consume latency.
@@ -186,23 +209,38 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		return nil, err
 	}
 
-	// 3. Drain a pre-filled backlog.
-	logf("drain: pre-filling %d rows", cfg.Backlog)
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.sagabox_outbox (message_id, ordering_key, kind, type, routing_key, payload)
-		SELECT gen_random_uuid(), g::text, 'event', 'bench.event', 'bench.event', '{"n":0}'::bytea FROM generate_series(1, %d) g`,
-		pgx.Identifier{schema}.Sanitize(), cfg.Backlog)); err != nil {
-		return nil, fmt.Errorf("pre-fill backlog: %w", err)
+	// 3 and 4, per mode: drain a pre-filled backlog, then commit→consume
+	// latency at half the saturated rate of the whole path (the slower of
+	// the relay's drain and the database's commits).
+	modes := cfg.Modes
+	if len(modes) == 0 {
+		modes = []relay.Mode{relay.ModePoll}
 	}
-	// No ANALYZE: the claim's plan must stay bounded by the batch on a
-	// backlog the planner has never seen, as after an outage.
+	polling := false
+	for _, mode := range modes {
+		mr, stop, err := measureMode(ctx, cfg, mode, pool, st, broker, &consumed, arrivals, waitConsumed, drainArrivals, rep.RawCommitPerSec, logf)
+		if err != nil {
+			return nil, err
+		}
+		stop()
+		rep.Modes = append(rep.Modes, mr)
+		if mode == modes[0] {
+			rep.DrainPerSec, rep.Latency, rep.LatencyRatePerSec = mr.DrainPerSec, mr.Latency, mr.LatencyRatePerSec
+		}
+		polling = polling || mode == relay.ModePoll
+	}
+	if rep.RawHop, err = measureRawHop(ctx, broker, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+		return nil, err
+	}
+	if !polling {
+		return rep, nil
+	}
 	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, relay.Schema{}, quiet)
 	if err != nil {
 		return nil, err
 	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
-	base = consumed.Load()
-	start = time.Now()
 	go func() { relayDone <- rl.Run(relayCtx) }()
 	defer func() {
 		stopRelay()
@@ -210,33 +248,6 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 			logf("relay stopped with an error: %v", err)
 		}
 	}()
-	if err := waitConsumed(base+int64(cfg.Backlog), 5*time.Minute); err != nil {
-		return nil, fmt.Errorf("drain: %w", err)
-	}
-	rep.DrainPerSec = float64(cfg.Backlog) / time.Since(start).Seconds()
-	drainArrivals()
-	// Steady state for the latency runs: the drain left 100,000 dead
-	// tuples behind, which autovacuum would otherwise clean up during them.
-	if _, err := pool.Exec(ctx, fmt.Sprintf("DELETE FROM %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
-		return nil, err
-	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
-		return nil, err
-	}
-
-	// 4. Commit→consume latency at half the saturated rate of the whole
-	// path: the slower of the relay's drain and the database's commits.
-	rep.LatencyRatePerSec = min(rep.DrainPerSec, rep.RawCommitPerSec) / 2
-	if cfg.LatencyRate > 0 {
-		rep.LatencyRatePerSec = cfg.LatencyRate
-	}
-	logf("latency: %.0f msg/s for %s", rep.LatencyRatePerSec, cfg.Duration)
-	if rep.RawHop, err = measureRawHop(ctx, broker, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
-		return nil, err
-	}
-	if rep.Latency, err = measureLatency(ctx, pool, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
-		return nil, err
-	}
 
 	// 5. The same with a large backlog of old published rows.
 	logf("latency with %d old published rows", cfg.ProcessedRows)
@@ -254,6 +265,101 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		return nil, err
 	}
 	return rep, nil
+}
+
+// measureMode drains a backlog of cfg.Backlog rows (written in
+// transactions of 1,000) with a relay in mode, with the CPU it cost, then
+// measures commit→consume latency at half the saturated rate. It returns
+// how to stop the relay (and, in log mode, drop its slot).
+func measureMode(ctx context.Context, cfg RelayConfig, mode relay.Mode, pool *pgxpool.Pool, st *store.Store, broker *rabbitmq.Broker,
+	consumed *atomic.Int64, arrivals <-chan uuid.UUID, waitConsumed func(int64, time.Duration) error, drainArrivals func(),
+	rawCommitPerSec float64, logf func(string, ...any),
+) (ModeReport, func(), error) {
+	mr := ModeReport{Mode: mode}
+	schema := pgx.Identifier{st.Schema()}.Sanitize()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	opts := relay.Options{Mode: mode, BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}
+	slot, pub := relay.LogNames(st.Schema())
+	cleanup := func() {}
+	if mode == relay.ModeLog {
+		if _, err := st.Executor().OutboxLogSetup(ctx, slot, pub); err != nil {
+			return mr, nil, err
+		}
+		cleanup = func() {
+			if err := st.Executor().OutboxLogDrop(context.WithoutCancel(ctx), slot, pub); err != nil {
+				logf("drop the replication slot: %v", err)
+			}
+		}
+	}
+	logf("%s relay drain: pre-filling %d rows", mode, cfg.Backlog)
+	for done := 0; done < cfg.Backlog; done += 1000 {
+		n := min(1000, cfg.Backlog-done)
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.sagabox_outbox (message_id, ordering_key, kind, type, routing_key, payload)
+			SELECT gen_random_uuid(), g::text, 'event', 'bench.event', 'bench.event', '{"n":0}'::bytea FROM generate_series(1, %d) g`,
+			schema, n)); err != nil {
+			cleanup()
+			return mr, nil, fmt.Errorf("pre-fill backlog: %w", err)
+		}
+	}
+	// No ANALYZE: the claim's plan must stay bounded by the batch on a
+	// backlog the planner has never seen, as after an outage.
+	rl, err := relay.New(st.Executor(), broker, opts, relay.Schema{}, quiet)
+	if err != nil {
+		cleanup()
+		return mr, nil, err
+	}
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	stop := func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			logf("relay stopped with an error: %v", err)
+		}
+		cleanup()
+	}
+	base := consumed.Load()
+	cpu0, err := readCPUOf(ctx, pool)
+	if err != nil {
+		cleanup()
+		return mr, nil, err
+	}
+	start := time.Now()
+	go func() { relayDone <- rl.Run(relayCtx) }()
+	if err := waitConsumed(base+int64(cfg.Backlog), 5*time.Minute); err != nil {
+		stop()
+		return mr, nil, fmt.Errorf("%s drain: %w", mode, err)
+	}
+	mr.DrainPerSec = float64(cfg.Backlog) / time.Since(start).Seconds()
+	cpu1, err := readCPUOf(ctx, pool)
+	if err != nil {
+		stop()
+		return mr, nil, err
+	}
+	used := cpu1.sub(cpu0)
+	n := time.Duration(cfg.Backlog)
+	mr.DrainCPU = cpuTimes{Postgres: used.Postgres / n, RabbitMQ: used.RabbitMQ / n, Go: used.Go / n}
+	drainArrivals()
+	// Steady state for the latency runs: the drain left its dead tuples
+	// (and, polling, its rows) behind, which autovacuum would otherwise
+	// clean up during them.
+	if _, err := pool.Exec(ctx, fmt.Sprintf("DELETE FROM %s.sagabox_outbox", schema)); err != nil {
+		stop()
+		return mr, nil, err
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", schema)); err != nil {
+		stop()
+		return mr, nil, err
+	}
+	mr.LatencyRatePerSec = min(mr.DrainPerSec, rawCommitPerSec) / 2
+	if cfg.LatencyRate > 0 {
+		mr.LatencyRatePerSec = cfg.LatencyRate
+	}
+	logf("%s relay latency: %.0f msg/s for %s", mode, mr.LatencyRatePerSec, cfg.Duration)
+	if mr.Latency, err = measureLatency(ctx, pool, st, rl, arrivals, mr.LatencyRatePerSec, cfg.Duration); err != nil {
+		stop()
+		return mr, nil, err
+	}
+	return mr, stop, nil
 }
 
 func benchMessage(n int) message.Message {
@@ -374,6 +480,7 @@ func measureHops(ctx context.Context, arrivals <-chan uuid.UUID, rate float64, d
 
 // Print writes the report with each rate as a ratio of its ceiling.
 func (r *RelayReport) Print(w io.Writer) {
+	defer r.printModes(w)
 	fmt.Fprintf(w, "raw RabbitMQ publish, pipelined confirms : %8.0f msg/s  (baseline)\n", r.RawPublishPerSec)
 	fmt.Fprintf(w, "raw single-row insert commits             : %8.0f tx/s   (baseline)\n", r.RawCommitPerSec)
 	fmt.Fprintf(w, "relay drain of a pre-filled backlog        : %8.0f msg/s  = %.2f × raw publish\n", r.DrainPerSec, r.DrainPerSec/r.RawPublishPerSec)
@@ -385,5 +492,20 @@ func (r *RelayReport) Print(w io.Writer) {
 	}
 	if r.Latency.P50 > 0 {
 		fmt.Fprintf(w, "p50 with old rows / p50 without           : %.2f\n", float64(r.LatencyOldRows.P50)/float64(r.Latency.P50))
+	}
+}
+
+// printModes writes the modes side by side, when more than one was measured.
+func (r *RelayReport) printModes(w io.Writer) {
+	if len(r.Modes) < 2 {
+		return
+	}
+	fmt.Fprintln(w, "")
+	fmt.Fprintln(w, "mode  drain msg/s  × raw publish  CPU µs/msg: PostgreSQL  RabbitMQ  relay+sink  latency rate  p50       p99")
+	for _, m := range r.Modes {
+		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
+		fmt.Fprintf(w, "%-4s  %11.0f  %13.2f  %21.1f  %8.1f  %10.1f  %12.0f  %-8v  %v\n", m.Mode, m.DrainPerSec, m.DrainPerSec/r.RawPublishPerSec,
+			us(m.DrainCPU.Postgres), us(m.DrainCPU.RabbitMQ), us(m.DrainCPU.Go), m.LatencyRatePerSec,
+			m.Latency.P50.Round(10*time.Microsecond), m.Latency.P99.Round(10*time.Microsecond))
 	}
 }

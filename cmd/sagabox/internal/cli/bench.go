@@ -10,12 +10,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/bench"
+	relaypkg "github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
 func (a *app) benchCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure sagabox on this machine"}
 	cfg := bench.RelayConfig{}
+	var modes []string
 	relay := &cobra.Command{
 		Use:   "relay",
 		Short: "Relay throughput and latency as ratios of raw publish and commit rates measured in the same run",
@@ -23,6 +25,15 @@ func (a *app) benchCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.DatabaseURL = a.databaseURL
 			cfg.Log = a.stderr
+			cfg.Modes = nil
+			for _, m := range modes {
+				switch m := relaypkg.Mode(m); m {
+				case relaypkg.ModePoll, relaypkg.ModeLog:
+					cfg.Modes = append(cfg.Modes, m)
+				default:
+					return withCode(ExitUsage, fmt.Errorf("--mode %q: want poll or log (or both: --mode poll,log)", m))
+				}
+			}
 			rep, err := bench.RunRelay(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -37,6 +48,7 @@ func (a *app) benchCommand() *cobra.Command {
 	relay.Flags().IntVar(&cfg.CommitWriters, "writers", 16, "concurrent writers in the raw commit measurement")
 	relay.Flags().DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each timed measurement")
 	relay.Flags().IntVar(&cfg.ProcessedRows, "old-rows", 1_000_000, "old published rows for the flat-latency measurement")
+	relay.Flags().StringSliceVar(&modes, "mode", []string{"poll"}, "relay modes to measure side by side: poll, log (needs wal_level = logical), or poll,log")
 	relay.Flags().Float64Var(&cfg.LatencyRate, "latency-rate", 0, "messages per second of the latency measurements (default: half the saturated rate)")
 	sagaCfg := bench.SagaConfig{}
 	var queueType, cpuProfile string
