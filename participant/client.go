@@ -39,6 +39,10 @@ type Client struct {
 	// delivery handled (not given up on) committed, and before the relay is
 	// woken and the delivery acked.
 	testHookAfterCommit func(d *transport.Delivery)
+	// testHookAfterCall, when set, runs after an outside handler's call
+	// returned and before its outcome is recorded; an error it returns ends
+	// the delivery there, as a crash would.
+	testHookAfterCall func(d *transport.Delivery) error
 }
 
 // NewClient validates cfg and returns a Client. It does not connect to

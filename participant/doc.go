@@ -30,6 +30,20 @@
 // Handlers can send messages of their own, in the same transaction, with
 // Client.Publish (see NewEvent).
 //
+// # Handlers that call an outside system
+//
+// A step whose effect is in a system outside the database (a payment
+// provider) is registered with HandleOutsideCommand and
+// HandleOutsideCompensation instead. Its delivery takes two transactions:
+// the inbox entry and the barrier mark are committed "started" before the
+// call; the call runs outside any transaction with an idempotency key of the
+// saga step and phase (IdempotencyKey) that every redelivery and re-send
+// shares; a second transaction records its outcome, the reply and the
+// entry "done". A duplicate of a done message calls nothing; a message whose
+// entry is still "started" (a crash between the call and the second
+// commit) calls again with the same key and OutsideRequest.Resumed set. A
+// compensation that arrives while its action is "started" waits for it.
+//
 // # One transaction per delivery
 //
 // For each delivery the Client, in one transaction: records the message id

@@ -94,6 +94,9 @@ type handler struct {
 	decode func(payload []byte) (any, error)
 	// call runs the user's function; reply is the success reply payload.
 	call func(ctx context.Context, tx pgx.Tx, env *message.Envelope, data any, attempt int) (reply []byte, err error)
+	// outside is set, instead of call, for a handler that calls an outside
+	// system (HandleOutsideCommand, HandleOutsideCompensation).
+	outside *outsideHandler
 }
 
 type handlerKey struct {

@@ -31,10 +31,23 @@ type processor struct{ c *Client }
 // inbox record and the barrier mark go out with BEGIN, the reply and the
 // mark's outcome with COMMIT, and the handler runs in between, under a
 // savepoint.
+//
+// A message of an outside handler (HandleOutsideCommand) takes two
+// transactions instead, around its outside call (deliverOutside).
 func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt int) (engine.Result, error) {
-	t := p.c.db.Begin()
-	defer t.Rollback(ctx)
-	res, err := p.c.deliver(ctx, t, d, attempt)
+	h, data, poison := p.c.dispatch(d)
+	if poison != nil {
+		return engine.Result{}, poison
+	}
+	var res engine.Result
+	var err error
+	if h.outside != nil {
+		res, err = p.c.deliverOutside(ctx, d, h, data, attempt)
+	} else {
+		t := p.c.db.Begin()
+		defer t.Rollback(ctx)
+		res, err = p.c.deliver(ctx, t, d, h, data, attempt)
+	}
 	if err == nil && p.c.testHookAfterCommit != nil {
 		p.c.testHookAfterCommit(d)
 	}
@@ -46,15 +59,21 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 // subtransaction of the batch's, and the batch commits once. A delivery
 // that fails is rolled back to its savepoint, leaving the others' work in
 // place, and is deferred: the engine processes it again on its own, with
-// its retries and dead-lettering.
+// its retries and dead-lettering. So is a message of an outside handler,
+// which needs transactions of its own, and a poison message.
 func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
 	c := p.c
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
 	results := make([]engine.Result, len(items))
 	for i, it := range items {
+		h, data, poison := c.dispatch(it.Delivery)
+		if poison != nil || h.outside != nil {
+			results[i].Defer = true
+			continue
+		}
 		sub := t.Sub()
-		res, err := c.deliver(it.Ctx, sub, it.Delivery, 1)
+		res, err := c.deliver(it.Ctx, sub, it.Delivery, h, data, 1)
 		sub.Rollback(it.Ctx)
 		if err != nil {
 			results[i].Defer = true
@@ -78,11 +97,7 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 // deliver handles d in t, committing t: the inbox record and the barrier
 // mark go out with t's first statement, the reply and the mark's outcome
 // with its commit, and the handler runs in between, under a savepoint.
-func (c *Client) deliver(ctx context.Context, t driver.Tx, d *transport.Delivery, attempt int) (engine.Result, error) {
-	h, data, poison := c.dispatch(d)
-	if poison != nil {
-		return engine.Result{}, poison
-	}
+func (c *Client) deliver(ctx context.Context, t driver.Tx, d *transport.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
 	del, err := c.db.BeginDelivery(ctx, t, &d.Envelope, blockedReply(d))
 	if err != nil {
 		return engine.Result{}, err
@@ -186,6 +201,10 @@ func (c *Client) compensation(ctx context.Context, t driver.Tx, d *transport.Del
 	case driver.BarrierBlocked:
 		end.Mark, note = &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
 			"null compensation: the action never ran here"
+	case driver.BarrierStarted:
+		// The action calls an outside system and its outcome is not
+		// recorded yet: wait for it rather than guess.
+		return engine.Result{}, errActionInFlight(d)
 	default:
 		end.Mark, note = &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
 			"nothing to compensate: the action was "+string(del.Action)
@@ -210,9 +229,21 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	c := p.c
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	fresh, err := c.db.RecordInbox(ctx, t, &d.Envelope)
-	if err != nil {
-		return engine.Result{}, err
+	h := c.lookup(d.Kind, d.Type)
+	outside := h != nil && h.outside != nil
+	fresh := false
+	var err error
+	if outside {
+		// An entry left "started" by the call given up on is this
+		// message's, not a duplicate.
+		if fresh, err = c.db.SettleStarted(ctx, t, &d.Envelope); err != nil {
+			return engine.Result{}, err
+		}
+	}
+	if !fresh {
+		if fresh, err = c.db.RecordInbox(ctx, t, &d.Envelope); err != nil {
+			return engine.Result{}, err
+		}
 	}
 	if !fresh {
 		return c.finish(ctx, t, d, nil, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
@@ -222,6 +253,11 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	}
 	failure := encodeFailure(saga.Failure{Reason: poison.Reason, Code: poison.Code})
 	var end driver.DeliveryEnd
+	if outside {
+		c.log.Error("outside call given up on: whether the outside system acted is unknown; check it with the idempotency key",
+			"message_id", d.MessageID.String(), "type", d.Type, "saga_id", d.SagaID.String(), "step", d.Step,
+			"idempotency_key", IdempotencyKey(d.SagaID, d.Step, d.Kind.Phase()))
+	}
 	switch d.Kind {
 	case message.KindCommand:
 		left, err := c.db.LeaveBarrier(ctx, t, &d.Envelope, driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure})
@@ -234,14 +270,22 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 			if err != nil {
 				return engine.Result{}, err
 			}
-			end.Reply = c.reply(ctx, d, prior.ReplyKind, prior.ReplyPayload)
+			if prior.Outcome != driver.BarrierStarted {
+				end.Reply = c.reply(ctx, d, prior.ReplyKind, prior.ReplyPayload)
+			}
 		}
 	case message.KindCompensation:
 		// A compensation that failed for good leaves no mark, so that an
 		// operator's retry runs it again, unless one succeeded already.
 		end.Reply = c.reply(ctx, d, message.KindReplyFailure, failure)
+		if outside {
+			if err := c.db.DropStartedMark(ctx, t, &d.Envelope); err != nil {
+				return engine.Result{}, err
+			}
+		}
 		prior, err := c.db.Barrier(ctx, t, &d.Envelope, message.PhaseCompensation)
 		switch {
+		case err == nil && prior.Outcome == driver.BarrierStarted:
 		case err == nil:
 			end.Reply = c.reply(ctx, d, prior.ReplyKind, prior.ReplyPayload)
 		case !errors.Is(err, message.ErrNotFound):

@@ -5,8 +5,10 @@
 -- name: InboxRecord :one
 -- Records a message in the inbox: how a plain event's delivery begins, and how
 -- a delivery given up on is recorded. fresh is false for a message processed
--- before, which counts itself as a duplicate instead. A concurrent delivery of
--- the same message waits here for the first one's transaction to end.
+-- before, which counts itself as a duplicate instead; an entry left 'started'
+-- (an outside call given up on) is fresh, and marked 'done'. A concurrent
+-- delivery of the same message waits here for the first one's transaction to
+-- end.
 INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
 VALUES (
     @message_id::uuid, @kind::text, @type::text,
@@ -24,20 +26,30 @@ RETURNING (xmax = 0)::boolean AS fresh;
 -- compensation left first); outcome and reply are then that mark's. A
 -- concurrent action or compensation of the same step waits here for the
 -- other's transaction to end, then sees its mark.
+-- With @started (a handler that calls an outside system) the inbox entry is
+-- left 'started' and the mark 'started': both are committed before the call.
+-- A message whose entry is still 'started' is no duplicate but resumed: it
+-- counts an attempt, and its mark is its own.
 WITH inbox AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
-    VALUES (@message_id::uuid, 'command', @type::text, @saga_id::uuid, @step::text)
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)
+    VALUES (@message_id::uuid, 'command', @type::text, @saga_id::uuid, @step::text,
+            CASE WHEN @started::boolean THEN 'started' ELSE 'done' END)
     ON CONFLICT (message_id) DO UPDATE
-    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
-    RETURNING (xmax = 0) AS fresh
+    SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
+        attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
+    RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome)
-    SELECT @saga_id::uuid, @step::text, 'action', @message_id::uuid, 'applied'
+    SELECT @saga_id::uuid, @step::text, 'action', @message_id::uuid,
+           CASE WHEN @started::boolean THEN 'started' ELSE 'applied' END
     FROM inbox WHERE inbox.fresh
     ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 )
 SELECT inbox.fresh::boolean AS fresh,
+       (NOT inbox.fresh AND inbox.state = 'started')::boolean AS resumed,
+       inbox.attempt::integer AS inbox_attempt,
        coalesce(mark.inserted, false)::boolean AS marked,
        coalesce(mark.outcome, '')::text AS outcome,
        coalesce(mark.reply_kind, '')::text AS reply_kind,
@@ -53,14 +65,18 @@ FROM inbox LEFT JOIN mark ON true;
 -- action_blocked says the action never ran here (it will not be applied
 -- should it arrive), action_outcome is the action's outcome otherwise.
 WITH inbox AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
-    VALUES (@message_id::uuid, 'compensation', @type::text, @saga_id::uuid, @step::text)
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)
+    VALUES (@message_id::uuid, 'compensation', @type::text, @saga_id::uuid, @step::text,
+            CASE WHEN @started::boolean THEN 'started' ELSE 'done' END)
     ON CONFLICT (message_id) DO UPDATE
-    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
-    RETURNING (xmax = 0) AS fresh
+    SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
+        attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
+    RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT @saga_id::uuid, @step::text, 'compensation', @message_id::uuid, 'applied', 'reply-success', '{}'::bytea
+    SELECT @saga_id::uuid, @step::text, 'compensation', @message_id::uuid,
+           CASE WHEN @started::boolean THEN 'started' ELSE 'applied' END, 'reply-success', '{}'::bytea
     FROM inbox WHERE inbox.fresh
     ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
@@ -72,6 +88,8 @@ WITH inbox AS (
     RETURNING (xmax = 0) AS inserted, b.outcome
 )
 SELECT inbox.fresh::boolean AS fresh,
+       (NOT inbox.fresh AND inbox.state = 'started')::boolean AS resumed,
+       inbox.attempt::integer AS inbox_attempt,
        coalesce(mark.inserted, false)::boolean AS marked,
        coalesce(mark.outcome, '')::text AS outcome,
        coalesce(mark.reply_kind, '')::text AS reply_kind,
@@ -82,12 +100,18 @@ FROM inbox LEFT JOIN mark ON true LEFT JOIN action ON true;
 
 -- name: DeliveryFinish :exec
 -- Finishes a delivery: sets the outcome and reply of the barrier mark it left
--- (when @set_mark) and writes its reply to the outbox (an empty @message_id
+-- (when @set_mark), marks the inbox entry of @inbox_message_id 'done' (when
+-- @settle_inbox: a delivery that began 'started' and ends in the same
+-- transaction) and writes its reply to the outbox (an empty @message_id
 -- array writes none). Sent with COMMIT.
 WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
     SET outcome = @outcome::text, reply_kind = @reply_kind::text, reply_payload = @reply_payload::bytea
     WHERE @set_mark::boolean AND saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text
+), done AS (
+    UPDATE /* TEMPLATE: schema */sagabox_inbox
+    SET state = 'done'
+    WHERE @settle_inbox::boolean AND message_id = @inbox_message_id::uuid AND state = 'started'
 )
 INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
     message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -120,10 +144,31 @@ WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text;
 
 -- name: BarrierInsert :execrows
 -- Leaves a mark of (saga, step, phase) with its final outcome and reply, for a
--- delivery given up on. Zero rows means a mark was there already.
-INSERT INTO /* TEMPLATE: schema */sagabox_barrier (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+-- delivery given up on, or completes the 'started' mark the same message left
+-- (an outside call given up on). Zero rows means another mark was there
+-- already.
+INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
 VALUES (@saga_id::uuid, @step::text, @phase::text, @message_id::uuid, @outcome::text, @reply_kind::text, @reply_payload::bytea)
-ON CONFLICT (saga_id, step, phase) DO NOTHING;
+ON CONFLICT (saga_id, step, phase) DO UPDATE
+SET outcome = excluded.outcome, reply_kind = excluded.reply_kind, reply_payload = excluded.reply_payload
+WHERE b.outcome = 'started' AND b.message_id = excluded.message_id;
+
+-- name: BarrierDropStarted :exec
+-- Removes the 'started' mark a compensation given up on left before its
+-- outside call, so that an operator's retry runs it again.
+DELETE FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text
+  AND outcome = 'started' AND message_id = @message_id::uuid;
+
+-- name: DeliveryResume :one
+-- Begins the transaction that records an outside call's result (or gives the
+-- message up): marks the message's 'started' inbox entry 'done' and locks it.
+-- No row means another delivery of the message recorded it first (or gave it
+-- up), or none began it. A concurrent delivery of the message waits here.
+UPDATE /* TEMPLATE: schema */sagabox_inbox
+SET state = 'done'
+WHERE message_id = @message_id::uuid AND state = 'started'
+RETURNING attempt;
 
 -- name: BarrierListBySaga :many
 -- The marks saga @saga_id left at this participant (its primary key's

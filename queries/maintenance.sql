@@ -15,7 +15,7 @@ WHERE id IN (
 DELETE FROM /* TEMPLATE: schema */sagabox_inbox
 WHERE message_id IN (
     SELECT message_id FROM /* TEMPLATE: schema */sagabox_inbox
-    WHERE received_at < @received_before::timestamptz
+    WHERE received_at < @received_before::timestamptz AND state = 'done'
     ORDER BY received_at
     LIMIT @max::integer
 );

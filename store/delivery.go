@@ -27,26 +27,41 @@ const handlerSavepoint = "sagabox_handler"
 // message, or of the same step's action and compensation, waits for the
 // other's transaction to end.
 func (s *executor) BeginDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
+	return s.beginDelivery(ctx, t, env, blockedReply, false)
+}
+
+// BeginOutsideDelivery is BeginDelivery for a handler that calls an outside
+// system: the inbox entry and the barrier mark it leaves are "started", so
+// that t can commit before the call, and a message whose entry is still
+// "started" is resumed, not a duplicate. It begins no savepoint.
+func (s *executor) BeginOutsideDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
+	return s.beginDelivery(ctx, t, env, blockedReply, true)
+}
+
+func (s *executor) beginDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte, started bool) (*driver.Delivery, error) {
 	db := txOf(t).execThen("savepoint " + handlerSavepoint)
+	if started {
+		db = txOf(t).exec(ctx, false)
+	}
 	d := &driver.Delivery{}
 	var err error
 	switch env.Kind {
 	case message.KindCommand:
 		var r *dbsqlc.DeliveryBeginActionRow
 		r, err = s.queries.DeliveryBeginAction(ctx, db, &dbsqlc.DeliveryBeginActionParams{
-			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Step: env.Step,
+			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Step: env.Step, Started: started,
 		})
 		if err == nil {
-			d.Duplicate, d.Marked = !r.Fresh, r.Marked
+			d.Duplicate, d.Marked, d.Resumed, d.Attempt = !r.Fresh && !r.Resumed, r.Marked, r.Resumed, int(r.InboxAttempt)
 			d.Prior = driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}
 		}
 	case message.KindCompensation:
 		var r *dbsqlc.DeliveryBeginCompensationRow
 		r, err = s.queries.DeliveryBeginCompensation(ctx, db, &dbsqlc.DeliveryBeginCompensationParams{
-			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Step: env.Step, BlockedReply: blockedReply,
+			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Step: env.Step, BlockedReply: blockedReply, Started: started,
 		})
 		if err == nil {
-			d.Duplicate, d.Marked = !r.Fresh, r.Marked
+			d.Duplicate, d.Marked, d.Resumed, d.Attempt = !r.Fresh && !r.Resumed, r.Marked, r.Resumed, int(r.InboxAttempt)
 			d.Prior = driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}
 			d.Action = driver.BarrierOutcome(r.ActionOutcome)
 			if r.ActionBlocked {
@@ -61,11 +76,53 @@ func (s *executor) BeginDelivery(ctx context.Context, t driver.Tx, env *message.
 	if err != nil {
 		return nil, fmt.Errorf("begin delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}
-	if d.Marked {
+	if d.Marked || d.Resumed {
 		d.Prior = driver.BarrierMark{}
 	}
-	d.Tx = &handlerTx{Tx: txOf(t).tx, t: txOf(t)}
+	d.Tx = &handlerTx{Tx: txOf(t).tx, t: txOf(t), closed: started}
 	return d, nil
+}
+
+// ResumeDelivery begins t, the transaction that records the outcome of the
+// outside call of env, in one round trip with BEGIN: it marks env's
+// "started" inbox entry "done", locks it, and ends with the handler's
+// savepoint. Delivery.Duplicate is set when the entry was not "started".
+func (s *executor) ResumeDelivery(ctx context.Context, t driver.Tx, env *message.Envelope) (*driver.Delivery, error) {
+	n, err := s.queries.DeliveryResume(ctx, txOf(t).execThen("savepoint "+handlerSavepoint), env.MessageID)
+	d := &driver.Delivery{Marked: true, Resumed: true, Attempt: int(n)}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		d.Duplicate, d.Marked = true, false
+	case err != nil:
+		return nil, fmt.Errorf("resume delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
+	}
+	d.Tx = &handlerTx{Tx: txOf(t).tx, t: txOf(t), closed: d.Duplicate}
+	return d, nil
+}
+
+// SettleStarted marks env's inbox entry "done" in t if it was left
+// "started", and reports whether it was.
+func (s *executor) SettleStarted(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
+	_, err := s.queries.DeliveryResume(ctx, txOf(t).exec(ctx, false), env.MessageID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("settle started inbox entry of message %s in schema %q: %w", env.MessageID, s.schema, err)
+	}
+	return true, nil
+}
+
+// DropStartedMark removes, in t, the "started" mark env left in its phase,
+// if it is still there.
+func (s *executor) DropStartedMark(ctx context.Context, t driver.Tx, env *message.Envelope) error {
+	err := s.queries.BarrierDropStarted(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierDropStartedParams{
+		SagaID: env.SagaID, Step: env.Step, Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
+	})
+	if err != nil {
+		return fmt.Errorf("drop started %s mark of saga %s step %q in schema %q: %w", env.Kind.Phase(), env.SagaID, env.Step, s.schema, err)
+	}
+	return nil
 }
 
 func inboxParams(env *message.Envelope) *dbsqlc.InboxRecordParams {
@@ -87,11 +144,12 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		}
 		h.closed = true
 	}
-	if end.Mark == nil && end.Reply == nil {
+	if end.Mark == nil && end.Reply == nil && !end.Settle {
 		return t.Commit(ctx)
 	}
 	p := &dbsqlc.DeliveryFinishParams{
 		SagaID: env.SagaID, Step: env.Step, Phase: string(env.Kind.Phase()),
+		SettleInbox: end.Settle, InboxMessageID: env.MessageID,
 		MessageID: []uuid.UUID{}, OrderingKey: []string{}, Kind: []string{}, Type: []string{}, RoutingKey: []string{},
 		ReplySagaID: []uuid.UUID{}, SagaType: []string{}, ReplyStep: []string{}, StepIndex: []int32{}, Attempt: []int32{},
 		ReplyTo: []string{}, CorrelationID: []string{}, Traceparent: []string{}, Tracestate: []string{},

@@ -206,6 +206,12 @@ func (a *app) run(ctx context.Context) error {
 			}
 		case "payment":
 			var c *participant.Client
+			var provider *payment.Provider
+			if provider, err = payment.StartProvider(ctx, a.pool, a.payment); err != nil {
+				break
+			}
+			defer func() { _ = provider.Close() }()
+			a.payment.UseProvider(provider.URL())
 			if c, err = a.participant(name, a.payment.Register, a.payment.Schema()); err == nil {
 				runners = append(runners, c)
 				err = plan.seedPayment(ctx, a.pool, a.payment)

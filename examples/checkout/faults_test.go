@@ -80,6 +80,11 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 		pay:  payment.New(prefix + contract.ServicePayment),
 		ship: shipping.New(prefix + contract.ServiceShipping),
 	}
+	// The payment service charges through the example's outside provider.
+	provider, err := payment.StartProvider(t.Context(), pool, cf.pay)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = provider.Close() })
+	cf.pay.UseProvider(provider.URL())
 	cf.register = cf.pay.Register
 	cf.rmq.Logger = nil
 	t.Cleanup(func() {

@@ -154,6 +154,27 @@ type Executor interface {
 	// delivery of the same message, or of the same step's action and
 	// compensation, waits for the other's transaction to end.
 	BeginDelivery(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
+	// BeginOutsideDelivery is BeginDelivery for a handler that calls an
+	// outside system: the inbox entry is left "started", and so is the
+	// barrier mark when the message leaves it, so that t can be committed
+	// before the call. A message whose entry is still "started" (its
+	// delivery died, or failed, after that commit) is no duplicate:
+	// Delivery.Resumed is set and the entry counts an attempt. It begins no
+	// savepoint.
+	BeginOutsideDelivery(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
+	// ResumeDelivery begins t, the transaction that records the outcome of
+	// the outside call of env, in one round trip with BEGIN: it marks env's
+	// "started" inbox entry "done", locks it, and ends with the savepoint the
+	// handler's writes run in. Delivery.Duplicate is set when the entry was
+	// not "started" (another delivery of env recorded it first): t must
+	// change nothing then. End it with FinishDelivery.
+	ResumeDelivery(ctx context.Context, t Tx, env *message.Envelope) (*Delivery, error)
+	// SettleStarted marks env's inbox entry "done" in t if it was left
+	// "started" (an outside call given up on), and reports whether it was.
+	SettleStarted(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
+	// DropStartedMark removes, in t, the "started" mark env left in its
+	// phase, if it is still there (a compensation given up on).
+	DropStartedMark(ctx context.Context, t Tx, env *message.Envelope) error
 	// FinishDelivery ends d, the delivery of env begun in t (nil: one given
 	// up on, begun with RecordInbox), as end says, and commits t, in one
 	// round trip.
@@ -169,7 +190,9 @@ type Executor interface {
 	// the order they were left.
 	BarrierList(ctx context.Context, id uuid.UUID) ([]BarrierRecord, error)
 	// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
-	// phase unless one is there, and reports whether it did.
+	// phase unless one is there, and reports whether it did. A "started"
+	// mark that env itself left (an outside call given up on) is completed
+	// with mark.
 	LeaveBarrier(ctx context.Context, t Tx, env *message.Envelope, mark BarrierMark) (bool, error)
 
 	// RecordAttempt counts one failed processing attempt of env, with its

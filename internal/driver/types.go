@@ -331,6 +331,10 @@ const (
 	// BarrierBlocked: an action mark left by a compensation that came first;
 	// the action, should it arrive, is not applied.
 	BarrierBlocked BarrierOutcome = "blocked"
+	// BarrierStarted: a phase whose handler calls an outside system, marked
+	// before the call and committed; the outcome is not known yet. A
+	// compensation waits for its action to leave this state.
+	BarrierStarted BarrierOutcome = "started"
 )
 
 // Delivery is what BeginDelivery found for one message at a participant.
@@ -349,6 +353,12 @@ type Delivery struct {
 	// compensation left the action's mark itself, so that a late action is
 	// not applied).
 	Action BarrierOutcome
+	// Resumed is true for a message of an outside handler whose inbox entry
+	// was left "started" by an earlier delivery: its call is made again.
+	Resumed bool
+	// Attempt is, for an outside handler's message, how many times its
+	// outside call was begun, this one included.
+	Attempt int
 	// Tx is the transaction the handler runs in: a savepoint of the
 	// delivery's, begun in the same round trip. Its Commit and Rollback end
 	// the savepoint, never the delivery.
@@ -373,6 +383,9 @@ type DeliveryEnd struct {
 	Mark *BarrierMark
 	// Reply, when set, is written to the outbox (it is prepared in place).
 	Reply *message.Message
+	// Settle marks the message's "started" inbox entry "done": an outside
+	// handler's delivery that ends in the transaction that began it.
+	Settle bool
 }
 
 // BarrierRecord is one barrier mark as stored, for inspection.

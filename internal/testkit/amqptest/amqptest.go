@@ -172,16 +172,22 @@ func NewBroker(t testing.TB, cfg rabbitmq.Config) *rabbitmq.Broker {
 // their dead-letter and retry queues) declared through b.
 func DeleteTopology(t testing.TB, b *rabbitmq.Broker) {
 	t.Helper()
-	conn, err := amqp.Dial(URL(t))
+	if err := RemoveTopology(URL(t), b); err != nil {
+		t.Errorf("amqptest: %v", err)
+	}
+}
+
+// RemoveTopology is DeleteTopology on the broker at url, for code without a
+// testing.TB (a runnable example).
+func RemoveTopology(url string, b *rabbitmq.Broker) error {
+	conn, err := amqp.Dial(url)
 	if err != nil {
-		t.Errorf("amqptest: delete topology: %v", err)
-		return
+		return fmt.Errorf("delete topology: %w", err)
 	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {
-		t.Errorf("amqptest: delete topology: %v", err)
-		return
+		return fmt.Errorf("delete topology: %w", err)
 	}
 	defer func() { _ = ch.Close() }()
 	for _, q := range b.DeclaredQueues() {
@@ -191,17 +197,16 @@ func DeleteTopology(t testing.TB, b *rabbitmq.Broker) {
 		}
 		for _, name := range names {
 			if _, err := ch.QueueDelete(name, false, false, false); err != nil {
-				t.Errorf("amqptest: delete queue %s: %v", name, err)
-				return
+				return fmt.Errorf("delete queue %s: %w", name, err)
 			}
 		}
 	}
 	for _, x := range []string{transport.ExchangeCommands, transport.ExchangeReplies, transport.ExchangeEvents, rabbitmq.ExchangeDeadLetter} {
 		if err := ch.ExchangeDelete(b.ExchangeName(x), false, false); err != nil {
-			t.Errorf("amqptest: delete exchange %s: %v", b.ExchangeName(x), err)
-			return
+			return fmt.Errorf("delete exchange %s: %w", b.ExchangeName(x), err)
 		}
 	}
+	return nil
 }
 
 // Dial opens a raw connection to the test broker, closed on cleanup.

@@ -12,6 +12,31 @@ import (
 	"github.com/google/uuid"
 )
 
+const barrierDropStarted = `-- name: BarrierDropStarted :exec
+DELETE FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = $1::uuid AND step = $2::text AND phase = $3::text
+  AND outcome = 'started' AND message_id = $4::uuid
+`
+
+type BarrierDropStartedParams struct {
+	SagaID    uuid.UUID
+	Step      string
+	Phase     string
+	MessageID uuid.UUID
+}
+
+// Removes the 'started' mark a compensation given up on left before its
+// outside call, so that an operator's retry runs it again.
+func (q *Queries) BarrierDropStarted(ctx context.Context, db DBTX, arg *BarrierDropStartedParams) error {
+	_, err := db.Exec(ctx, barrierDropStarted,
+		arg.SagaID,
+		arg.Step,
+		arg.Phase,
+		arg.MessageID,
+	)
+	return err
+}
+
 const barrierGet = `-- name: BarrierGet :one
 SELECT saga_id, step, phase, message_id, outcome, reply_kind, reply_payload, created_at FROM /* TEMPLATE: schema */sagabox_barrier
 WHERE saga_id = $1::uuid AND step = $2::text AND phase = $3::text
@@ -41,9 +66,11 @@ func (q *Queries) BarrierGet(ctx context.Context, db DBTX, arg *BarrierGetParams
 }
 
 const barrierInsert = `-- name: BarrierInsert :execrows
-INSERT INTO /* TEMPLATE: schema */sagabox_barrier (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
 VALUES ($1::uuid, $2::text, $3::text, $4::uuid, $5::text, $6::text, $7::bytea)
-ON CONFLICT (saga_id, step, phase) DO NOTHING
+ON CONFLICT (saga_id, step, phase) DO UPDATE
+SET outcome = excluded.outcome, reply_kind = excluded.reply_kind, reply_payload = excluded.reply_payload
+WHERE b.outcome = 'started' AND b.message_id = excluded.message_id
 `
 
 type BarrierInsertParams struct {
@@ -57,7 +84,9 @@ type BarrierInsertParams struct {
 }
 
 // Leaves a mark of (saga, step, phase) with its final outcome and reply, for a
-// delivery given up on. Zero rows means a mark was there already.
+// delivery given up on, or completes the 'started' mark the same message left
+// (an outside call given up on). Zero rows means another mark was there
+// already.
 func (q *Queries) BarrierInsert(ctx context.Context, db DBTX, arg *BarrierInsertParams) (int64, error) {
 	result, err := db.Exec(ctx, barrierInsert,
 		arg.SagaID,
@@ -114,19 +143,25 @@ func (q *Queries) BarrierListBySaga(ctx context.Context, db DBTX, sagaID uuid.UU
 
 const deliveryBeginAction = `-- name: DeliveryBeginAction :one
 WITH inbox AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
-    VALUES ($1::uuid, 'command', $2::text, $3::uuid, $4::text)
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)
+    VALUES ($1::uuid, 'command', $2::text, $3::uuid, $4::text,
+            CASE WHEN $5::boolean THEN 'started' ELSE 'done' END)
     ON CONFLICT (message_id) DO UPDATE
-    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
-    RETURNING (xmax = 0) AS fresh
+    SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
+        attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
+    RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome)
-    SELECT $3::uuid, $4::text, 'action', $1::uuid, 'applied'
+    SELECT $3::uuid, $4::text, 'action', $1::uuid,
+           CASE WHEN $5::boolean THEN 'started' ELSE 'applied' END
     FROM inbox WHERE inbox.fresh
     ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 )
 SELECT inbox.fresh::boolean AS fresh,
+       (NOT inbox.fresh AND inbox.state = 'started')::boolean AS resumed,
+       inbox.attempt::integer AS inbox_attempt,
        coalesce(mark.inserted, false)::boolean AS marked,
        coalesce(mark.outcome, '')::text AS outcome,
        coalesce(mark.reply_kind, '')::text AS reply_kind,
@@ -139,10 +174,13 @@ type DeliveryBeginActionParams struct {
 	Type      string
 	SagaID    uuid.UUID
 	Step      string
+	Started   bool
 }
 
 type DeliveryBeginActionRow struct {
 	Fresh        bool
+	Resumed      bool
+	InboxAttempt int32
 	Marked       bool
 	Outcome      string
 	ReplyKind    string
@@ -156,16 +194,23 @@ type DeliveryBeginActionRow struct {
 // compensation left first); outcome and reply are then that mark's. A
 // concurrent action or compensation of the same step waits here for the
 // other's transaction to end, then sees its mark.
+// With @started (a handler that calls an outside system) the inbox entry is
+// left 'started' and the mark 'started': both are committed before the call.
+// A message whose entry is still 'started' is no duplicate but resumed: it
+// counts an attempt, and its mark is its own.
 func (q *Queries) DeliveryBeginAction(ctx context.Context, db DBTX, arg *DeliveryBeginActionParams) (*DeliveryBeginActionRow, error) {
 	row := db.QueryRow(ctx, deliveryBeginAction,
 		arg.MessageID,
 		arg.Type,
 		arg.SagaID,
 		arg.Step,
+		arg.Started,
 	)
 	var i DeliveryBeginActionRow
 	err := row.Scan(
 		&i.Fresh,
+		&i.Resumed,
+		&i.InboxAttempt,
 		&i.Marked,
 		&i.Outcome,
 		&i.ReplyKind,
@@ -176,25 +221,31 @@ func (q *Queries) DeliveryBeginAction(ctx context.Context, db DBTX, arg *Deliver
 
 const deliveryBeginCompensation = `-- name: DeliveryBeginCompensation :one
 WITH inbox AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
-    VALUES ($1::uuid, 'compensation', $2::text, $3::uuid, $4::text)
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)
+    VALUES ($1::uuid, 'compensation', $2::text, $3::uuid, $4::text,
+            CASE WHEN $5::boolean THEN 'started' ELSE 'done' END)
     ON CONFLICT (message_id) DO UPDATE
-    SET duplicates = i.duplicates + 1, last_duplicate_at = now()
-    RETURNING (xmax = 0) AS fresh
+    SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
+        attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
+    RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT $3::uuid, $4::text, 'compensation', $1::uuid, 'applied', 'reply-success', '{}'::bytea
+    SELECT $3::uuid, $4::text, 'compensation', $1::uuid,
+           CASE WHEN $5::boolean THEN 'started' ELSE 'applied' END, 'reply-success', '{}'::bytea
     FROM inbox WHERE inbox.fresh
     ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 ), action AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT $3::uuid, $4::text, 'action', $1::uuid, 'blocked', 'reply-failure', $5::bytea
+    SELECT $3::uuid, $4::text, 'action', $1::uuid, 'blocked', 'reply-failure', $6::bytea
     FROM mark WHERE mark.inserted
     ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome
 )
 SELECT inbox.fresh::boolean AS fresh,
+       (NOT inbox.fresh AND inbox.state = 'started')::boolean AS resumed,
+       inbox.attempt::integer AS inbox_attempt,
        coalesce(mark.inserted, false)::boolean AS marked,
        coalesce(mark.outcome, '')::text AS outcome,
        coalesce(mark.reply_kind, '')::text AS reply_kind,
@@ -209,11 +260,14 @@ type DeliveryBeginCompensationParams struct {
 	Type         string
 	SagaID       uuid.UUID
 	Step         string
+	Started      bool
 	BlockedReply []byte
 }
 
 type DeliveryBeginCompensationRow struct {
 	Fresh         bool
+	Resumed       bool
+	InboxAttempt  int32
 	Marked        bool
 	Outcome       string
 	ReplyKind     string
@@ -235,11 +289,14 @@ func (q *Queries) DeliveryBeginCompensation(ctx context.Context, db DBTX, arg *D
 		arg.Type,
 		arg.SagaID,
 		arg.Step,
+		arg.Started,
 		arg.BlockedReply,
 	)
 	var i DeliveryBeginCompensationRow
 	err := row.Scan(
 		&i.Fresh,
+		&i.Resumed,
+		&i.InboxAttempt,
 		&i.Marked,
 		&i.Outcome,
 		&i.ReplyKind,
@@ -255,6 +312,10 @@ WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
     SET outcome = $18::text, reply_kind = $19::text, reply_payload = $20::bytea
     WHERE $21::boolean AND saga_id = $22::uuid AND step = $23::text AND phase = $24::text
+), done AS (
+    UPDATE /* TEMPLATE: schema */sagabox_inbox
+    SET state = 'done'
+    WHERE $25::boolean AND message_id = $26::uuid AND state = 'started'
 )
 INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
     message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -282,34 +343,38 @@ SELECT
 `
 
 type DeliveryFinishParams struct {
-	MessageID     []uuid.UUID
-	OrderingKey   []string
-	Kind          []string
-	Type          []string
-	RoutingKey    []string
-	ReplySagaID   []uuid.UUID
-	SagaType      []string
-	ReplyStep     []string
-	StepIndex     []int32
-	Attempt       []int32
-	ReplyTo       []string
-	CorrelationID []string
-	Traceparent   []string
-	Tracestate    []string
-	Headers       [][]byte
-	Payload       [][]byte
-	CreatedAt     []time.Time
-	Outcome       string
-	ReplyKind     string
-	ReplyPayload  []byte
-	SetMark       bool
-	SagaID        uuid.UUID
-	Step          string
-	Phase         string
+	MessageID      []uuid.UUID
+	OrderingKey    []string
+	Kind           []string
+	Type           []string
+	RoutingKey     []string
+	ReplySagaID    []uuid.UUID
+	SagaType       []string
+	ReplyStep      []string
+	StepIndex      []int32
+	Attempt        []int32
+	ReplyTo        []string
+	CorrelationID  []string
+	Traceparent    []string
+	Tracestate     []string
+	Headers        [][]byte
+	Payload        [][]byte
+	CreatedAt      []time.Time
+	Outcome        string
+	ReplyKind      string
+	ReplyPayload   []byte
+	SetMark        bool
+	SagaID         uuid.UUID
+	Step           string
+	Phase          string
+	SettleInbox    bool
+	InboxMessageID uuid.UUID
 }
 
 // Finishes a delivery: sets the outcome and reply of the barrier mark it left
-// (when @set_mark) and writes its reply to the outbox (an empty @message_id
+// (when @set_mark), marks the inbox entry of @inbox_message_id 'done' (when
+// @settle_inbox: a delivery that began 'started' and ends in the same
+// transaction) and writes its reply to the outbox (an empty @message_id
 // array writes none). Sent with COMMIT.
 func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFinishParams) error {
 	_, err := db.Exec(ctx, deliveryFinish,
@@ -337,8 +402,28 @@ func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFini
 		arg.SagaID,
 		arg.Step,
 		arg.Phase,
+		arg.SettleInbox,
+		arg.InboxMessageID,
 	)
 	return err
+}
+
+const deliveryResume = `-- name: DeliveryResume :one
+UPDATE /* TEMPLATE: schema */sagabox_inbox
+SET state = 'done'
+WHERE message_id = $1::uuid AND state = 'started'
+RETURNING attempt
+`
+
+// Begins the transaction that records an outside call's result (or gives the
+// message up): marks the message's 'started' inbox entry 'done' and locks it.
+// No row means another delivery of the message recorded it first (or gave it
+// up), or none began it. A concurrent delivery of the message waits here.
+func (q *Queries) DeliveryResume(ctx context.Context, db DBTX, messageID uuid.UUID) (int32, error) {
+	row := db.QueryRow(ctx, deliveryResume, messageID)
+	var attempt int32
+	err := row.Scan(&attempt)
+	return attempt, err
 }
 
 const inboxRecord = `-- name: InboxRecord :one
@@ -366,8 +451,10 @@ type InboxRecordParams struct {
 // handler's own statements, and a Finish statement sent with COMMIT.
 // Records a message in the inbox: how a plain event's delivery begins, and how
 // a delivery given up on is recorded. fresh is false for a message processed
-// before, which counts itself as a duplicate instead. A concurrent delivery of
-// the same message waits here for the first one's transaction to end.
+// before, which counts itself as a duplicate instead; an entry left 'started'
+// (an outside call given up on) is fresh, and marked 'done'. A concurrent
+// delivery of the same message waits here for the first one's transaction to
+// end.
 func (q *Queries) InboxRecord(ctx context.Context, db DBTX, arg *InboxRecordParams) (bool, error) {
 	row := db.QueryRow(ctx, inboxRecord,
 		arg.MessageID,

@@ -60,7 +60,7 @@ const inboxDeleteBefore = `-- name: InboxDeleteBefore :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_inbox
 WHERE message_id IN (
     SELECT message_id FROM /* TEMPLATE: schema */sagabox_inbox
-    WHERE received_at < $1::timestamptz
+    WHERE received_at < $1::timestamptz AND state = 'done'
     ORDER BY received_at
     LIMIT $2::integer
 )

@@ -40,6 +40,8 @@ type SagaboxInbox struct {
 	ReceivedAt      time.Time
 	Duplicates      int32
 	LastDuplicateAt *time.Time
+	State           string
+	Attempt         int32
 }
 
 type SagaboxInboxAttempt struct {
