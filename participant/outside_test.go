@@ -453,3 +453,36 @@ func TestOutsideCallCostsTwoCommits(t *testing.T) {
 		require.Len(t, tx.RoundTrips, 2, "BEGIN with the first statement, COMMIT with (or after) the last")
 	}
 }
+
+// Two copies of one message in flight at once (both begin while the entry is
+// "started"): both call with the same key, the first to record wins, and the
+// other is found out as a duplicate when it comes to record, and counted as
+// one: the inbox's duplicate count stays true to what was delivered.
+func TestOutsideCallConcurrentCopyCountsAsDuplicate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := newProvider(t)
+	p.hold = make(chan struct{})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(p.hold) }) })
+	e.newClient(func(cfg *participant.Config) { cfg.Workers, cfg.Prefetch = 2, 2 }, payments(e, p))
+
+	id := uuid.New()
+	cmd := charge(id)
+	e.publish(cmd)
+	select {
+	case <-p.arrived:
+	case <-time.After(waitFor):
+		t.Fatal("the charge never reached the provider")
+	}
+	e.publish(cmd) // the same message again, while the first call is held
+	eventually(t, func() bool { return p.callsOf(actionKey(id)) == 2 }, "the copy to call too")
+	requireSuccess(t, e.replies.wait(t, cmd.MessageID))
+	release.Do(func() { close(p.hold) })
+
+	eventually(t, func() bool { return e.duplicates(cmd.MessageID) == 1 }, "the held copy counted as a duplicate")
+	require.Equal(t, 1, p.effects("charge"), "charged once")
+	require.Equal(t, 1, e.ledger(actionKey(id)), "recorded once")
+	state, _ := e.inboxState(cmd.MessageID)
+	require.Equal(t, "done", state)
+}

@@ -177,3 +177,11 @@ RETURNING attempt;
 SELECT * FROM /* TEMPLATE: schema */sagabox_barrier
 WHERE saga_id = @saga_id::uuid
 ORDER BY created_at, step, phase;
+
+-- name: InboxCountDuplicate :exec
+-- Counts a duplicate of message @message_id that was found out only when it
+-- came to record its outside call: another delivery of the message, in
+-- flight at the same time (both saw the entry 'started'), recorded first.
+UPDATE /* TEMPLATE: schema */sagabox_inbox
+SET duplicates = duplicates + 1, last_duplicate_at = now()
+WHERE message_id = @message_id::uuid;

@@ -92,7 +92,13 @@ func (s *executor) ResumeDelivery(ctx context.Context, t driver.Tx, env *message
 	d := &driver.Delivery{Marked: true, Resumed: true, Attempt: int(n)}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
+		// Another delivery of the message, begun while this one's entry
+		// was 'started' too, recorded first: this one was a duplicate
+		// after all, and counts as one.
 		d.Duplicate, d.Marked = true, false
+		if err := s.queries.InboxCountDuplicate(ctx, txOf(t).exec(ctx, false), env.MessageID); err != nil {
+			return nil, fmt.Errorf("count duplicate of message %s in schema %q: %w", env.MessageID, s.schema, err)
+		}
 	case err != nil:
 		return nil, fmt.Errorf("resume delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}

@@ -426,6 +426,20 @@ func (q *Queries) DeliveryResume(ctx context.Context, db DBTX, messageID uuid.UU
 	return attempt, err
 }
 
+const inboxCountDuplicate = `-- name: InboxCountDuplicate :exec
+UPDATE /* TEMPLATE: schema */sagabox_inbox
+SET duplicates = duplicates + 1, last_duplicate_at = now()
+WHERE message_id = $1::uuid
+`
+
+// Counts a duplicate of message @message_id that was found out only when it
+// came to record its outside call: another delivery of the message, in
+// flight at the same time (both saw the entry 'started'), recorded first.
+func (q *Queries) InboxCountDuplicate(ctx context.Context, db DBTX, messageID uuid.UUID) error {
+	_, err := db.Exec(ctx, inboxCountDuplicate, messageID)
+	return err
+}
+
 const inboxRecord = `-- name: InboxRecord :one
 
 INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step)
