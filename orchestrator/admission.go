@@ -93,6 +93,7 @@ func (c *Client) enqueue(ctx context.Context, tx pgx.Tx, runner saga.Runner, id 
 func (c *Client) signalStart(queued bool) {
 	if queued {
 		c.queuedStart.Store(true)
+		c.mayBeQueued.Store(true)
 	}
 	select {
 	case c.startWake <- struct{}{}:
@@ -176,8 +177,9 @@ func (c *Client) admitPass(ctx context.Context) (bool, error) {
 func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error) {
 	var trs []transition
 	var waits []time.Duration
+	claimed, full := 0, false
 	err = engine.Retrying(ctx, func() error {
-		trs, waits, more = trs[:0], waits[:0], false
+		trs, waits, more, claimed, full = trs[:0], waits[:0], false, 0, false
 		now := c.now()
 		t := c.db.Begin()
 		defer t.Rollback(ctx)
@@ -200,12 +202,14 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 				free = min(budget, limit-running)
 			}
 			if free <= 0 {
+				full = true // queued sagas may wait for the next place
 				continue
 			}
 			recs, err := c.db.ClaimQueuedSagas(ctx, t, name, versions, free)
 			if err != nil {
 				return err
 			}
+			claimed += len(recs)
 			if len(recs) == free {
 				more = true
 			}
@@ -230,6 +234,10 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 	if err != nil {
 		return 0, false, fmt.Errorf("admit queued sagas: %w", err)
 	}
+	// Queued sagas that may be left behind (a full batch, a definition at
+	// its limit, sagas waiting for their key) keep the ends of sagas waking
+	// the pass at once; otherwise its poll looks again.
+	c.mayBeQueued.Store(more || full || claimed > len(trs))
 	for i, tr := range trs {
 		c.tel.SagaAdmitted(ctx, tr.rec.Type, waits[i])
 		if !tr.res.Instance.Deadline.IsZero() {

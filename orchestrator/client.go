@@ -58,6 +58,11 @@ type Client struct {
 	queuedStart atomic.Bool
 	// admitWake wakes the admission pass (admitLoop).
 	admitWake chan struct{}
+	// mayBeQueued is set while queued sagas may exist (this process queued
+	// one, or the last admission pass found some): only then does the end
+	// of a saga wake the admission pass at once. Sagas other processes
+	// queue are found by its poll.
+	mayBeQueued atomic.Bool
 
 	// sweepMu guards sweepNext, the time the sweeper plans to run next.
 	// Writers of an earlier deadline move it and signal sweepWake.

@@ -234,7 +234,7 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 	if wake {
 		c.Wake()
 	}
-	if admit {
+	if admit && c.mayBeQueued.Load() {
 		c.wakeAdmission() // a place for a queued saga may have freed
 	}
 }

@@ -99,6 +99,7 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 	orch, err := orchestrator.NewClient(orchestrator.Config{
 		Pool: pool, Schema: schemas[svcOrch], Service: svcOrch, Broker: broker,
 		Definitions: []saga.Runner{benchSaga}, Workers: cfg.Workers, Logger: logger, TracerProvider: probeTP,
+		Admission: orchestrator.AdmissionConfig{MaxRunning: cfg.MaxRunning},
 	})
 	if err != nil {
 		return nil, err

@@ -61,6 +61,9 @@ type SagaConfig struct {
 	// in a transaction of its own. The orchestrator runs its default
 	// MaxBatch. Defaults to DefaultParticipantBatch (32).
 	ParticipantBatch int
+	// MaxRunning is the engine orchestrator's Admission.MaxRunning (flow
+	// control): 0 its default, negative no limit.
+	MaxRunning int
 	// QueueType is the type of every queue, the engine's and the
 	// baselines'. Defaults to rabbitmq.DefaultQueueType (quorum).
 	QueueType rabbitmq.QueueType

@@ -99,6 +99,7 @@ an open-loop run at half the engine's rate (--rate to choose it).`,
 	f.IntVar(&sagaCfg.Concurrency, "concurrency", bench.DefaultConcurrency, "goroutines starting sagas in the saturated runs")
 	f.IntVar(&sagaCfg.PoolSize, "pool", bench.DefaultPoolSize, "connections of each pipeline's one pool (the engine's clients share theirs)")
 	f.IntVar(&sagaCfg.ParticipantBatch, "participant-batch", bench.DefaultParticipantBatch, "the engine's participants' MaxBatch (group commit; 1 turns it off)")
+	f.IntVar(&sagaCfg.MaxRunning, "max-running", 0, "the engine orchestrator's limit of running sagas (flow control; 0: its default, -1: none)")
 	f.IntVar(&sagaCfg.Workers, "workers", bench.DefaultWorkers, "deliveries of one queue handled at once (engine clients' Workers, baseline consumers per queue)")
 	f.StringVar(&queueType, "queue-type", string(rabbitmq.DefaultQueueType), "queue type of every queue: quorum or classic")
 	f.StringVar(&sagaCfg.Only, "only", "", "run one pipeline only: engine, baseline or group (default all three)")
