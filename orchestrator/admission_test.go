@@ -85,8 +85,11 @@ func TestGuaranteeAdmissionLimitQueuesStartsAndAdmitsThemInOrder(t *testing.T) {
 	s := waitStatus(t, c, ids[2], saga.StatusRunning, time.Minute)
 	require.False(t, s.AdmittedAt.Before(s.CreatedAt))
 	require.False(t, s.AdmittedAt.IsZero())
-	require.Equal(t, []saga.HistoryEvent{orchestrator.HistoryQueued, orchestrator.HistoryAdmitted, saga.HistoryStarted, saga.HistoryCommandSent},
-		events(t, c, ids[2]))
+	// It may have moved on since (its reserve answered): its history starts
+	// with the wait and the admission.
+	h := events(t, c, ids[2])
+	require.GreaterOrEqual(t, len(h), 4)
+	require.Equal(t, []saga.HistoryEvent{orchestrator.HistoryQueued, orchestrator.HistoryAdmitted, saga.HistoryStarted, saga.HistoryCommandSent}, h[:4])
 	for _, id := range ids[3:] {
 		s, err := c.Get(ctx, id)
 		require.NoError(t, err)
