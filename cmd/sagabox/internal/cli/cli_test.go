@@ -353,3 +353,52 @@ func TestOperatorRequestWithdrawnOnInterrupt(t *testing.T) {
 	require.False(t, ops[0].WithdrawnAt.IsZero(), "the interrupted request is withdrawn")
 	requireNothingToClaim(t, db)
 }
+
+// A bulk action selects sagas by filter, prints what it would do without
+// --yes (recording nothing), and with --yes records one request per saga
+// whose status the action applies to.
+func TestSagaBulkDryRunThenRequests(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Store(t)
+	schema := db.Store.Schema()
+	var running []uuid.UUID
+	for i := range 3 {
+		running = append(running, sagaIn(t, db, "running", 1, twoSteps, "", fmt.Sprintf("bulk-%d", i)))
+	}
+	sagaIn(t, db, "completed", -1, `[{"name":"reserve","status":"succeeded","attempt":1}]`, "", "bulk-done")
+	sagaIn(t, db, "running", 1, twoSteps, "", "other-1")
+
+	r := run(t, "--schema", schema, "saga", "bulk", "cancel", "--reason", "test")
+	require.Equal(t, cli.ExitUsage, r.code, "a bulk action needs a filter: %s", r.stderr)
+
+	r = run(t, "--schema", schema, "--json", "saga", "bulk", "cancel", "--type", "checkout", "--key-prefix", "bulk-", "--reason", "supplier gone")
+	require.Equal(t, cli.ExitOK, r.code, r.stderr)
+	var dry view.Bulk
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &dry))
+	require.True(t, dry.DryRun)
+	require.Equal(t, 4, dry.Matched, "the three running sagas and the completed one")
+	require.Equal(t, 3, dry.Applicable, "a completed saga cannot be cancelled")
+	require.ElementsMatch(t, running, dry.First)
+	require.Empty(t, dry.Requests)
+	ops, err := db.Operations(context.Background(), true, 10)
+	require.NoError(t, err)
+	require.Empty(t, ops, "a dry run records nothing")
+
+	r = run(t, "--schema", schema, "--json", "saga", "bulk", "cancel", "--type", "checkout", "--key-prefix", "bulk-", "--reason", "supplier gone", "--yes", "--actor", "ops")
+	require.Equal(t, cli.ExitOK, r.code, r.stderr)
+	var done view.Bulk
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &done))
+	require.False(t, done.DryRun)
+	require.Len(t, done.Requests, 3)
+	ops, err = db.Operations(context.Background(), false, 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 3)
+	var ids []uuid.UUID
+	for _, op := range ops {
+		require.Equal(t, "cancel", op.Action)
+		require.Equal(t, "ops", op.Actor)
+		require.Equal(t, "supplier gone", op.Reason)
+		ids = append(ids, op.SagaID)
+	}
+	require.ElementsMatch(t, running, ids)
+}

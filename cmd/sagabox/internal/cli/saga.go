@@ -28,7 +28,7 @@ const ExitPending = 5
 func (a *app) sagaCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry, cancel and terminate sagas"}
 	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("cancel"),
-		a.sagaActionCommand("terminate"))
+		a.sagaActionCommand("terminate"), a.sagaBulkCommand())
 	return cmd
 }
 
@@ -68,7 +68,7 @@ func (a *app) sagaListCommand() *cobra.Command {
 			for _, s := range statuses {
 				st := saga.Status(s)
 				if !st.Valid() {
-					return withCode(ExitUsage, fmt.Errorf("--status %q: want running, compensating, completed, compensated, failed or terminated", s))
+					return withCode(ExitUsage, fmt.Errorf("--status %q: want queued, running, compensating, completed, compensated, failed or terminated", s))
 				}
 				opts.Statuses = append(opts.Statuses, st)
 			}

@@ -256,3 +256,18 @@ type Version struct {
 	Time      time.Time `json:"vcs_time,omitzero"`
 	Modified  bool      `json:"vcs_modified"`
 }
+
+// Bulk is `saga bulk`: the sagas a filter selected for an action and, unless
+// it was a dry run, the requests recorded for them.
+type Bulk struct {
+	Action string `json:"action"`
+	DryRun bool   `json:"dry_run"`
+	// Matched counts the sagas the filter selected; Applicable those of them
+	// whose status the action applies to.
+	Matched    int `json:"matched"`
+	Applicable int `json:"applicable"`
+	// First are the ids of the first applicable sagas (at most 20).
+	First []uuid.UUID `json:"first"`
+	// Requests are the requests recorded (empty in a dry run).
+	Requests []Operation `json:"requests"`
+}
