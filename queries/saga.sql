@@ -127,26 +127,33 @@ FOR UPDATE OF s SKIP LOCKED;
 
 -- name: SagaAdmission :one
 -- What a start of a saga of @saga_type needs to know to run at once or be
--- queued: how many sagas of the type are running or compensating (counted
--- up to @max_running), whether sagas wait for admission that are not
--- waiting for a concurrency key of their own (a new start queues behind
--- them), and whether a saga of the type holds or waits for
--- @concurrency_key.
-SELECT
-    (SELECT count(*) FROM (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
-        WHERE saga_type = @saga_type::text AND status IN ('running', 'compensating')
-        LIMIT @max_running::integer
-    ) AS r)::integer AS running,
-    EXISTS (
+-- queued: whether sagas wait for admission that are not waiting for a
+-- concurrency key of their own (a new start queues behind them), how many
+-- sagas of the type are running or compensating (counted up to
+-- @max_running; not counted, 0, when sagas are queued unless
+-- @count_when_queued: a start queues then anyway), and whether a saga of the
+-- type holds or waits for @concurrency_key.
+WITH q AS (
+    SELECT EXISTS (
         SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
         WHERE saga_type = @saga_type::text AND status = 'queued' AND concurrency_key IS NULL
-    ) AS queued,
+    ) AS queued
+)
+SELECT
+    (CASE WHEN q.queued AND NOT @count_when_queued::boolean THEN 0 ELSE (
+        SELECT count(*) FROM (
+            SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+            WHERE saga_type = @saga_type::text AND status IN ('running', 'compensating')
+            LIMIT @max_running::integer
+        ) AS r
+    ) END)::integer AS running,
+    q.queued::boolean AS queued,
     EXISTS (
         SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
         WHERE saga_type = @saga_type::text AND concurrency_key = sqlc.narg('concurrency_key')::text
           AND status IN ('queued', 'running', 'compensating')
-    ) AS key_taken;
+    ) AS key_taken
+FROM q;
 
 -- name: SagaLockConcurrencyKey :exec
 -- Takes the transaction-scoped advisory lock of the concurrency key

@@ -48,7 +48,7 @@ func (s *executor) TryLockAdmission(ctx context.Context, t driver.Tx) (bool, err
 // up to max.
 func (s *executor) CountRunning(ctx context.Context, t driver.Tx, sagaType string, max int) (int, error) {
 	r, err := s.queries.SagaAdmission(ctx, txOf(t).exec(ctx, false), &dbsqlc.SagaAdmissionParams{
-		SagaType: sagaType, MaxRunning: int32(max),
+		SagaType: sagaType, MaxRunning: int32(max), CountWhenQueued: true,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("count running sagas of %s in schema %q: %w", sagaType, s.schema, err)

@@ -197,7 +197,8 @@ type SagaRecord struct {
 // it (Executor.SagaAdmission).
 type Admission struct {
 	// Running counts the type's running and compensating sagas, up to the
-	// limit asked for.
+	// limit asked for; 0, not counted, when Queued (the start queues then
+	// whatever the count).
 	Running int
 	// Queued is true when sagas of the type without a concurrency key wait
 	// for admission.

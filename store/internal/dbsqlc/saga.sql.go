@@ -14,27 +14,34 @@ import (
 )
 
 const sagaAdmission = `-- name: SagaAdmission :one
+WITH q AS (
+    SELECT EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+        WHERE saga_type = $2::text AND status = 'queued' AND concurrency_key IS NULL
+    ) AS queued
+)
 SELECT
-    (SELECT count(*) FROM (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
-        WHERE saga_type = $1::text AND status IN ('running', 'compensating')
-        LIMIT $2::integer
-    ) AS r)::integer AS running,
+    (CASE WHEN q.queued AND NOT $1::boolean THEN 0 ELSE (
+        SELECT count(*) FROM (
+            SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
+            WHERE saga_type = $2::text AND status IN ('running', 'compensating')
+            LIMIT $3::integer
+        ) AS r
+    ) END)::integer AS running,
+    q.queued::boolean AS queued,
     EXISTS (
         SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
-        WHERE saga_type = $1::text AND status = 'queued' AND concurrency_key IS NULL
-    ) AS queued,
-    EXISTS (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_saga
-        WHERE saga_type = $1::text AND concurrency_key = $3::text
+        WHERE saga_type = $2::text AND concurrency_key = $4::text
           AND status IN ('queued', 'running', 'compensating')
     ) AS key_taken
+FROM q
 `
 
 type SagaAdmissionParams struct {
-	SagaType       string
-	MaxRunning     int32
-	ConcurrencyKey *string
+	CountWhenQueued bool
+	SagaType        string
+	MaxRunning      int32
+	ConcurrencyKey  *string
 }
 
 type SagaAdmissionRow struct {
@@ -44,13 +51,19 @@ type SagaAdmissionRow struct {
 }
 
 // What a start of a saga of @saga_type needs to know to run at once or be
-// queued: how many sagas of the type are running or compensating (counted
-// up to @max_running), whether sagas wait for admission that are not
-// waiting for a concurrency key of their own (a new start queues behind
-// them), and whether a saga of the type holds or waits for
-// @concurrency_key.
+// queued: whether sagas wait for admission that are not waiting for a
+// concurrency key of their own (a new start queues behind them), how many
+// sagas of the type are running or compensating (counted up to
+// @max_running; not counted, 0, when sagas are queued unless
+// @count_when_queued: a start queues then anyway), and whether a saga of the
+// type holds or waits for @concurrency_key.
 func (q *Queries) SagaAdmission(ctx context.Context, db DBTX, arg *SagaAdmissionParams) (*SagaAdmissionRow, error) {
-	row := db.QueryRow(ctx, sagaAdmission, arg.SagaType, arg.MaxRunning, arg.ConcurrencyKey)
+	row := db.QueryRow(ctx, sagaAdmission,
+		arg.CountWhenQueued,
+		arg.SagaType,
+		arg.MaxRunning,
+		arg.ConcurrencyKey,
+	)
 	var i SagaAdmissionRow
 	err := row.Scan(&i.Running, &i.Queued, &i.KeyTaken)
 	return &i, err
