@@ -310,9 +310,11 @@ func (r *Relay) work(ctx context.Context) {
 		// A relay that knows its broker to be unreachable claims one row,
 		// a probe whose failure is counted and backs the worker off, not a
 		// batch: the rows it would hold under its lease are for relays that
-		// can publish (in other processes).
-		max := r.opts.BatchSize
-		if r.unavailable() {
+		// can publish (in other processes). The probe's row is released at
+		// once (claimable again without delay), so that it is not kept
+		// from them either.
+		max, probing := r.opts.BatchSize, r.unavailable()
+		if probing {
 			max = 1
 		}
 		rows, err := r.claim(ctx, max, settle)
@@ -357,6 +359,10 @@ func (r *Relay) work(ctx context.Context) {
 			// it could not take them, and they would wait for the poll).
 			failures++
 			wait := settle.RetryAfter
+			if probing {
+				settle.RetryAfter = 0
+				wait = min(backoff(DefaultMinBackoff, DefaultMaxBackoff, failures), r.opts.PollInterval)
+			}
 			r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "failures", failures)
 			if _, err := r.claim(ctx, 0, settle); err == nil {
 				settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
