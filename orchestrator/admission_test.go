@@ -189,3 +189,36 @@ func assertNoError(t *testing.T, err error) bool {
 	}
 	return true
 }
+
+// TestEventForAQueuedSagaIsKeptUntilItGetsThere: an outside event sent to a
+// saga still waiting for admission is kept, and consumed once the admitted
+// saga reaches the step that waits for it.
+func TestEventForAQueuedSagaIsKeptUntilItGetsThere(t *testing.T) {
+	t.Parallel()
+	e := newEventEnv(t)
+	def := paidOrderSaga(time.Hour)
+	run(t, e.inventory(true).Run)
+	cfg := e.orchConfig(def)
+	cfg.Admission.PerDefinition = map[string]int{"paid-order": 1}
+	c := e.runOrchestrator(cfg)
+	ctx := context.Background()
+
+	first := e.start(c, def, Order{ID: "p-1", Qty: 1, Address: "here"}, &orchestrator.StartOpts{StartKey: "p-1"})
+	second := e.start(c, def, Order{ID: "p-2", Qty: 1, Address: "here"}, &orchestrator.StartOpts{StartKey: "p-2"})
+	require.Equal(t, saga.StatusQueued, second.Status)
+	sent := e.send(c, orchestrator.SagaRef{ID: second.ID}, "evt-2", "ref-2", false)
+	require.Equal(t, orchestrator.EventKept, sent.Outcome, "kept for the queued saga")
+
+	waitFor(t, time.Minute, "the first saga to wait for its payment", func() bool {
+		s, err := c.Get(ctx, first.ID)
+		require.NoError(t, err)
+		return s.CurrentStep == 1
+	})
+	e.send(c, orchestrator.SagaRef{ID: first.ID}, "evt-1", "ref-1", false)
+	waitStatus(t, c, first.ID, saga.StatusCompleted, time.Minute)
+	s := waitStatus(t, c, second.ID, saga.StatusCompleted, time.Minute)
+	data, err := def.DecodeData(s.Data)
+	require.NoError(t, err)
+	require.Equal(t, "ref-2", data.ChargeID, "the kept event was applied")
+	require.Zero(t, e.errs.n.Load(), "errors logged: last %v", e.errs.last.Load())
+}
