@@ -27,11 +27,6 @@ import (
 // next to it with a "-sagas" suffix. Unset, no screenshot is written.
 const screenshotEnv = "CONSOLE_SCREENSHOT"
 
-// browserOptionalEnv, when set, lets the browser test skip where no
-// Chromium is installed; otherwise a missing Chromium fails it (.ci/run
-// installs one).
-const browserOptionalEnv = "TEST_BROWSER_OPTIONAL"
-
 // chromium returns the path of a Chromium or Chrome binary.
 func chromium(t *testing.T) string {
 	t.Helper()
@@ -40,10 +35,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv(browserOptionalEnv) != "" {
-		t.Skipf("no Chromium found and %s is set; install it with: apt-get install -y chromium", browserOptionalEnv)
-	}
-	t.Fatalf("no Chromium found: install it with `apt-get install -y chromium` (or set %s=1 to skip the browser tests)", browserOptionalEnv)
+	t.Fatal("no Chromium found: install it with `apt-get install -y chromium` (.ci/run does when it is missing)")
 	return ""
 }
 

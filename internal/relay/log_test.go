@@ -166,7 +166,19 @@ func TestLogRelayCheckSaysWhatToChange(t *testing.T) {
 	st, err := s.OutboxLogStatus(context.Background(), "x", "x")
 	require.NoError(t, err)
 	if st.WALLevel == "logical" {
-		t.Skip("the shared server has wal_level = logical")
+		// The shared server is set up for log mode already: check on a
+		// private one that is not.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{Settings: map[string]string{"wal_level": "replica"}})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, pg.Close()) })
+		pool, err := pgxpool.New(ctx, pg.URL())
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		s = dbtest.StoreOnPool(t, pool, store.LineMessaging)
+		r, err = New(s.Executor, b, Options{Mode: ModeLog}, Schema{}, amqptest.Logger(t))
+		require.NoError(t, err)
 	}
 	err = r.Check(context.Background())
 	require.ErrorContains(t, err, "set wal_level = logical")
