@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
@@ -281,9 +280,7 @@ func (c *Client) keysFree(ctx context.Context, t driver.Tx, name string, recs []
 // steps under a savepoint of t. A saga the core refuses to start is failed,
 // with the reason in its history.
 func (c *Client) admitOne(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time) (_ transition, err error) {
-	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
-	ctx, span := c.tel.Tracer().Start(ctx, "saga admitted "+rec.Type, trace.WithAttributes(
-		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
+	ctx, span := c.sagaSpan(ctx, "saga admitted", rec)
 	defer func() {
 		if err != nil {
 			telemetry.Fail(span, err)
@@ -298,14 +295,12 @@ func (c *Client) admitOne(ctx context.Context, t driver.Tx, rec driver.SagaRecor
 		SagaID: rec.ID, At: now, Event: string(HistoryAdmitted), Phase: string(saga.PhaseAction),
 		Detail: fmt.Sprintf("waited %s for admission", now.Sub(rec.CreatedAt).Round(time.Millisecond)),
 	}
-	scope := c.localScope(ctx, t)
-	var sp pgx.Tx
-	if hasLocalStep(runner) {
-		if sp, err = t.Savepoint(ctx); err != nil {
-			return transition{}, err
-		}
+	scope, sp, err := c.coreScope(ctx, t, runner)
+	if err != nil {
+		return transition{}, err
+	}
+	if sp != nil {
 		defer sp.Rollback(context.WithoutCancel(ctx))
-		scope = withTx(ctx, sp)
 	}
 	res, startErr := runner.Start(scope, rec.ID, rec.Data, now)
 	if startErr != nil {

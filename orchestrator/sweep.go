@@ -194,9 +194,7 @@ func (c *Client) countResends(ctx context.Context, tr transition, cause string) 
 // local steps runs under a savepoint of t, so that a failing saga leaves
 // none of its steps' writes behind.
 func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time) (_ transition, err error) {
-	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
-	ctx, span := c.tel.Tracer().Start(ctx, "saga deadline "+rec.Type, trace.WithAttributes(
-		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
+	ctx, span := c.sagaSpan(ctx, "saga deadline", rec)
 	defer func() {
 		if err != nil {
 			telemetry.Fail(span, err)
@@ -211,14 +209,12 @@ func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, n
 	if err != nil {
 		return transition{}, &timerRefusedError{err}
 	}
-	scope := c.localScope(ctx, t)
-	var sp pgx.Tx
-	if hasLocalStep(runner) {
-		if sp, err = t.Savepoint(ctx); err != nil {
-			return transition{}, err
-		}
+	scope, sp, err := c.coreScope(ctx, t, runner)
+	if err != nil {
+		return transition{}, err
+	}
+	if sp != nil {
 		defer sp.Rollback(context.WithoutCancel(ctx))
-		scope = withTx(ctx, sp)
 	}
 	res, err := runner.Apply(scope, s.Instance(), saga.Event{Kind: saga.EventTimer, At: now})
 	if err != nil {
@@ -271,4 +267,28 @@ func (c *Client) dueBefore(now time.Time) (time.Time, bool) {
 		c.log.Debug("deadlines paused: the broker is unreachable")
 	}
 	return due, paused
+}
+
+// sagaSpan starts the span of background work on the saga rec (a fired
+// deadline, an admission): a child of the span that started the saga, so
+// that the commands it sends stay in the saga's trace.
+func (c *Client) sagaSpan(ctx context.Context, name string, rec driver.SagaRecord) (context.Context, trace.Span) {
+	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
+	return c.tel.Tracer().Start(ctx, name+" "+rec.Type, trace.WithAttributes(
+		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
+}
+
+// coreScope returns the context in which the saga core runs runner's
+// local steps in t: for a definition with local steps, under a savepoint
+// of t (returned, for the caller to release or roll back), so that a saga
+// that fails leaves none of its steps' writes behind.
+func (c *Client) coreScope(ctx context.Context, t driver.Tx, runner saga.Runner) (context.Context, pgx.Tx, error) {
+	if !hasLocalStep(runner) {
+		return c.localScope(ctx, t), nil, nil
+	}
+	sp, err := t.Savepoint(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return withTx(ctx, sp), sp, nil
 }
