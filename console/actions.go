@@ -81,7 +81,7 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ex := c.sagas.Executor()
-	op, err := ex.RequestOperation(ctx, id, action, actor, reason)
+	op, err := ex.RequestOperation(ctx, id, action, actor, reason, nil)
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
