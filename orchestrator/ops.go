@@ -249,7 +249,10 @@ type RestartOpts struct {
 // version that is older or does not keep the earlier steps gives an error
 // wrapping saga.ErrInvalidTransition; data that does not fit the type,
 // saga.ErrInvalidPayload; an unregistered version,
-// saga.ErrUnknownDefinition; an unknown saga, ErrNotFound. It returns the
+// saga.ErrUnknownDefinition; an unknown saga, ErrNotFound. A saga whose
+// start key a newer saga took (StartKeyReuseFinished) cannot be restarted.
+// The restarted saga runs at once: an operator's restart does not wait for
+// the definition's admission limit or its concurrency key. It returns the
 // saga's new state.
 func (c *Client) Restart(ctx context.Context, id uuid.UUID, actor, reason string, opts RestartOpts) (*Saga, error) {
 	return c.operate(ctx, id, operatorAction{kind: saga.EventRestart, actor: actor, reason: reason, restart: &opts})
@@ -333,8 +336,13 @@ func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, act o
 	}
 	rec := recs[0]
 	version := rec.Version
-	if act.restart != nil && act.restart.Version != 0 {
-		version = act.restart.Version
+	if act.restart != nil {
+		if act.restart.Version != 0 {
+			version = act.restart.Version
+		}
+		if rec.StartKeyReleased {
+			return transition{}, fmt.Errorf("%w: restart saga %s: its start key %q names a newer saga now (StartKeyReuseFinished)", saga.ErrInvalidTransition, id, rec.StartKey)
+		}
 	}
 	runner, err := c.registry.Lookup(rec.Type, version)
 	if err != nil {

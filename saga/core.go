@@ -1,6 +1,7 @@
 package saga
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -208,6 +209,8 @@ func (def *Definition[D]) restart(ctx context.Context, inst Instance, ev Event) 
 		return Result{}, fmt.Errorf("%w: saga %s: instance is of %s, not %s", ErrInvalidInstance, inst.ID, inst.Type, def.name)
 	case inst.Version > def.version:
 		return refuse("it runs version %d; it cannot restart on the older %s", inst.Version, def)
+	case !inst.Status.Valid():
+		return Result{}, fmt.Errorf("%w: saga %s: unknown status %q", ErrInvalidInstance, inst.ID, inst.Status)
 	case inst.Status != StatusFailed && inst.Status != StatusCompensated:
 		return refuse("only a failed or compensated saga can be restarted, this one is %s", inst.Status)
 	}
@@ -230,7 +233,21 @@ func (def *Definition[D]) restart(ctx context.Context, inst Instance, ev Event) 
 			return refuse("step %q before %q is %s, so its action is not in effect; restart from it or an earlier step", inst.Steps[k].Name, ev.Step, st)
 		}
 	}
+	for k := from; k < len(inst.Steps); k++ {
+		// Running such a step again would perform its action twice, and
+		// its first effect would never be compensated.
+		st := inst.Steps[k]
+		if st.Status != StepSucceeded && st.Status != StepCompensationFailed {
+			continue
+		}
+		if s := def.step(st.Name); s == nil || s.compensation != nil {
+			return refuse("step %q is %s: its action is still in effect and would be performed again; restart from a later step", st.Name, st.Status)
+		}
+	}
 	var d D
+	if bytes.Equal(bytes.TrimSpace(ev.Payload), []byte("null")) {
+		return Result{}, fmt.Errorf("%w: restart saga %s: the replacement data is null", ErrInvalidPayload, inst.ID)
+	}
 	if len(ev.Payload) > 0 {
 		if err := decodeStrict(ev.Payload, &d); err != nil {
 			return Result{}, fmt.Errorf("%w: restart saga %s: replacement data for %s: %w", ErrInvalidPayload, inst.ID, def, err)
@@ -248,8 +265,14 @@ func (def *Definition[D]) restart(ctx context.Context, inst Instance, ev Event) 
 	m.inst.Steps = make([]StepState, len(def.steps))
 	for k, s := range def.steps {
 		if k < from {
-			m.inst.Steps[k] = inst.Steps[k]
-			m.inst.Steps[k].Deadline, m.inst.Steps[k].Reply = time.Time{}, nil
+			st := inst.Steps[k]
+			st.Deadline, st.Reply, st.Group = time.Time{}, nil, s.group
+			if st.Status == StepCompensationFailed {
+				// Its action stands: should the saga compensate again, it
+				// is compensated (attempts go on from the failed one's).
+				st.Status, st.LastError = StepSucceeded, ""
+			}
+			m.inst.Steps[k] = st
 			continue
 		}
 		m.inst.Steps[k] = StepState{Name: s.name, Status: StepPending, Group: s.group}
@@ -269,6 +292,16 @@ func (def *Definition[D]) restart(ctx context.Context, inst Instance, ev Event) 
 		return Result{}, err
 	}
 	return m.finish()
+}
+
+// step returns the step called name, or nil.
+func (def *Definition[D]) step(name string) *StepSpec[D] {
+	for _, s := range def.steps {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
 }
 
 // checkInstance verifies that inst belongs to def and is consistent.
@@ -478,7 +511,7 @@ func (m *machine[D]) sendAction(i, attempt int) error {
 	if err != nil {
 		return m.errorf(i, "build action request: %w", err)
 	}
-	st.Status, st.Attempt, st.Deadline = StepRunning, attempt, m.after(s.timeout)
+	st.Status, st.Attempt, st.Deadline, st.Run = StepRunning, attempt, m.after(s.timeout), m.inst.Run
 	m.res.Emit = append(m.res.Emit, Outgoing{
 		Type: s.action.command, Phase: PhaseAction, Step: s.name, StepIndex: i, Attempt: attempt, Run: m.inst.Run, Payload: payload,
 	})
@@ -497,7 +530,7 @@ func (m *machine[D]) sendCompensation(i, attempt int) error {
 	st.Status, st.CompensationAttempt, st.Deadline = StepCompensating, attempt, m.after(s.compTimeout)
 	m.inst.Status, m.inst.Phase, m.inst.CurrentStep = StatusCompensating, PhaseCompensation, s.spanStart
 	m.res.Emit = append(m.res.Emit, Outgoing{
-		Type: s.compensation.command, Phase: PhaseCompensation, Step: s.name, StepIndex: i, Attempt: attempt, Run: m.inst.Run, Payload: payload,
+		Type: s.compensation.command, Phase: PhaseCompensation, Step: s.name, StepIndex: i, Attempt: attempt, Run: st.Run, Payload: payload,
 	})
 	m.record(HistoryEntry{Event: HistoryCompensationSent, StepIndex: i, Phase: PhaseCompensation, Attempt: attempt, Detail: s.compensation.command})
 	return nil
@@ -531,7 +564,9 @@ func (m *machine[D]) compensateFrom(i int) error {
 			m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: i, Phase: PhaseCompensation, Detail: "no compensation"})
 			continue
 		}
-		return m.sendCompensation(i, 1)
+		// A step kept by a restart may have been compensated (and failed)
+		// before: its attempts go on from there.
+		return m.sendCompensation(i, m.inst.Steps[i].CompensationAttempt+1)
 	}
 	m.inst.Status, m.inst.CurrentStep = StatusCompensated, -1
 	m.record(HistoryEntry{Event: HistoryCompensated, StepIndex: -1, Phase: PhaseCompensation})
@@ -550,7 +585,7 @@ func (m *machine[D]) compensateGroup(start, end int) (sent bool, err error) {
 			m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: k, Phase: PhaseCompensation, Detail: "no compensation"})
 			continue
 		}
-		if err := m.sendCompensation(k, 1); err != nil {
+		if err := m.sendCompensation(k, m.inst.Steps[k].CompensationAttempt+1); err != nil {
 			return false, err
 		}
 		sent = true
@@ -601,6 +636,9 @@ func (m *machine[D]) unwind(start, end int) error {
 		if m.def.steps[k].compensation == nil {
 			if st.Status != StepSucceeded {
 				st.Status, st.FinishedAt, st.Deadline = StepAborted, m.now, time.Time{}
+				if st.LastError == "" {
+					st.LastError = m.inst.LastError // why the saga gave up on it
+				}
 			}
 			m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: k, Phase: PhaseCompensation, Detail: "no compensation"})
 			continue
@@ -655,9 +693,6 @@ func (m *machine[D]) staleReply() string {
 	if inst.Status != StatusRunning && inst.Status != StatusCompensating {
 		return fmt.Sprintf("%s reply %q for step %q: the saga is %s", ev.Kind, ev.Type, ev.Step, inst.Status)
 	}
-	if ev.Run != inst.Run {
-		return fmt.Sprintf("%s reply %q for step %q: it answers run %d, the saga was restarted and is in run %d", ev.Kind, ev.Type, ev.Step, ev.Run, inst.Run)
-	}
 	i := inst.CurrentStep
 	start, end := m.span(i)
 	if k := ev.StepIndex; k < start || k >= end || ev.Step != m.def.steps[k].name {
@@ -668,6 +703,9 @@ func (m *machine[D]) staleReply() string {
 		return fmt.Sprintf("%s reply %q for step %q (index %d): the current steps are those of group %q (indices %d to %d)", ev.Kind, ev.Type, ev.Step, ev.StepIndex, m.def.steps[i].group, start, end-1)
 	}
 	s, st := m.def.steps[ev.StepIndex], &inst.Steps[ev.StepIndex]
+	if ev.Run != st.Run {
+		return fmt.Sprintf("%s reply %q for step %q: it answers run %d, the step's command was sent in run %d (the saga was restarted)", ev.Kind, ev.Type, ev.Step, ev.Run, st.Run)
+	}
 	var want string
 	var sent int
 	var inFlight bool
@@ -800,7 +838,9 @@ func (m *machine[D]) compensationCause() string {
 	for _, st := range m.inst.Steps {
 		switch st.Status {
 		case StepRejected, StepTimedOut, StepAborted:
-			return st.LastError
+			if st.LastError != "" {
+				return st.LastError
+			}
 		}
 	}
 	return ""
@@ -837,11 +877,17 @@ func (m *machine[D]) timer() error {
 		}
 		return nil
 	}
-	phase := m.inst.Phase
+	// A branch out of attempts unwinds its group: handle it alone, so
+	// that no sibling is re-sent or rescheduled in the transition that
+	// abandons it.
 	for _, k := range due {
-		if m.inst.Phase != phase {
-			break // an exhausted branch unwound the group
+		s, st := m.def.steps[k], m.inst.Steps[k]
+		if st.Status == StepWaitingEvent || (st.Status == StepRunning && st.Attempt >= s.retry.MaxAttempts) {
+			due = []int{k}
+			break
 		}
+	}
+	for _, k := range due {
 		if err := m.stepTimer(k); err != nil {
 			return err
 		}
@@ -954,17 +1000,20 @@ func (m *machine[D]) cancel() error {
 	i := m.inst.CurrentStep
 	start, end := m.span(i)
 	reason := m.operatorReason(verb)
-	found := false
+	first := -1
 	for k := start; k < end; k++ {
 		if st := &m.inst.Steps[k]; inFlight(st.Status) {
-			st.LastError, found = reason, true
+			st.LastError = reason
+			if first < 0 {
+				first = k
+			}
 		}
 	}
-	if !found {
+	if first < 0 {
 		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
 	}
 	m.inst.LastError = reason
-	m.record(HistoryEntry{Event: event, StepIndex: i, Phase: PhaseAction, Attempt: m.inst.Steps[i].Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
+	m.record(HistoryEntry{Event: event, StepIndex: first, Phase: PhaseAction, Attempt: m.inst.Steps[first].Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
 	return m.unwind(start, end)
 }
 
@@ -977,13 +1026,17 @@ func (m *machine[D]) terminate() error {
 	}
 	i := m.inst.CurrentStep
 	start, end := m.span(i)
+	// What the succeeded branches did stays done, their replies too.
+	if err := m.applyHeld(start, end); err != nil {
+		return err
+	}
 	for k := start; k < end; k++ {
 		st := &m.inst.Steps[k]
 		switch st.Status {
 		case StepRunning, StepWaitingRetry, StepCompensating, StepWaitingEvent:
 			st.Status, st.FinishedAt = StepTerminated, m.now
 		}
-		st.Deadline, st.Reply = time.Time{}, nil
+		st.Deadline = time.Time{}
 	}
 	reason := m.operatorReason("terminated")
 	m.inst.Status, m.inst.CurrentStep, m.inst.LastError = StatusTerminated, -1, reason

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Definition is a validated saga definition with typed data D. Build it
@@ -332,9 +333,12 @@ func (def *Definition[D]) validate() error {
 		if group != "" {
 			what = fmt.Sprintf("step %q (index %d, group %q)", s.name, i, group)
 		}
-		if strings.TrimSpace(s.name) == "" {
+		switch {
+		case strings.TrimSpace(s.name) == "":
 			add("step %d has an empty name", i)
-		} else {
+		case strings.ContainsFunc(s.name, unicode.IsControl):
+			add("%s: the name contains a control character", what)
+		default:
 			unique(what, fmt.Sprintf("step %d", i), s.name)
 		}
 		problems := s.problems()
@@ -351,9 +355,12 @@ func (def *Definition[D]) validate() error {
 			continue
 		}
 		what := fmt.Sprintf("parallel group %q", s.name)
-		if strings.TrimSpace(s.name) == "" {
+		switch {
+		case strings.TrimSpace(s.name) == "":
 			add("parallel group before step index %d has an empty name", index)
-		} else {
+		case strings.ContainsFunc(s.name, unicode.IsControl):
+			add("%s: the name contains a control character", what)
+		default:
 			unique(what, what, s.name)
 		}
 		if len(s.branches) == 0 {

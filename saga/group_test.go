@@ -342,6 +342,8 @@ func TestParallelGroupValidation(t *testing.T) {
 		{"group named like a step", []*saga.StepSpec[Order]{reserveStep(), saga.Parallel("reserve-stock", shipStep())}, `parallel group "reserve-stock" has the same name as step 0`},
 		{"branch named like a step", []*saga.StepSpec[Order]{shipStep(), saga.Parallel("g", shipStep())}, `step "ship" (index 1, group "g") has the same name as step 0`},
 		{"invalid branch", []*saga.StepSpec[Order]{saga.Parallel("g", saga.Step[Order]("x"))}, `step "x" (index 0, group "g"): no action`},
+		{"control character in a step name", []*saga.StepSpec[Order]{saga.Step("ship\x1f1", saga.Invoke(ship, func(*Order) ShipReq { return ShipReq{} }, nil))}, `step "ship\x1f1" (index 0): the name contains a control character`},
+		{"control character in a group name", []*saga.StepSpec[Order]{saga.Parallel("g\n", shipStep())}, `parallel group "g\n": the name contains a control character`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -366,4 +368,82 @@ func types(out []saga.Outgoing) []string {
 		ts = append(ts, o.Type)
 	}
 	return slices.Clip(ts)
+}
+
+// Regressions found in review: what one transition of a group decides.
+func TestParallelGroupEdgeCases(t *testing.T) {
+	t.Parallel()
+	t.Run("an aborted branch keeps why, so a retried saga's reason is the cause", func(t *testing.T) {
+		t.Parallel()
+		s := sagatest.New(t, saga.MustNew("notify-and-award", 1, reserveStep(), saga.Parallel("fulfil", notifyStep(), awardStep())))
+		completeReserve(t, s)
+		s.Next()
+		s.ReplyFailureTo(s.Next(), "no account")
+		s.RequireStepStatus("notify-customer", saga.StepAborted)
+		require.Equal(t, "no account", s.Instance().Steps[1].LastError)
+		sagatest.ExpectCompensation(s, release)
+		s.ReplyFailure("warehouse offline")
+		s.Retry("alice", "")
+		sagatest.ExpectCompensation(s, release)
+		sagatest.ReplySuccess(s, release, saga.None{})
+		s.RequireStatus(saga.StatusCompensated)
+		require.Equal(t, "no account", s.Instance().LastError)
+	})
+	t.Run("a branch out of attempts is handled alone: no sibling re-sent in the transition that abandons it", func(t *testing.T) {
+		t.Parallel()
+		slowShip := parallelShip(saga.WithTimeout[Order](4*time.Second), saga.WithRetry[Order](saga.RetryPolicy{MaxAttempts: 3, InitialInterval: 7 * time.Second}))
+		s, _, _ := fulfilling(t, parallelCheckout(slowShip, awardStep()))
+		t0 := s.Now()
+		for _, at := range []time.Duration{4 * time.Second, 5 * time.Second, 6 * time.Second} {
+			s.Deliver(saga.Event{Kind: saga.EventTimer, At: t0.Add(at)})
+		}
+		for len(s.Pending()) > 0 {
+			s.Next()
+		}
+		// At 11 s ship's retry is due and award's last attempt expires.
+		res := s.Deliver(saga.Event{Kind: saga.EventTimer, At: t0.Add(11 * time.Second)})
+		require.Equal(t, []string{"shipping.cancel", "loyalty.revoke"}, types(res.Emit),
+			"ship is not re-sent; its first attempt may have run, so it is compensated with award-points")
+		require.NotContains(t, events(res.History), saga.HistoryCommandSent)
+	})
+	t.Run("terminate keeps what the succeeded branches replied", func(t *testing.T) {
+		t.Parallel()
+		s, shipMsg, _ := fulfilling(t, parallelCheckout(parallelShip(), awardStep()))
+		sagatest.ReplySuccessTo(s, shipMsg, ship, ShipReply{ShipmentID: "s-1"})
+		s.Terminate("alice", "fraud")
+		require.Equal(t, "s-1", s.Data().ShipmentID)
+		require.Nil(t, s.Instance().Steps[1].Reply)
+	})
+	t.Run("a restart onto a version that groups the kept steps names their group", func(t *testing.T) {
+		t.Parallel()
+		v1 := saga.MustNew("g", 1, reserveStep(), parallelShip(), awardStep(), chargeStep())
+		v2 := saga.MustNew("g", 2, reserveStep(), saga.Parallel("fulfil", parallelShip(), awardStep()), chargeStep())
+		s := sagatest.New(t, v1)
+		completeReserve(t, s)
+		s.Next()
+		sagatest.ReplySuccess(s, ship, ShipReply{ShipmentID: "s"})
+		s.Next()
+		sagatest.ReplySuccess(s, award, AwardReply{Points: 1})
+		sagatest.ExpectCommand(s, charge)
+		s.ReplyFailure("declined")
+		sagatest.ExpectCompensation(s, revoke)
+		s.ReplyFailure("nope")
+		s.RequireStatus(saga.StatusFailed)
+		s2 := sagatest.Restarted(s, v2)
+		s2.Restart("charge-card", "a", "")
+		require.Equal(t, []string{"", "fulfil", "fulfil", ""}, func() []string {
+			var g []string
+			for _, st := range s2.Instance().Steps {
+				g = append(g, st.Group)
+			}
+			return g
+		}())
+	})
+	t.Run("cancel is recorded at the first branch in flight", func(t *testing.T) {
+		t.Parallel()
+		s, shipMsg, _ := fulfilling(t, parallelCheckout(parallelShip(), awardStep()))
+		sagatest.ReplySuccessTo(s, shipMsg, ship, ShipReply{ShipmentID: "s-1"})
+		res := s.Cancel("alice", "x")
+		require.Equal(t, "award-points", res.History[0].Step)
+	})
 }

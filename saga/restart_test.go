@@ -79,10 +79,51 @@ func TestRestartAFailedSagaFromAStep(t *testing.T) {
 	s.Restart("notify-customer", "bob", "")
 	inst := s.Instance()
 	require.Equal(t, saga.StepSucceeded, inst.Steps[0].Status, "the steps before are kept")
-	require.Equal(t, saga.StepCompensationFailed, inst.Steps[1].Status)
+	require.Equal(t, saga.StepSucceeded, inst.Steps[1].Status, "a failed compensation undid nothing: the charge stands, to be compensated if the saga compensates again")
+	require.Equal(t, 1, inst.Steps[1].CompensationAttempt)
+	require.Empty(t, inst.Steps[1].LastError)
 	require.Equal(t, saga.StepRunning, inst.Steps[2].Status)
 	require.Equal(t, saga.StepPending, inst.Steps[3].Status)
 	require.Equal(t, "p-1", s.Data().PaymentID, "the data as stored")
+	require.Equal(t, 1, s.Next().Run, "the restarted step's command is of run 1")
+
+	// It fails again: the kept steps are compensated in the run their
+	// actions ran in, where the participants' barriers hold their marks.
+	sagatest.ReplySuccess(s, notify, saga.None{})
+	sagatest.ExpectCommand(s, ship)
+	late := s.ReplyFailureTo(saga.Outgoing{Type: "shipping.ship", Phase: saga.PhaseAction, Step: "ship", StepIndex: 3, Attempt: 1}, "no courier")
+	require.True(t, late.Ignored, "run 0's reply to a step of run 1 is ignored")
+	require.Contains(t, late.IgnoreReason, "it answers run 0, the step's command was sent in run 1")
+	s.ReplyFailure("no courier, still")
+	refundMsg := s.Next()
+	require.Equal(t, saga.Outgoing{
+		Type: "payment.refund", Phase: saga.PhaseCompensation, Step: "charge-card", StepIndex: 1, Attempt: 2, Run: 0, Payload: []byte(`{"payment_id":"p-1"}`),
+	}, refundMsg)
+	sagatest.ReplySuccess(s, refund, saga.None{})
+	releaseMsg := s.Next()
+	require.Equal(t, 0, releaseMsg.Run)
+	sagatest.ReplySuccess(s, release, saga.None{})
+	s.RequireStatus(saga.StatusCompensated)
+	require.Equal(t, "no courier, still", s.Instance().LastError)
+}
+
+// A step at or after the restart point whose action is still in effect
+// (succeeded, or its compensation failed) and that has a compensation
+// would be performed twice: refused. One without a compensation is run
+// again.
+func TestRestartRefusesToRepeatAnActionInEffect(t *testing.T) {
+	t.Parallel()
+	s := sagatest.New(t, checkout)
+	failedAtShip(t, s)
+	for _, from := range []string{"reserve-stock", "charge-card"} {
+		_, err := s.Apply(saga.Event{Kind: saga.EventRestart, Step: from})
+		require.ErrorIs(t, err, saga.ErrInvalidTransition, from)
+		require.ErrorContains(t, err, "its action is still in effect and would be performed again")
+	}
+	_, err := s.Apply(saga.Event{Kind: saga.EventRestart, Step: "notify-customer", Payload: []byte(" null ")})
+	require.ErrorIs(t, err, saga.ErrInvalidPayload)
+	s.Restart("notify-customer", "bob", "notify succeeded but has no compensation: it is sent again")
+	sagatest.ExpectCommand(s, notify)
 }
 
 func TestRestartRefusals(t *testing.T) {
@@ -163,10 +204,23 @@ func TestRestartFromABranchRestartsItsGroup(t *testing.T) {
 	s, shipMsg, awardMsg := fulfilling(t, parallelCheckout(parallelShip(), awardStep()))
 	sagatest.ReplySuccessTo(s, shipMsg, ship, ShipReply{ShipmentID: "s-1"})
 	s.ReplyFailureTo(awardMsg, "no account")
-	s.Next()
-	s.ReplyFailure("parcel gone") // cancel-ship fails: the saga is failed
+	sagatest.ExpectCompensation(s, cancelShip)
+	sagatest.ReplySuccess(s, cancelShip, saga.None{})
+	sagatest.ExpectCompensation(s, release)
+	s.ReplyFailure("warehouse offline") // the saga is failed, the reservation stands
 	s.RequireStatus(saga.StatusFailed)
 	res := s.Restart("award-points", "alice", "account opened")
 	require.Equal(t, []string{"shipping.ship", "loyalty.award"}, types(res.Emit))
 	require.Equal(t, 1, res.Emit[0].Run)
+	s.RequireStepStatus("reserve-stock", saga.StepSucceeded)
+
+	// A shipment compensation that failed leaves the shipment in effect:
+	// restarting its group would ship twice.
+	s2, shipMsg2, awardMsg2 := fulfilling(t, parallelCheckout(parallelShip(), awardStep()))
+	sagatest.ReplySuccessTo(s2, shipMsg2, ship, ShipReply{ShipmentID: "s-1"})
+	s2.ReplyFailureTo(awardMsg2, "no account")
+	s2.Next()
+	s2.ReplyFailure("parcel gone")
+	_, err := s2.Apply(saga.Event{Kind: saga.EventRestart, Step: "fulfil"})
+	require.ErrorContains(t, err, `step "ship" is compensation-failed: its action is still in effect`)
 }

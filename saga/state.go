@@ -147,6 +147,12 @@ type StepState struct {
 	// Group is the name of the parallel group the step is a branch of; ""
 	// for a step that runs alone.
 	Group string `json:"group,omitempty"`
+	// Run is the saga's run (Instance.Run) in which the step's action was
+	// last sent. Its compensation is sent in that run, so that the
+	// participant's barrier finds the action's mark even after an operator
+	// restarted the saga from a later step; a reply to the step must carry
+	// it.
+	Run int `json:"run,omitempty"`
 	// Reply is the success reply of a branch that succeeded while other
 	// branches of its group were still in flight: it is applied to the data
 	// when the group joins (or unwinds), in declaration order, and then

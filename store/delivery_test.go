@@ -336,3 +336,33 @@ func TestBarrierCompletionIsAHOTUpdate(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the updates reach the statistics")
 	require.Equal(t, upd, hot, "every completion was a HOT update")
 }
+
+// The barrier keeps one mark per run of a saga (message.Envelope.Run, set
+// when an operator restarts the saga from a step): a step's action in run 1
+// is performed although run 0's was, re-sends within a run are still
+// answered from the run's mark, and a compensation sent in run 0 (a step
+// kept by the restart) finds run 0's action.
+func TestBarrierKeepsAMarkPerRun(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	sagaID := uuid.New()
+	first := command(sagaID, message.KindCommand)
+	require.True(t, deliver(t, s, first, nil).Marked)
+	again := command(sagaID, message.KindCommand)
+	again.Run = 1
+	require.True(t, deliver(t, s, again, nil).Marked, "run 1 performs the action again")
+	resent := command(sagaID, message.KindCommand)
+	resent.Run = 1
+	require.False(t, deliver(t, s, resent, nil).Marked, "a re-send within run 1 is answered from its mark")
+	comp := command(sagaID, message.KindCompensation)
+	comp.Type = "inventory.release"
+	require.Equal(t, driver.BarrierApplied, deliver(t, s, comp, nil).Action, "run 0's compensation finds run 0's action")
+	marks, err := s.BarrierList(context.Background(), sagaID)
+	require.NoError(t, err)
+	var runs []int
+	for _, m := range marks {
+		require.Equal(t, "reserve", m.Step, "the run is not part of the step's name")
+		runs = append(runs, m.Run)
+	}
+	require.ElementsMatch(t, []int{0, 1, 0}, runs)
+}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -35,6 +36,11 @@ var errConnectionLost = errors.New("database connection lost")
 // connection did.
 func lostConn(conn *pgx.Conn, err error) error {
 	if err == nil || conn == nil || !conn.IsClosed() || errors.Is(err, errConnectionLost) {
+		return err
+	}
+	// pgx also closes a connection whose statement's context ended: that is
+	// the caller's timeout or cancellation, not the database's failure.
+	if pgconn.Timeout(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", errConnectionLost, err)

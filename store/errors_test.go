@@ -125,3 +125,22 @@ func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 	require.False(t, store.IsConnectionError(context.Canceled))
 	require.False(t, store.IsConnectionError(errors.New("handler failed")))
 }
+
+// A handler's own statement that outlives its context is the handler's
+// failure, counted against the message's attempts, although pgx closes the
+// connection under it.
+func TestHandlerTimeoutIsNotAConnectionError(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Store(t, store.LineMessaging)
+	ctx := context.Background()
+	env := command(uuid.New(), message.KindCommand)
+	tx := db.Begin()
+	defer tx.Rollback(ctx)
+	d, err := db.BeginDelivery(ctx, tx, env, nil)
+	require.NoError(t, err)
+	qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = d.Tx.Exec(qctx, "SELECT pg_sleep(2)")
+	require.Error(t, err)
+	require.False(t, store.IsConnectionError(err), "%v", err)
+}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
@@ -124,5 +126,20 @@ func TestValidateSchema(t *testing.T) {
 	}
 	for _, good := range []string{"sagabox", "orders_v2", "_x"} {
 		require.NoError(t, store.ValidateSchema(good), good)
+	}
+}
+
+// The saga line goes down past version 10 with a restart request recorded:
+// version 9 knows no such request.
+func TestMigrateDownPastRestartRequests(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Store(t, store.LineMessaging, store.LineSaga)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{db.Store.Schema()}.Sanitize()+`.sagabox_saga_operation
+		(saga_id, action, actor, reason, params, applied_at) VALUES ($1, 'restart', 'a', 'r', '{"from":"x"}', now())`, uuid.New())
+	require.NoError(t, err)
+	for range 2 {
+		_, err = db.Store.MigrateDown(ctx, store.LineSaga, 1)
+		require.NoError(t, err)
 	}
 }

@@ -78,6 +78,30 @@ func TestOutboxWriteFillsEnvelope(t *testing.T) {
 	require.Equal(t, map[string]string{"k": "v"}, got.Headers)
 	require.JSONEq(t, `{"sku":"A"}`, string(got.Payload))
 	require.WithinDuration(t, msgs[0].CreatedAt, got.CreatedAt, time.Millisecond)
+	require.Zero(t, got.Run)
+}
+
+// A restarted saga's run travels with its messages through the outbox,
+// kept among the headers under a reserved key that the message's own
+// headers never show.
+func TestOutboxKeepsTheRun(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	for _, headers := range []map[string]string{nil, {"k": "v"}} {
+		write(t, s, message.Message{
+			Envelope: message.Envelope{
+				Type: "inventory.reserve", Kind: message.KindCommand, SagaID: uuid.New(), SagaType: "checkout",
+				Step: "reserve", Attempt: 1, Run: 2, ReplyTo: "orders", Headers: headers,
+			},
+			Payload: []byte(`{}`),
+		})
+	}
+	rows := claim(t, s, 10, "t")
+	require.Len(t, rows, 2)
+	for i, want := range []map[string]string{nil, {"k": "v"}} {
+		require.Equal(t, 2, rows[i].Message.Run)
+		require.Equal(t, want, rows[i].Message.Headers)
+	}
 }
 
 func TestOutboxWriteRejectsInvalidMessage(t *testing.T) {

@@ -138,7 +138,7 @@ type Operation struct {
 	// or "restart".
 	Action string
 	// Params are the action's parameters as JSON: a restart's
-	// RestartParams; nil for the other actions.
+	// orchestrator.RestartOpts; nil for the other actions.
 	Params      []byte
 	Actor       string
 	Reason      string

@@ -136,6 +136,7 @@ func Command(typ string) message.Message {
 			Step:          "reserve",
 			StepIndex:     2,
 			Attempt:       3,
+			Run:           1,
 			ReplyTo:       "orchestrator",
 			CorrelationID: id.String(),
 			CreatedAt:     time.Now().UTC(),

@@ -19,7 +19,6 @@ type SagaboxBarrier struct {
 	ReplyKind    string
 	ReplyPayload []byte
 	CreatedAt    time.Time
-	Run          int32
 }
 
 type SagaboxDeadLetterV struct {

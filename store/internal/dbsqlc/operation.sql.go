@@ -16,7 +16,10 @@ const sagaOperationClaim = `-- name: SagaOperationClaim :one
 SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error, o.withdrawn_at, o.withdrawn_by, o.params FROM /* TEMPLATE: schema */sagabox_saga_operation o
 LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
 WHERE o.applied_at IS NULL AND o.withdrawn_at IS NULL
-  AND (s.id IS NULL OR (s.saga_type, s.version) IN (
+  AND (s.id IS NULL OR (s.saga_type, CASE
+          WHEN o.action = 'restart' AND coalesce((o.params ->> 'version')::integer, 0) > 0
+          THEN (o.params ->> 'version')::integer
+          ELSE s.version END) IN (
       SELECT unnest($1::text[]), unnest($2::integer[])
   ))
 ORDER BY o.id
@@ -33,7 +36,8 @@ type SagaOperationClaimParams struct {
 // orchestrator is applying. Only requests for sagas of the definitions
 // (type, version pairs) the caller runs, or for sagas that do not exist (to
 // be refused), are claimed: requests left for another orchestrator never
-// hide the caller's own behind them.
+// hide the caller's own behind them. A restart onto another version is for
+// an orchestrator that runs that version.
 func (q *Queries) SagaOperationClaim(ctx context.Context, db DBTX, arg *SagaOperationClaimParams) (*SagaboxSagaOperation, error) {
 	row := db.QueryRow(ctx, sagaOperationClaim, arg.SagaTypes, arg.Versions)
 	var i SagaboxSagaOperation

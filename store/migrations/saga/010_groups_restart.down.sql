@@ -36,11 +36,14 @@ SELECT s.id,
        extract(epoch FROM coalesce(s.admitted_at, now()) - s.created_at)::float8 AS admission_wait_seconds
 FROM /* TEMPLATE: schema */sagabox_saga s;
 
--- Pending restart requests cannot be applied after the downgrade; the
--- applied ones stay, as the audit record they are.
-UPDATE /* TEMPLATE: schema */sagabox_saga_operation
-SET applied_at = now(), error = 'restart is not supported by this version'
-WHERE action = 'restart' AND applied_at IS NULL AND withdrawn_at IS NULL;
-ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation DROP COLUMN IF EXISTS params;
+-- Version 9 knows no restart request: they go (the sagas' histories keep
+-- their "restarted" entries).
+DELETE FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE action = 'restart';
+ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
+    DROP CONSTRAINT IF EXISTS sagabox_saga_operation_action_check,
+    DROP COLUMN IF EXISTS params;
+ALTER TABLE /* TEMPLATE: schema */sagabox_saga_operation
+    ADD CONSTRAINT sagabox_saga_operation_action_check
+    CHECK (action IN ('retry', 'cancel', 'terminate', 'abort'));
 
 ALTER TABLE /* TEMPLATE: schema */sagabox_saga DROP COLUMN IF EXISTS run;
