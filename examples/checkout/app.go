@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -37,6 +39,9 @@ type app struct {
 	inventory *inventory.Service
 	payment   *payment.Service
 	shipping  *shipping.Service
+
+	// webhookURL is the orders service's webhook, once it serves it.
+	webhookURL string
 }
 
 const (
@@ -47,7 +52,7 @@ const (
 func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*app, error) {
 	a := &app{
 		o: o, out: out, log: log,
-		orders:    orders.New(o.schemaPrefix + contract.ServiceOrders),
+		orders:    orders.New(orders.Config{Schema: o.schemaPrefix + contract.ServiceOrders, ConfirmTimeout: o.confirmTimeout}),
 		inventory: inventory.New(o.schemaPrefix + contract.ServiceInventory),
 		payment:   payment.New(o.schemaPrefix + contract.ServicePayment),
 		shipping:  shipping.New(o.schemaPrefix + contract.ServiceShipping),
@@ -176,6 +181,48 @@ func (a *app) orchestrator() (*orchestrator.Client, error) {
 	})
 }
 
+// serveWebhook serves the orders service's payment webhook (-webhook-addr)
+// until the returned function is called.
+func (a *app) serveWebhook(ctx context.Context, orch *orchestrator.Client) (func(), error) {
+	addr := a.o.webhookAddr
+	if addr == "" {
+		addr = defaultWebhookAddr
+		if a.o.service == "all" {
+			addr = "127.0.0.1:0"
+		}
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve the payment webhook (-webhook-addr): %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(orders.WebhookPath, a.orders.Webhook(a.pool, orch, a.obs.tracerProvider))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	a.webhookURL = "http://" + ln.Addr().String() + orders.WebhookPath
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
+
+// webhookURLs are where the payment provider sends its confirmations.
+func (a *app) webhookURLs() []string {
+	switch {
+	case a.o.webhookURL != "":
+		return strings.Split(a.o.webhookURL, ",")
+	case a.webhookURL != "":
+		return []string{a.webhookURL}
+	}
+	return []string{defaultWebhookURL}
+}
+
 // runner is anything with a blocking Run.
 type runner interface{ Run(context.Context) error }
 
@@ -197,6 +244,10 @@ func (a *app) run(ctx context.Context) error {
 			}
 			if err == nil {
 				runners = append(runners, orch)
+				var stopWebhook func()
+				if stopWebhook, err = a.serveWebhook(ctx, orch); err == nil {
+					defer stopWebhook()
+				}
 			}
 		case "inventory":
 			var c *participant.Client
@@ -207,7 +258,7 @@ func (a *app) run(ctx context.Context) error {
 		case "payment":
 			var c *participant.Client
 			var provider *payment.Provider
-			if provider, err = payment.StartProvider(ctx, a.pool, a.payment); err != nil {
+			if provider, err = payment.StartProvider(ctx, a.pool, a.payment, payment.ProviderConfig{WebhookURLs: a.webhookURLs()}); err != nil {
 				break
 			}
 			defer func() { _ = provider.Close() }()

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,13 +35,14 @@ import (
 )
 
 // The checkout services' fixed names in a fault run: one widget everyone
-// buys, one SKU that is sold out, one customer who can pay and one who
-// cannot.
+// buys, one SKU that is sold out, one customer who can pay, one who cannot,
+// and one whose charges the provider never confirms.
 const (
 	faultWidget  = "widget"
 	faultSoldOut = "gadget"
 	faultRich    = "alice"
 	faultBroke   = "bob"
+	faultHeld    = "carol"
 )
 
 // faultOrder is the input of one checkout saga of a fault run.
@@ -52,13 +56,18 @@ type faultOrder struct {
 // own. pay registers the payment participant's handlers (the real one's,
 // or a deliberately wrong one).
 type checkoutFaults struct {
-	pool                        *pgxpool.Pool
-	rmq                         rabbitmq.Config
-	ord                         *orders.Service
-	inv                         *inventory.Service
-	pay                         *payment.Service
-	ship                        *shipping.Service
-	widgetStock, richBalance    int64
+	pool                     *pgxpool.Pool
+	rmq                      rabbitmq.Config
+	ord                      *orders.Service
+	inv                      *inventory.Service
+	pay                      *payment.Service
+	ship                     *shipping.Service
+	widgetStock, richBalance int64
+	heldBalance              int64
+	provider                 *payment.Provider
+	// webhook is the orders service's payment webhook, set up once the
+	// schemas are migrated (Setup).
+	webhook                     atomic.Pointer[http.Handler]
 	register                    func(c *participant.Client)
 	extraSetup                  func(ctx context.Context, pool *pgxpool.Pool) error
 	extraInvariants             []faulttest.Invariant[faultOrder]
@@ -75,15 +84,38 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 	cf := &checkoutFaults{
 		pool: pool,
 		rmq:  amqptest.Config(t),
-		ord:  orders.New(prefix + contract.ServiceOrders),
+		ord:  orders.New(orders.Config{Schema: prefix + contract.ServiceOrders}),
 		inv:  inventory.New(prefix + contract.ServiceInventory),
 		pay:  payment.New(prefix + contract.ServicePayment),
 		ship: shipping.New(prefix + contract.ServiceShipping),
 	}
-	// The payment service charges through the example's outside provider.
-	provider, err := payment.StartProvider(t.Context(), pool, cf.pay)
+	// The orders service's webhook, where the provider confirms charges.
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = provider.Close() })
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := cf.webhook.Load()
+		if h == nil {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		(*h).ServeHTTP(w, r)
+	})}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	// The payment service charges through the example's outside provider.
+	provider, err := payment.StartProvider(t.Context(), pool, cf.pay, payment.ProviderConfig{
+		WebhookURLs: []string{"http://" + ln.Addr().String() + orders.WebhookPath},
+	})
+	require.NoError(t, err)
+	cf.provider = provider
+	t.Cleanup(func() {
+		_ = provider.Close()
+		_ = srv.Close()
+		<-served
+	})
 	cf.pay.UseProvider(provider.URL())
 	cf.register = cf.pay.Register
 	cf.rmq.Logger = nil
@@ -147,17 +179,21 @@ func (cf *checkoutFaults) scenario(sagas int, seed uint64, faults *faulttest.Fau
 }
 
 // input draws an order: most complete; some are refused by payment (the
-// stock is released) and some by inventory (nothing to undo).
+// stock is released), some by inventory (nothing to undo), and some are
+// charged but never confirmed by the provider (the wait times out: refund
+// and release).
 func (cf *checkoutFaults) input(rng *rand.Rand, i int) faultOrder {
 	o := faultOrder{Order: orders.Order{
 		ID: fmt.Sprintf("order-%03d", i), Customer: faultRich, SKU: faultWidget,
 		Qty: 1 + rng.IntN(3), AmountCents: int64(500 + 100*rng.IntN(50)), Address: "1 Saga Street",
 	}, want: saga.StatusCompleted}
 	switch p := rng.Float64(); {
-	case p < 0.15:
+	case p < 0.1:
 		o.Customer, o.want = faultBroke, saga.StatusCompensated
-	case p < 0.3:
+	case p < 0.2:
 		o.SKU, o.want = faultSoldOut, saga.StatusCompensated
+	case p < 0.3:
+		o.Customer, o.want = faultHeld, saga.StatusCompensated
 	}
 	return o
 }
@@ -170,13 +206,16 @@ func (cf *checkoutFaults) setup(ctx context.Context, pool *pgxpool.Pool, inputs 
 			return err
 		}
 	}
-	cf.widgetStock, cf.richBalance = 0, 0
+	cf.widgetStock, cf.richBalance, cf.heldBalance = 0, 0, 0
 	for _, in := range inputs {
 		if in.SKU == faultWidget {
 			cf.widgetStock += int64(in.Qty)
 		}
-		if in.want == saga.StatusCompleted {
+		switch {
+		case in.want == saga.StatusCompleted:
 			cf.richBalance += in.AmountCents
+		case in.Customer == faultHeld:
+			cf.heldBalance += in.AmountCents
 		}
 	}
 	for _, err := range []error{
@@ -184,11 +223,24 @@ func (cf *checkoutFaults) setup(ctx context.Context, pool *pgxpool.Pool, inputs 
 		cf.inv.Stock(ctx, pool, faultSoldOut, 0),
 		cf.pay.Account(ctx, pool, faultRich, cf.richBalance),
 		cf.pay.Account(ctx, pool, faultBroke, 0),
+		cf.pay.Account(ctx, pool, faultHeld, cf.heldBalance),
+		cf.pay.HoldConfirmations(ctx, pool, faultHeld),
 	} {
 		if err != nil {
 			return err
 		}
 	}
+	// The webhook sends the confirmations with a client of its own, as the
+	// orders service's handler does: a running orchestrator is not needed
+	// for SendEvent.
+	orch, err := orchestrator.NewClient(orchestrator.Config{
+		Pool: pool, Schema: cf.ord.Schema(), Service: contract.ServiceOrders, Definitions: []saga.Runner{cf.ord.Saga},
+	})
+	if err != nil {
+		return err
+	}
+	h := cf.ord.Webhook(pool, orch, nil)
+	cf.webhook.Store(&h)
 	if cf.extraSetup != nil {
 		return cf.extraSetup(ctx, pool)
 	}
@@ -243,6 +295,24 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 			`SELECT count(*) FROM {shipping}.shipment WHERE order_id = $1`, ifCompleted(1)),
 		perOrder("an order is confirmed if and only if it completed",
 			`SELECT count(*) FROM {orders}.orders WHERE id = $1 AND status = 'confirmed'`, ifCompleted(1)),
+		{Name: "a completed order has one payment confirmation, recorded once however often it was delivered",
+			CheckSaga: func(ctx context.Context, pool *pgxpool.Pool, r faulttest.Result[faultOrder]) error {
+				recorded, err := cf.count(ctx, pool, `SELECT payment_confirmations::bigint FROM {orders}.orders WHERE id = $1`, r.Input.ID)
+				if err != nil {
+					return err
+				}
+				made, err := cf.count(ctx, pool, `SELECT count(*) FROM {payment}.provider_webhook WHERE reference = $1`, r.Input.ID)
+				switch {
+				case err != nil:
+					return err
+				case recorded > made, r.Status == saga.StatusCompleted && (made != 1 || recorded != 1),
+					// A saga compensated by an injected timeout may get its
+					// confirmation after: recorded, and ignored by the saga.
+					r.Status == saga.StatusCompensated && !r.TimedOut && recorded != 0:
+					return fmt.Errorf("order %s (%s): the provider confirmed %d charges, the orders service recorded %d", r.Input.ID, r.Status, made, recorded)
+				}
+				return nil
+			}},
 		{Name: "stock taken = stock of completed orders", Check: func(ctx context.Context, pool *pgxpool.Pool, rs []faulttest.Result[faultOrder]) error {
 			available, err := cf.count(ctx, pool, `SELECT available::bigint FROM {inventory}.stock WHERE sku = $1`, faultWidget)
 			if err != nil {
@@ -270,6 +340,13 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 			}
 			if taken := cf.richBalance - balance; taken != paid {
 				return fmt.Errorf("%d cents taken from %s, completed orders cost %d", taken, faultRich, paid)
+			}
+			held, err := cf.count(ctx, pool, `SELECT balance_cents FROM {payment}.account WHERE customer = $1`, faultHeld)
+			if err != nil {
+				return err
+			}
+			if held != cf.heldBalance {
+				return fmt.Errorf("%s, whose charges are never confirmed, has %d cents, not the %d seeded", faultHeld, held, cf.heldBalance)
 			}
 			return nil
 		}},
@@ -378,6 +455,11 @@ func (w *wrongPayment) charge(ctx context.Context, tx pgx.Tx, req *participant.R
 	}
 	if _, err := tx.Exec(ctx, w.sql(`INSERT INTO payment.charge (order_id, customer, amount_cents) VALUES ($1, $2, $3)`),
 		req.Data.OrderID, req.Data.Customer, req.Data.AmountCents); err != nil {
+		return contract.PaymentCharged{}, err
+	}
+	// The provider confirms the charge (its webhook delivery picks this up).
+	if _, err := tx.Exec(ctx, w.sql(`INSERT INTO payment.provider_webhook (event_id, charge_id, reference, confirmed_at, next_at)
+		VALUES ($1, $1, $2, now(), now()) ON CONFLICT (event_id) DO NOTHING`), "evt-ch-"+req.Data.OrderID, req.Data.OrderID); err != nil {
 		return contract.PaymentCharged{}, err
 	}
 	return contract.PaymentCharged{ChargeID: "ch-" + req.Data.OrderID}, nil

@@ -1,8 +1,10 @@
 // Command checkout runs the sagabox checkout example: four services (orders,
 // inventory, payment, shipping), each with its own schema and queue. Orders
 // creates an order and starts the checkout saga in one transaction; the saga
-// reserves stock, charges the customer and creates a shipment, and
-// compensates (releases stock, refunds) when payment or inventory says no.
+// reserves stock, charges the customer, waits for the payment provider to
+// confirm the charge (a webhook the orders service receives), and creates a
+// shipment; it compensates (releases stock, refunds) when payment or
+// inventory says no or the confirmation does not come in time.
 //
 // With no arguments it runs all four services in one process, places a mix
 // of orders, shows progress, prints a summary and two saga timelines, and
@@ -58,7 +60,18 @@ type options struct {
 	trace        bool
 	verbose      bool
 	relayMode    string
+
+	confirmTimeout time.Duration
+	webhookAddr    string
+	webhookURL     string
 }
+
+// The webhook's address when the orders and payment services run as
+// separate processes and -webhook-addr, -webhook-url are not given.
+const (
+	defaultWebhookAddr = "127.0.0.1:7081"
+	defaultWebhookURL  = "http://" + defaultWebhookAddr + "/webhooks/payment"
+)
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
@@ -81,6 +94,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.trace, "trace", false, "print the spans of one saga's trace")
 	fs.BoolVar(&o.verbose, "v", false, "log at info level")
 	fs.StringVar(&o.relayMode, "relay-mode", "poll", "how the services' relays find their outbox rows: poll, or log (logical replication: needs wal_level = logical)")
+	fs.DurationVar(&o.confirmTimeout, "confirm-timeout", 5*time.Second, "how long a checkout waits for the payment provider's confirmation before it compensates")
+	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "orders service: serve the payment provider's webhook at this address (default: a free port with -service all, else "+defaultWebhookAddr+")")
+	fs.StringVar(&o.webhookURL, "webhook-url", "", "payment service: the orders service's webhook URL, or comma-separated URLs of its instances, tried in turn (default: the in-process one with -service all, else "+defaultWebhookURL+")")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -100,6 +116,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.rate < 0 {
 		return nil, fmt.Errorf("-rate %v: want 0 or more", o.rate)
+	}
+	if o.confirmTimeout <= 0 {
+		return nil, fmt.Errorf("-confirm-timeout %v: want a positive duration", o.confirmTimeout)
 	}
 	if o.orders < 0 {
 		return nil, fmt.Errorf("-orders %d: want 0 or more", o.orders)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -101,7 +102,25 @@ func TestCheckoutEndToEnd(t *testing.T) {
 	require.Contains(t, out.String(), "timeline of a compensated saga")
 	require.Contains(t, out.String(), "step-rejected")
 	require.Contains(t, out.String(), "compensation-sent")
+	// The payment provider's confirmation: received by the webhook and
+	// consumed by the waiting step, or (for the account on hold) never sent,
+	// so that the wait times out and the charge is refunded.
+	require.Contains(t, out.String(), "await-payment-confirmation  event-received")
+	require.Contains(t, out.String(), "await-payment-confirmation  timed-out")
+	require.Contains(t, out.String(), "payment.refund")
+	require.Regexp(t, `payment confirmations: the provider confirmed (\d+) charges in \d+ webhook calls \([1-9]\d* recognised as redeliveries here\); (\d+) recorded`, out.String())
 	require.Contains(t, out.String(), "invariants: OK")
+}
+
+// freeAddr returns a local address no one listens on now, for a service
+// that other processes must find at a known address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
 }
 
 // Running the example twice against the same schemas and queues works: setup
@@ -176,7 +195,9 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	require.NoError(t, err, "go build: %s", out)
 
 	runID := "kill" + dbtest.SchemaName(t)[2:8]
-	common := append(isolated(t), "-run-id", runID, "-orders", "40", "-fail-rate", "0.3")
+	webhook := freeAddr(t)
+	common := append(isolated(t), "-run-id", runID, "-orders", "40", "-fail-rate", "0.3",
+		"-webhook-addr", webhook, "-webhook-url", "http://"+webhook+"/webhooks/payment")
 	start := func(service string) (*exec.Cmd, *lockedBuffer) {
 		var buf lockedBuffer
 		cmd := exec.Command(bin, append(append([]string{}, common...), "-service", service)...)
@@ -299,7 +320,11 @@ func TestCheckoutSurvivesDatabaseRestart(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	var out, errOut lockedBuffer
-	args := append([]string{"-database-url", pg.URL(), "-orders", "40", "-fail-rate", "0.3", "-run-id", "dbrestart"}, isolatedQueues(t)...)
+	// The payment confirmations wait out the restart too (the webhook
+	// fails meanwhile and the provider calls again): a wait long enough for
+	// that, so that only the planned ones time out.
+	args := append([]string{"-database-url", pg.URL(), "-orders", "40", "-fail-rate", "0.3", "-run-id", "dbrestart",
+		"-confirm-timeout", "15s"}, isolatedQueues(t)...)
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &out, &errOut) }()
 
@@ -360,7 +385,7 @@ func TestCheckoutFurtherOrdersInstance(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out lockedBuffer
-	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5")
+	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5", "-webhook-addr", "127.0.0.1:0")
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &out, io.Discard) }()
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "orders service running") },

@@ -3,7 +3,11 @@
 // each participant import it; nothing else is shared between them.
 package contract
 
-import "github.com/sagabox/sagabox/saga"
+import (
+	"time"
+
+	"github.com/sagabox/sagabox/saga"
+)
 
 // ReserveStock asks inventory to set stock aside for an order.
 type ReserveStock struct {
@@ -49,6 +53,36 @@ type CreateShipment struct {
 type ShipmentCreated struct {
 	TrackingNumber string `json:"tracking_number"`
 }
+
+// PaymentConfirmed is the outside event the checkout saga waits for after
+// the charge: the payment provider confirms the charge asynchronously, by a
+// webhook the orders service turns into this event (orchestrator.SendEvent).
+type PaymentConfirmed struct {
+	ChargeID    string    `json:"charge_id"`
+	ConfirmedAt time.Time `json:"confirmed_at"`
+}
+
+// ProviderWebhook is the body of the payment provider's webhook call, which
+// tells the orders service that a charge is confirmed. It is the outside
+// provider's API, not a sagabox message: the provider may deliver one call
+// more than once, always with the same ID.
+type ProviderWebhook struct {
+	// ID is the provider's event id, the same on every delivery.
+	ID string `json:"id"`
+	// Type is "charge.confirmed".
+	Type string `json:"type"`
+	// ChargeID is the confirmed charge (PaymentCharged.ChargeID).
+	ChargeID string `json:"charge_id"`
+	// Reference is what the charge was made for: the order id.
+	Reference   string    `json:"reference"`
+	ConfirmedAt time.Time `json:"confirmed_at"`
+}
+
+// WebhookChargeConfirmed is the ProviderWebhook type of a confirmation.
+const WebhookChargeConfirmed = "charge.confirmed"
+
+// Confirmed is the contract of the payment provider's confirmation.
+var Confirmed = saga.NewEventType[PaymentConfirmed]("payment.confirmed")
 
 // The commands of the checkout saga, by stable name.
 var (
