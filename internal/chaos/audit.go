@@ -82,6 +82,15 @@ type report struct {
 	shipments, shipmentsCompleted, shipmentsCompensated         int64
 	confirmedCompensated, confirmedCompleted                    int64
 
+	// The payment provider's confirmations: made (one per confirmed
+	// charge), recorded by the orders service's webhook, recorded once for
+	// a completed order, recorded twice, recorded for others; the webhook
+	// calls answered and the confirmations left undelivered.
+	paymentConfirmationsMade, paymentConfirmationsRecorded int64
+	paymentConfirmedOnce, paymentConfirmedTwice            int64
+	paymentConfirmedOthers, webhookSends, webhookPending   int64
+	plannedUnconfirmed                                     int64
+
 	backlog     map[string]int64
 	deadOutbox  []string
 	deadInbox   []string
@@ -108,10 +117,11 @@ func (r *runner) audit(ctx context.Context, drained bool) (*report, error) {
 		return nil
 	}
 	// The plan, as the example builds it: orders of the broke customer are
-	// rejected by payment, orders of the sold-out SKU by inventory, every
-	// other order completes. The stock and the money seeded are exactly what
-	// the plan needs.
-	const planned = `CASE WHEN o.customer LIKE 'bob-%' OR o.sku LIKE 'gadget-%' THEN 'compensated' ELSE 'completed' END`
+	// rejected by payment, orders of the sold-out SKU by inventory, orders
+	// of the customer on hold are charged but never confirmed (the wait
+	// times out, the charge is refunded), every other order completes. The
+	// stock and the money seeded are exactly what the plan needs.
+	const planned = `CASE WHEN o.customer LIKE 'bob-%' OR o.customer LIKE 'carol-%' OR o.sku LIKE 'gadget-%' THEN 'compensated' ELSE 'completed' END`
 	checks := []struct {
 		dst *int64
 		sql string
@@ -127,7 +137,7 @@ func (r *runner) audit(ctx context.Context, drained bool) (*report, error) {
 			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE NOT r.released AND s.status = 'completed'`},
 		{&rep.heldByCompensated, `SELECT count(*) FROM inventory.reservation r JOIN orders.orders o ON o.id = r.order_id
 			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE NOT r.released AND s.status <> 'completed'`},
-		{&rep.moneyStart, `SELECT coalesce(sum(amount_cents), 0) FROM orders.orders o WHERE ` + planned + ` = 'completed'`},
+		{&rep.moneyStart, `SELECT coalesce(sum(amount_cents), 0) FROM orders.orders o WHERE ` + planned + ` = 'completed' OR o.customer LIKE 'carol-%'`},
 		{&rep.balance, `SELECT coalesce(sum(balance_cents), 0) FROM payment.account`},
 		{&rep.charged, `SELECT coalesce(sum(amount_cents), 0) FROM payment.charge WHERE NOT refunded`},
 		{&rep.chargedForCompleted, `SELECT coalesce(sum(o.amount_cents), 0) FROM orders.orders o
@@ -143,6 +153,16 @@ func (r *runner) audit(ctx context.Context, drained bool) (*report, error) {
 			WHERE s.status = 'completed' AND o.status = 'confirmed'`},
 		{&rep.confirmedCompensated, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
 			WHERE s.status <> 'completed' AND o.status = 'confirmed'`},
+		{&rep.paymentConfirmationsMade, `SELECT count(*) FROM payment.provider_webhook`},
+		{&rep.paymentConfirmationsRecorded, `SELECT coalesce(sum(payment_confirmations), 0) FROM orders.orders`},
+		{&rep.paymentConfirmedOnce, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
+			WHERE s.status = 'completed' AND o.payment_confirmations = 1`},
+		{&rep.paymentConfirmedTwice, `SELECT count(*) FROM orders.orders WHERE payment_confirmations > 1`},
+		{&rep.paymentConfirmedOthers, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
+			WHERE s.status <> 'completed' AND o.payment_confirmations > 0`},
+		{&rep.webhookSends, `SELECT coalesce(sum(sends), 0) FROM payment.provider_webhook`},
+		{&rep.webhookPending, `SELECT count(*) FROM payment.provider_webhook WHERE delivered_at IS NULL`},
+		{&rep.plannedUnconfirmed, `SELECT count(*) FROM orders.orders WHERE customer LIKE 'carol-%'`},
 		{&rep.timedOut, `SELECT count(*) FROM orders.sagabox_saga_history WHERE event = 'timed-out'`},
 		{&rep.ignored, `SELECT count(*) FROM orders.sagabox_saga_history WHERE event = 'reply-ignored'`},
 		{&rep.retried, `SELECT count(*) FROM orders.sagabox_saga_history WHERE event = 'retry-scheduled'`},
@@ -323,6 +343,11 @@ func (rep *report) checks() []check {
 			fmt.Sprintf("%d shipments for %d completed orders; %d for others", rep.shipments, rep.byStatus["completed"], rep.shipmentsCompensated)},
 		{"orders confirmed = completed", rep.confirmedCompleted == rep.byStatus["completed"] && rep.confirmedCompensated == 0,
 			fmt.Sprintf("%d confirmed of %d completed; %d others confirmed", rep.confirmedCompleted, rep.byStatus["completed"], rep.confirmedCompensated)},
+		{"payment confirmations = completed", rep.paymentConfirmationsMade == rep.paymentConfirmationsRecorded &&
+			rep.paymentConfirmedOnce == rep.byStatus["completed"] && rep.paymentConfirmedTwice == 0 && rep.paymentConfirmedOthers == 0,
+			fmt.Sprintf("provider confirmed %d charges in %d webhook calls, %d recorded; %d completed orders confirmed once, %d twice, %d others confirmed; %d planned unconfirmed; %d not marked delivered",
+				rep.paymentConfirmationsMade, rep.webhookSends, rep.paymentConfirmationsRecorded, rep.paymentConfirmedOnce,
+				rep.paymentConfirmedTwice, rep.paymentConfirmedOthers, rep.plannedUnconfirmed, rep.webhookPending)},
 		{"every duplicate recognised", rep.dupSeen == rep.dupInjected,
 			fmt.Sprintf("%d duplicate deliveries injected, %d counted as duplicates by the receiving inbox", rep.dupInjected, rep.dupSeen)},
 		{"outboxes drained", backlog == 0, fmt.Sprintf("orders %d, inventory %d, payment %d, shipping %d unpublished",
