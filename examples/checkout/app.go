@@ -17,6 +17,7 @@ import (
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/examples/checkout/loyalty"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/examples/checkout/payment"
 	"github.com/sagabox/sagabox/examples/checkout/shipping"
@@ -39,6 +40,7 @@ type app struct {
 	inventory *inventory.Service
 	payment   *payment.Service
 	shipping  *shipping.Service
+	loyalty   *loyalty.Service
 
 	// webhookURL is the orders service's webhook, once it serves it.
 	webhookURL string
@@ -56,6 +58,7 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 		inventory: inventory.New(o.schemaPrefix + contract.ServiceInventory),
 		payment:   payment.New(o.schemaPrefix + contract.ServicePayment),
 		shipping:  shipping.New(o.schemaPrefix + contract.ServiceShipping),
+		loyalty:   loyalty.New(o.schemaPrefix + contract.ServiceLoyalty),
 	}
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
@@ -129,6 +132,7 @@ func (a *app) setup(ctx context.Context) error {
 		"inventory": {a.inventory.Schema(), []store.Line{store.LineMessaging}, a.inventory.Setup},
 		"payment":   {a.payment.Schema(), []store.Line{store.LineMessaging}, a.payment.Setup},
 		"shipping":  {a.shipping.Schema(), []store.Line{store.LineMessaging}, a.shipping.Setup},
+		"loyalty":   {a.loyalty.Schema(), []store.Line{store.LineMessaging}, a.loyalty.Setup},
 	}
 	for _, name := range a.services() {
 		svc := all[name]
@@ -153,7 +157,7 @@ func (a *app) setup(ctx context.Context) error {
 
 func (a *app) services() []string {
 	if a.o.service == "all" {
-		return []string{"orders", "inventory", "payment", "shipping"}
+		return []string{"orders", "inventory", "payment", "shipping", "loyalty"}
 	}
 	return []string{a.o.service}
 }
@@ -270,6 +274,11 @@ func (a *app) run(ctx context.Context) error {
 		case "shipping":
 			var c *participant.Client
 			if c, err = a.participant(name, a.shipping.Register, a.shipping.Schema()); err == nil {
+				runners = append(runners, c)
+			}
+		case "loyalty":
+			var c *participant.Client
+			if c, err = a.participant(name, a.loyalty.Register, a.loyalty.Schema()); err == nil {
 				runners = append(runners, c)
 			}
 		}

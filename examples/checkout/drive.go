@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -304,20 +305,24 @@ func (a *app) timeline(ctx context.Context, orch *orchestrator.Client, id uuid.U
 }
 
 // checkInvariants audits the business state of every service for this run's
-// orders. It reads all four schemas on purpose: it is the example's auditor,
+// orders. It reads all five schemas on purpose: it is the example's auditor,
 // not a service (services never read each other's tables).
 func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status) error {
-	var completed, compensated []string
+	var completed, compensated, undeliverable []string
 	completedQty := 0
-	var completedAmount int64
+	var completedAmount, completedPoints int64
 	for i, o := range p.orders {
 		switch status[i] {
 		case saga.StatusCompleted:
 			completed = append(completed, o.ID)
 			completedQty += o.Qty
 			completedAmount += o.AmountCents
+			completedPoints += contract.PointsFor(o.AmountCents)
 		case saga.StatusCompensated:
 			compensated = append(compensated, o.ID)
+			if p.expected[i] == expectUndeliverable {
+				undeliverable = append(undeliverable, o.ID)
+			}
 		}
 	}
 	all := append(append([]string{}, completed...), compensated...)
@@ -332,6 +337,7 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 		query = strings.NewReplacer(
 			"{orders}", quoteIdent(a.orders.Schema()), "{inventory}", quoteIdent(a.inventory.Schema()),
 			"{payment}", quoteIdent(a.payment.Schema()), "{shipping}", quoteIdent(a.shipping.Schema()),
+			"{loyalty}", quoteIdent(a.loyalty.Schema()),
 		).Replace(query)
 		if err := a.pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
 			problems = append(problems, fmt.Sprintf("query failed: %v", err))
@@ -352,25 +358,39 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 	check(q(`SELECT count(*) FROM {payment}.charge WHERE order_id = ANY($1) AND NOT refunded`, compensated) == 0,
 		"a compensated order's charge was not refunded")
 
-	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1)`, completed) == int64(len(completed)),
+	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1) AND NOT cancelled`, completed) == int64(len(completed)),
 		"not every completed order was shipped")
-	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1)`, compensated) == 0,
+	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1) AND NOT cancelled`, compensated) == 0,
 		"a compensated order was shipped")
+
+	// Loyalty: the points of the completed orders are awarded, once; a
+	// compensated order's points (shipping rejected it) are revoked.
+	points := q(`SELECT coalesce(sum(points), 0) FROM {loyalty}.award WHERE order_id = ANY($1) AND NOT revoked`, all)
+	check(points == completedPoints, "%d loyalty points awarded, but completed orders earn %d", points, completedPoints)
+	check(q(`SELECT count(*) FROM {loyalty}.award WHERE order_id = ANY($1) AND NOT revoked`, completed) == int64(len(completed)),
+		"not every completed order earned its points")
+	check(q(`SELECT count(*) FROM {loyalty}.award WHERE order_id = ANY($1) AND NOT revoked`, compensated) == 0,
+		"a compensated order kept its loyalty points")
+	members := q(`SELECT coalesce(sum(points), 0) FROM {loyalty}.member WHERE customer = ANY($1)`, []string{p.rich, p.broke, p.held})
+	check(members == completedPoints, "the run's customers hold %d points, but completed orders earn %d", members, completedPoints)
+	revoked := q(`SELECT count(*) FROM {loyalty}.award WHERE order_id = ANY($1) AND revoked`, compensated)
 	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND status = 'confirmed'`, completed) == int64(len(completed)),
 		"not every completed order is confirmed")
 	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND status = 'confirmed'`, compensated) == 0,
 		"a compensated order is confirmed")
 
-	// The provider's confirmations: one recorded per completed order however
-	// often its webhook came, none for a compensated one (declined, or on
-	// hold: refunded after the wait timed out), and as many recorded as the
+	// The provider's confirmations: one recorded per confirmed charge
+	// (completed orders, and those shipping rejected after it) however often
+	// its webhook came, none for another order (declined, or on hold:
+	// refunded after the wait timed out), and as many recorded as the
 	// provider made.
-	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_confirmations = 1`, completed) == int64(len(completed)),
-		"not every completed order has exactly one payment confirmation recorded")
+	confirmed := append(append([]string{}, completed...), undeliverable...)
+	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_confirmations = 1`, confirmed) == int64(len(confirmed)),
+		"not every completed (or undeliverable) order has exactly one payment confirmation recorded")
 	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_confirmations > 1`, all) == 0,
 		"an order has a payment confirmation recorded twice")
-	check(q(`SELECT coalesce(sum(payment_confirmations), 0) FROM {orders}.orders WHERE id = ANY($1)`, compensated) == 0,
-		"a compensated order has a payment confirmation")
+	check(q(`SELECT coalesce(sum(payment_confirmations), 0) FROM {orders}.orders WHERE id = ANY($1) AND NOT id = ANY($2)`, compensated, undeliverable) == 0,
+		"a compensated order whose charge was never confirmed has a payment confirmation")
 	made := q(`SELECT count(*) FROM {payment}.provider_webhook WHERE reference = ANY($1)`, all)
 	recorded := q(`SELECT coalesce(sum(payment_confirmations), 0) FROM {orders}.orders WHERE id = ANY($1)`, all)
 	check(made == recorded, "the provider confirmed %d charges, the orders service recorded %d confirmations", made, recorded)
@@ -383,10 +403,12 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 		return errors.New("business invariants violated")
 	}
 	hooks := a.orders.WebhookStats()
-	fmt.Fprintf(a.out, "\npayment confirmations: the provider confirmed %d charges in %d webhook calls (%d recognised as redeliveries here); %d recorded, one per completed order\n",
+	fmt.Fprintf(a.out, "\npayment confirmations: the provider confirmed %d charges in %d webhook calls (%d recognised as redeliveries here); %d recorded, one per confirmed charge\n",
 		made, sends, hooks.Duplicates, recorded)
-	fmt.Fprintf(a.out, "\ninvariants: OK (stock held = stock of completed orders = %d; every compensated order released and refunded; %d shipments and %d payment confirmations for %d completed orders)\n",
-		completedQty, len(completed), recorded, len(completed))
+	fmt.Fprintf(a.out, "loyalty: %d points awarded for %d completed orders; %d awards revoked for compensated orders\n",
+		points, len(completed), revoked)
+	fmt.Fprintf(a.out, "\ninvariants: OK (stock held = stock of completed orders = %d; every compensated order released, refunded and its points revoked; %d shipments for %d completed orders)\n",
+		completedQty, len(completed), len(completed))
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/examples/checkout/loyalty"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/examples/checkout/payment"
 	"github.com/sagabox/sagabox/examples/checkout/shipping"
@@ -62,6 +63,7 @@ type checkoutFaults struct {
 	inv                      *inventory.Service
 	pay                      *payment.Service
 	ship                     *shipping.Service
+	loy                      *loyalty.Service
 	widgetStock, richBalance int64
 	heldBalance              int64
 	provider                 *payment.Provider
@@ -78,7 +80,7 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 	t.Helper()
 	pool := dbtest.PoolWith(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	prefix := dbtest.SchemaName(t) + "_"
-	for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+	for _, svc := range services {
 		dbtest.DropSchemaOnCleanup(t, pool, prefix+svc)
 	}
 	cf := &checkoutFaults{
@@ -88,6 +90,7 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 		inv:  inventory.New(prefix + contract.ServiceInventory),
 		pay:  payment.New(prefix + contract.ServicePayment),
 		ship: shipping.New(prefix + contract.ServiceShipping),
+		loy:  loyalty.New(prefix + contract.ServiceLoyalty),
 	}
 	// The orders service's webhook, where the provider confirms charges.
 	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
@@ -127,7 +130,7 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 			t.Errorf("cleanup: %v", err)
 			return
 		}
-		for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+		for _, svc := range services {
 			_ = b.Declare(ctx, transport.QueueSpec{Name: svc})
 		}
 		_ = b.Close()
@@ -158,6 +161,7 @@ func (cf *checkoutFaults) scenario(sagas int, seed uint64, faults *faulttest.Fau
 			part(contract.ServiceInventory, cf.inv.Schema(), cf.inv.Register),
 			part(contract.ServicePayment, cf.pay.Schema(), cf.register),
 			part(contract.ServiceShipping, cf.ship.Schema(), cf.ship.Register),
+			part(contract.ServiceLoyalty, cf.loy.Schema(), cf.loy.Register),
 		},
 		Migrate: true,
 		Sagas:   sagas,
@@ -179,21 +183,23 @@ func (cf *checkoutFaults) scenario(sagas int, seed uint64, faults *faulttest.Fau
 }
 
 // input draws an order: most complete; some are refused by payment (the
-// stock is released), some by inventory (nothing to undo), and some are
-// charged but never confirmed by the provider (the wait times out: refund
-// and release).
+// stock is released), some by inventory (nothing to undo), some are charged
+// but never confirmed by the provider (the wait times out: refund and
+// release), and some by shipping (points revoked, refund and release).
 func (cf *checkoutFaults) input(rng *rand.Rand, i int) faultOrder {
 	o := faultOrder{Order: orders.Order{
 		ID: fmt.Sprintf("order-%03d", i), Customer: faultRich, SKU: faultWidget,
 		Qty: 1 + rng.IntN(3), AmountCents: int64(500 + 100*rng.IntN(50)), Address: "1 Saga Street",
 	}, want: saga.StatusCompleted}
 	switch p := rng.Float64(); {
-	case p < 0.1:
+	case p < 0.08:
 		o.Customer, o.want = faultBroke, saga.StatusCompensated
-	case p < 0.2:
+	case p < 0.16:
 		o.SKU, o.want = faultSoldOut, saga.StatusCompensated
-	case p < 0.3:
+	case p < 0.24:
 		o.Customer, o.want = faultHeld, saga.StatusCompensated
+	case p < 0.32:
+		o.Address, o.want = contract.Undeliverable, saga.StatusCompensated
 	}
 	return o
 }
@@ -201,7 +207,7 @@ func (cf *checkoutFaults) input(rng *rand.Rand, i int) faultOrder {
 // setup creates the tables and stocks and funds exactly what the inputs
 // need.
 func (cf *checkoutFaults) setup(ctx context.Context, pool *pgxpool.Pool, inputs []faultOrder) error {
-	for _, f := range []func(context.Context, *pgxpool.Pool) error{cf.ord.Setup, cf.inv.Setup, cf.pay.Setup, cf.ship.Setup} {
+	for _, f := range []func(context.Context, *pgxpool.Pool) error{cf.ord.Setup, cf.inv.Setup, cf.pay.Setup, cf.ship.Setup, cf.loy.Setup} {
 		if err := f(ctx, pool); err != nil {
 			return err
 		}
@@ -212,7 +218,7 @@ func (cf *checkoutFaults) setup(ctx context.Context, pool *pgxpool.Pool, inputs 
 			cf.widgetStock += int64(in.Qty)
 		}
 		switch {
-		case in.want == saga.StatusCompleted:
+		case in.want == saga.StatusCompleted, in.Address == contract.Undeliverable:
 			cf.richBalance += in.AmountCents
 		case in.Customer == faultHeld:
 			cf.heldBalance += in.AmountCents
@@ -252,6 +258,7 @@ func (cf *checkoutFaults) count(ctx context.Context, pool *pgxpool.Pool, query s
 	query = strings.NewReplacer(
 		"{orders}", pgx.Identifier{cf.ord.Schema()}.Sanitize(), "{inventory}", pgx.Identifier{cf.inv.Schema()}.Sanitize(),
 		"{payment}", pgx.Identifier{cf.pay.Schema()}.Sanitize(), "{shipping}", pgx.Identifier{cf.ship.Schema()}.Sanitize(),
+		"{loyalty}", pgx.Identifier{cf.loy.Schema()}.Sanitize(),
 	).Replace(query)
 	var n int64
 	if err := pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
@@ -285,14 +292,19 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 		}
 	}
 	qtyIfCompleted := func(r faulttest.Result[faultOrder]) int64 { return ifCompleted(int64(r.Input.Qty))(r) }
+	pointsIfCompleted := func(r faulttest.Result[faultOrder]) int64 {
+		return ifCompleted(contract.PointsFor(r.Input.AmountCents))(r)
+	}
 	amountIfCompleted := func(r faulttest.Result[faultOrder]) int64 { return ifCompleted(r.Input.AmountCents)(r) }
 	return []faulttest.Invariant[faultOrder]{
 		perOrder("stock is held for an order if and only if it completed",
 			`SELECT coalesce(sum(qty), 0) FROM {inventory}.reservation WHERE order_id = $1 AND NOT released`, qtyIfCompleted),
 		perOrder("an order is charged if and only if it completed",
 			`SELECT coalesce(sum(amount_cents), 0) FROM {payment}.charge WHERE order_id = $1 AND NOT refunded`, amountIfCompleted),
-		perOrder("an order is shipped if and only if it completed",
-			`SELECT count(*) FROM {shipping}.shipment WHERE order_id = $1`, ifCompleted(1)),
+		perOrder("an order is shipped (and not cancelled) if and only if it completed",
+			`SELECT count(*) FROM {shipping}.shipment WHERE order_id = $1 AND NOT cancelled`, ifCompleted(1)),
+		perOrder("an order keeps its loyalty points if and only if it completed",
+			`SELECT coalesce(sum(points), 0) FROM {loyalty}.award WHERE order_id = $1 AND NOT revoked`, pointsIfCompleted),
 		perOrder("an order is confirmed if and only if it completed",
 			`SELECT count(*) FROM {orders}.orders WHERE id = $1 AND status = 'confirmed'`, ifCompleted(1)),
 		{Name: "a completed order has one payment confirmation, recorded once however often it was delivered",
@@ -306,9 +318,12 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 				case err != nil:
 					return err
 				case recorded > made, r.Status == saga.StatusCompleted && (made != 1 || recorded != 1),
+					// Shipping rejects an undeliverable order after its
+					// charge was confirmed.
+					r.Status == saga.StatusCompensated && r.Input.Address == contract.Undeliverable && !r.TimedOut && (made != 1 || recorded != 1),
 					// A saga compensated by an injected timeout may get its
 					// confirmation after: recorded, and ignored by the saga.
-					r.Status == saga.StatusCompensated && !r.TimedOut && recorded != 0:
+					r.Status == saga.StatusCompensated && r.Input.Address != contract.Undeliverable && !r.TimedOut && recorded != 0:
 					return fmt.Errorf("order %s (%s): the provider confirmed %d charges, the orders service recorded %d", r.Input.ID, r.Status, made, recorded)
 				}
 				return nil
@@ -324,6 +339,20 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 			}
 			if taken := cf.widgetStock - available; taken != bought {
 				return fmt.Errorf("%d of %s taken from stock, completed orders bought %d", taken, faultWidget, bought)
+			}
+			return nil
+		}},
+		{Name: "points held = points of completed orders", Check: func(ctx context.Context, pool *pgxpool.Pool, rs []faulttest.Result[faultOrder]) error {
+			held, err := cf.count(ctx, pool, `SELECT coalesce(sum(points), 0) FROM {loyalty}.member`)
+			if err != nil {
+				return err
+			}
+			var earned int64
+			for _, r := range rs {
+				earned += pointsIfCompleted(r)
+			}
+			if held != earned {
+				return fmt.Errorf("customers hold %d loyalty points, completed orders earned %d", held, earned)
 			}
 			return nil
 		}},

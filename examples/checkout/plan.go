@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/examples/checkout/payment"
@@ -23,6 +24,10 @@ const (
 	// expectUnconfirmed: the provider never confirms the charge; the wait
 	// times out and the charge is refunded, the reservation released.
 	expectUnconfirmed
+	// expectUndeliverable: shipping rejects the address; the points
+	// awarded beside it are revoked, the charge refunded, the reservation
+	// released.
+	expectUndeliverable
 )
 
 // plan is the run's orders and the stock and accounts they need. Every
@@ -70,16 +75,19 @@ func newPlan(runID string, n int, failRate float64) *plan {
 		}
 		want := expectCompleted
 		if rng.Float64() < failRate {
-			// Take the three kinds of failure in turn.
-			switch failures % 3 {
+			// Take the four kinds of failure in turn.
+			switch failures % 4 {
 			case 0:
 				want, o.Customer = expectNoFunds, p.broke
 			case 1:
 				want, o.SKU = expectNoStock, p.soldOut
-			default:
+			case 2:
 				want, o.Customer = expectUnconfirmed, p.held
 				p.heldBalanceCents += o.AmountCents
 				p.unconfirmed++
+			default:
+				want, o.Address = expectUndeliverable, contract.Undeliverable
+				p.richBalanceCents += o.AmountCents // charged, then refunded
 			}
 			failures++
 		}
@@ -107,8 +115,9 @@ func (p *plan) seedInventory(ctx context.Context, pool *pgxpool.Pool, s *invento
 	return nil
 }
 
-// seedPayment funds exactly the orders meant to succeed, and those whose
-// charges the provider never confirms (on an account on hold).
+// seedPayment funds exactly the orders that are charged: those meant to
+// succeed, those shipping rejects, and those whose charges the provider
+// never confirms (on an account on hold); the last two are refunded.
 func (p *plan) seedPayment(ctx context.Context, pool *pgxpool.Pool, s *payment.Service) error {
 	if err := s.Account(ctx, pool, p.rich, p.richBalanceCents); err != nil {
 		return fmt.Errorf("seed payment: %w", err)

@@ -149,7 +149,7 @@ func freeAddr(ctx context.Context) (string, error) {
 	return addr, ln.Close()
 }
 
-var schemas = []string{"orders", "inventory", "payment", "shipping"}
+var schemas = []string{"orders", "inventory", "payment", "shipping", "loyalty"}
 
 func (r *runner) run(ctx context.Context) (bool, error) {
 	var err error

@@ -33,6 +33,9 @@ type Checkout struct {
 	// payment.confirmed event).
 	PaymentConfirmedAt time.Time `json:"payment_confirmed_at,omitzero"`
 	TrackingNumber     string    `json:"tracking_number,omitempty"`
+	// PointsAwardID and PointsBalance are loyalty's answer.
+	PointsAwardID string `json:"points_award_id,omitempty"`
+	PointsBalance int64  `json:"points_balance,omitempty"`
 }
 
 // SagaName is the checkout definition's name: with an order's id (its start
@@ -92,10 +95,12 @@ func (s *Service) SQL(query string) string {
 }
 
 // definition is the checkout saga: reserve stock, charge the customer, wait
-// for the payment provider to confirm the charge, create the shipment, then
-// confirm the order locally. A rejection by payment releases the stock; a
-// rejection by inventory undoes nothing; a confirmation that does not come
-// in time refunds the charge and releases the stock.
+// for the payment provider to confirm the charge, award loyalty points and
+// create the shipment, then confirm the order locally. A rejection by
+// payment releases the stock; a rejection by inventory undoes nothing; a
+// confirmation that does not come in time refunds the charge and releases
+// the stock; a rejection by shipping revokes the points, refunds and
+// releases.
 func (s *Service) definition() *saga.Definition[Checkout] {
 	retry := saga.RetryPolicy{MaxAttempts: 3, InitialInterval: time.Second}
 	return saga.MustNew(SagaName, 1,
@@ -130,18 +135,45 @@ func (s *Service) definition() *saga.Definition[Checkout] {
 			func(d *Checkout, e contract.PaymentConfirmed) { d.PaymentConfirmedAt = e.ConfirmedAt },
 			saga.WithTimeout[Checkout](s.confirmTimeout),
 		),
-		saga.Step("create-shipment",
-			saga.Invoke(contract.Ship,
-				func(d *Checkout) contract.CreateShipment {
-					return contract.CreateShipment{OrderID: d.OrderID, Address: d.Address}
-				},
-				func(d *Checkout, r contract.ShipmentCreated) { d.TrackingNumber = r.TrackingNumber }),
-		),
+		s.awardPoints(retry),
+		s.createShipment(),
 		saga.LocalStep("confirm-order", func(ctx context.Context, d *Checkout) error {
 			_, err := orchestrator.TxFromContext(ctx).Exec(ctx,
 				s.sql(`UPDATE orders.orders SET status = 'confirmed', tracking_number = $2 WHERE id = $1`), d.OrderID, d.TrackingNumber)
 			return err
 		}),
+	)
+}
+
+// createShipment asks shipping to ship the order; a shipment is cancelled
+// if the checkout is compensated after it (loyalty timed out).
+func (s *Service) createShipment() *saga.StepSpec[Checkout] {
+	return saga.Step("create-shipment",
+		saga.Invoke(contract.Ship,
+			func(d *Checkout) contract.CreateShipment {
+				return contract.CreateShipment{OrderID: d.OrderID, Address: d.Address}
+			},
+			func(d *Checkout, r contract.ShipmentCreated) { d.TrackingNumber = r.TrackingNumber }),
+		saga.Compensate(contract.Unship, func(d *Checkout) contract.CancelShipment {
+			return contract.CancelShipment{OrderID: d.OrderID}
+		}),
+	)
+}
+
+// awardPoints asks loyalty to award the customer points for the order,
+// revoked if the checkout is compensated (shipping rejected it).
+func (s *Service) awardPoints(retry saga.RetryPolicy) *saga.StepSpec[Checkout] {
+	return saga.Step("award-points",
+		saga.Invoke(contract.Award,
+			func(d *Checkout) contract.AwardPoints {
+				return contract.AwardPoints{OrderID: d.OrderID, Customer: d.Customer, Points: contract.PointsFor(d.AmountCents)}
+			},
+			func(d *Checkout, r contract.PointsAwarded) { d.PointsAwardID, d.PointsBalance = r.AwardID, r.Balance }),
+		saga.Compensate(contract.Revoke, func(d *Checkout) contract.RevokePoints {
+			return contract.RevokePoints{OrderID: d.OrderID}
+		}),
+		saga.WithTimeout[Checkout](30*time.Second),
+		saga.WithRetry[Checkout](retry),
 	)
 }
 
