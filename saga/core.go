@@ -81,6 +81,35 @@ type Runner interface {
 	// Any of them in another status is an error wrapping
 	// ErrInvalidTransition.
 	//
+	// A parallel group (Parallel) is in flight as a whole: the saga's
+	// CurrentStep is its first branch, a reply is accepted for any of its
+	// branches, and each branch has its own attempts and deadline (an
+	// EventTimer handles every branch whose deadline has passed). A branch's
+	// success reply is decoded at once and held (StepState.Reply) until every
+	// branch has succeeded; the held replies are then applied in declaration
+	// order and the saga moves past the group. A branch's rejection or
+	// exhausted timeout, or a cancel, unwinds the group: the held replies are
+	// applied, and the compensations of the branches in flight and of those
+	// that succeeded are sent at once; once none of them is in flight, the
+	// saga is failed if one of them failed, and otherwise compensates the
+	// steps before the group. Compensating past a group (a later step
+	// failed) likewise compensates its succeeded branches at once. A retry
+	// re-sends each branch in flight, or each compensation that failed.
+	//
+	// EventRestart runs a failed or compensated saga again from the step
+	// ev.Step (a branch's name, or a group's, restarts its whole group) on
+	// this definition, which may be a newer version of the instance's than
+	// the one it ran (Apply takes any older version for a restart): the
+	// steps before it keep their state and must have their action in effect
+	// (succeeded, skipped, or compensation-failed, and in a newer version
+	// the same steps at the same places); the others start again. The
+	// instance's Run is incremented and carried by the new commands, so that
+	// the participants' barriers perform them again and replies to the
+	// earlier run are ignored. The data is the stored data or, when
+	// ev.Payload is set, that replacement, decoded strictly into D (an error
+	// wrapping ErrInvalidPayload otherwise). A refused restart is an error
+	// wrapping ErrInvalidTransition.
+	//
 	// Other errors: an instance of another definition or a corrupt one
 	// (ErrInvalidInstance), an unknown event kind or an event without At
 	// (ErrInvalidEvent), or a local step that failed without rejecting.
@@ -112,7 +141,7 @@ func (def *Definition[D]) Start(ctx context.Context, id uuid.UUID, data json.Raw
 		Steps:       make([]StepState, len(def.steps)),
 	}
 	for i, s := range def.steps {
-		m.inst.Steps[i] = StepState{Name: s.name, Status: StepPending}
+		m.inst.Steps[i] = StepState{Name: s.name, Status: StepPending, Group: s.group}
 	}
 	m.record(HistoryEntry{Event: HistoryStarted, StepIndex: -1, Phase: PhaseAction, Detail: def.String()})
 	if err := m.advance(0); err != nil {
@@ -123,11 +152,16 @@ func (def *Definition[D]) Start(ctx context.Context, id uuid.UUID, data json.Raw
 
 // Apply implements Runner.
 func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (Result, error) {
-	if err := def.checkInstance(inst); err != nil {
-		return Result{}, err
+	if ev.Kind != EventRestart {
+		if err := def.checkInstance(inst); err != nil {
+			return Result{}, err
+		}
 	}
 	if ev.At.IsZero() {
 		return Result{}, fmt.Errorf("%w: %s event for saga %s has no time", ErrInvalidEvent, ev.Kind, inst.ID)
+	}
+	if ev.Kind == EventRestart {
+		return def.restart(ctx, inst, ev)
 	}
 	d, err := def.DecodeData(inst.Data)
 	if err != nil {
@@ -158,6 +192,81 @@ func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (R
 	if m.res.Ignored {
 		m.res.Instance = inst
 		return m.res, nil
+	}
+	return m.finish()
+}
+
+// restart runs the failed or compensated saga inst again from the step
+// ev.Step (EventRestart), on this definition, which may be a newer version
+// of inst's.
+func (def *Definition[D]) restart(ctx context.Context, inst Instance, ev Event) (Result, error) {
+	refuse := func(format string, args ...any) (Result, error) {
+		return Result{}, fmt.Errorf("%w: restart saga %s: %s", ErrInvalidTransition, inst.ID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case inst.Type != def.name:
+		return Result{}, fmt.Errorf("%w: saga %s: instance is of %s, not %s", ErrInvalidInstance, inst.ID, inst.Type, def.name)
+	case inst.Version > def.version:
+		return refuse("it runs version %d; it cannot restart on the older %s", inst.Version, def)
+	case inst.Status != StatusFailed && inst.Status != StatusCompensated:
+		return refuse("only a failed or compensated saga can be restarted, this one is %s", inst.Status)
+	}
+	from := -1
+	for _, s := range def.steps {
+		if s.name == ev.Step || (s.group != "" && s.group == ev.Step) {
+			from = s.spanStart // a branch restarts its whole group
+			break
+		}
+	}
+	if from < 0 {
+		return refuse("%s has no step or parallel group %q", def, ev.Step)
+	}
+	for k := range from {
+		if k >= len(inst.Steps) || inst.Steps[k].Name != def.steps[k].name {
+			return refuse("step %d of %s is %q, which the saga (version %d) did not run at that place; restart from an earlier step", k, def, def.steps[k].name, inst.Version)
+		}
+		// A compensation that failed undid nothing: its action stands.
+		if st := inst.Steps[k].Status; st != StepSucceeded && st != StepSkipped && st != StepCompensationFailed {
+			return refuse("step %q before %q is %s, so its action is not in effect; restart from it or an earlier step", inst.Steps[k].Name, ev.Step, st)
+		}
+	}
+	var d D
+	if len(ev.Payload) > 0 {
+		if err := decodeStrict(ev.Payload, &d); err != nil {
+			return Result{}, fmt.Errorf("%w: restart saga %s: replacement data for %s: %w", ErrInvalidPayload, inst.ID, def, err)
+		}
+	} else {
+		var err error
+		if d, err = def.DecodeData(inst.Data); err != nil {
+			return Result{}, fmt.Errorf("%w: saga %s: %w", ErrInvalidInstance, inst.ID, err)
+		}
+	}
+	m := &machine[D]{def: def, ctx: ctx, data: d, now: ev.At.UTC(), ev: &ev}
+	m.inst = inst
+	m.inst.Version, m.inst.Run = def.version, inst.Run+1
+	m.inst.Status, m.inst.Phase, m.inst.CurrentStep, m.inst.LastError = StatusRunning, PhaseAction, -1, ""
+	m.inst.Steps = make([]StepState, len(def.steps))
+	for k, s := range def.steps {
+		if k < from {
+			m.inst.Steps[k] = inst.Steps[k]
+			m.inst.Steps[k].Deadline, m.inst.Steps[k].Reply = time.Time{}, nil
+			continue
+		}
+		m.inst.Steps[k] = StepState{Name: s.name, Status: StepPending, Group: s.group}
+	}
+	detail := fmt.Sprintf("from step %q: run %d, after run %d ended %s", def.steps[from].name, m.inst.Run, inst.Run, inst.Status)
+	if inst.Version != def.version {
+		detail += fmt.Sprintf("; definition version %d, was %d", def.version, inst.Version)
+	}
+	if len(ev.Payload) > 0 {
+		detail += "; data replaced by the operator"
+	}
+	if ev.Reason != "" {
+		detail += ": " + ev.Reason
+	}
+	m.record(HistoryEntry{Event: HistoryRestarted, StepIndex: from, Phase: PhaseAction, Detail: detail, Actor: ev.Actor})
+	if err := m.advance(from); err != nil {
+		return Result{}, err
 	}
 	return m.finish()
 }
@@ -240,6 +349,14 @@ func (m *machine[D]) errorf(i int, format string, args ...any) error {
 func (m *machine[D]) advance(i int) error {
 	for ; i < len(m.def.steps); i++ {
 		s, st := m.def.steps[i], &m.inst.Steps[i]
+		if s.group != "" {
+			sent, err := m.fork(i)
+			if err != nil || sent {
+				return err
+			}
+			i = s.spanEnd - 1
+			continue
+		}
 		st.StartedAt = m.now
 		if s.when != nil && !s.when(&m.data) {
 			st.Status, st.FinishedAt = StepSkipped, m.now
@@ -296,6 +413,64 @@ func (m *machine[D]) runLocal(s *StepSpec[D]) (rejected, err error) {
 	return err, nil
 }
 
+// fork sends the action of every branch of the parallel group that starts
+// at step start, but those whose predicate is false, and makes the group the
+// saga's current step. It reports whether it sent any: a group whose
+// branches are all skipped is passed over.
+func (m *machine[D]) fork(start int) (sent bool, err error) {
+	for k := start; k < m.def.steps[start].spanEnd; k++ {
+		s, st := m.def.steps[k], &m.inst.Steps[k]
+		st.StartedAt = m.now
+		if s.when != nil && !s.when(&m.data) {
+			st.Status, st.FinishedAt = StepSkipped, m.now
+			m.record(HistoryEntry{Event: HistoryStepSkipped, StepIndex: k, Phase: PhaseAction, Detail: "predicate returned false"})
+			continue
+		}
+		if err := m.sendAction(k, 1); err != nil {
+			return false, err
+		}
+		sent = true
+	}
+	if sent {
+		m.inst.CurrentStep = start
+	}
+	return sent, nil
+}
+
+// span returns the steps [start, end) in flight together with step i: its
+// parallel group, or i alone.
+func (m *machine[D]) span(i int) (start, end int) {
+	s := m.def.steps[i]
+	return s.spanStart, s.spanEnd
+}
+
+// joinable reports whether every step of the span [start, end) has
+// succeeded or was skipped.
+func (m *machine[D]) joinable(start, end int) bool {
+	for k := start; k < end; k++ {
+		if st := m.inst.Steps[k].Status; st != StepSucceeded && st != StepSkipped {
+			return false
+		}
+	}
+	return true
+}
+
+// applyHeld applies to the data the success replies that the branches of
+// the span [start, end) hold, in declaration order, and drops them.
+func (m *machine[D]) applyHeld(start, end int) error {
+	for k := start; k < end; k++ {
+		st := &m.inst.Steps[k]
+		if st.Reply == nil {
+			continue
+		}
+		if err := m.def.steps[k].action.apply(&m.data, st.Reply); err != nil {
+			return m.errorf(k, "apply reply: %w", err)
+		}
+		st.Reply = nil
+	}
+	return nil
+}
+
 // sendAction emits attempt of step i's action.
 func (m *machine[D]) sendAction(i, attempt int) error {
 	s, st := m.def.steps[i], &m.inst.Steps[i]
@@ -305,14 +480,14 @@ func (m *machine[D]) sendAction(i, attempt int) error {
 	}
 	st.Status, st.Attempt, st.Deadline = StepRunning, attempt, m.after(s.timeout)
 	m.res.Emit = append(m.res.Emit, Outgoing{
-		Type: s.action.command, Phase: PhaseAction, Step: s.name, StepIndex: i, Attempt: attempt, Payload: payload,
+		Type: s.action.command, Phase: PhaseAction, Step: s.name, StepIndex: i, Attempt: attempt, Run: m.inst.Run, Payload: payload,
 	})
 	m.record(HistoryEntry{Event: HistoryCommandSent, StepIndex: i, Phase: PhaseAction, Attempt: attempt, Detail: s.action.command})
 	return nil
 }
 
-// sendCompensation emits attempt of step i's compensation and makes it the
-// current step of a compensating saga.
+// sendCompensation emits attempt of step i's compensation and makes it (or
+// its parallel group) the current step of a compensating saga.
 func (m *machine[D]) sendCompensation(i, attempt int) error {
 	s, st := m.def.steps[i], &m.inst.Steps[i]
 	payload, err := s.compensation.request(&m.data)
@@ -320,9 +495,9 @@ func (m *machine[D]) sendCompensation(i, attempt int) error {
 		return m.errorf(i, "build compensation request: %w", err)
 	}
 	st.Status, st.CompensationAttempt, st.Deadline = StepCompensating, attempt, m.after(s.compTimeout)
-	m.inst.Status, m.inst.Phase, m.inst.CurrentStep = StatusCompensating, PhaseCompensation, i
+	m.inst.Status, m.inst.Phase, m.inst.CurrentStep = StatusCompensating, PhaseCompensation, s.spanStart
 	m.res.Emit = append(m.res.Emit, Outgoing{
-		Type: s.compensation.command, Phase: PhaseCompensation, Step: s.name, StepIndex: i, Attempt: attempt, Payload: payload,
+		Type: s.compensation.command, Phase: PhaseCompensation, Step: s.name, StepIndex: i, Attempt: attempt, Run: m.inst.Run, Payload: payload,
 	})
 	m.record(HistoryEntry{Event: HistoryCompensationSent, StepIndex: i, Phase: PhaseCompensation, Attempt: attempt, Detail: s.compensation.command})
 	return nil
@@ -341,6 +516,14 @@ func (m *machine[D]) after(d time.Duration) time.Time {
 func (m *machine[D]) compensateFrom(i int) error {
 	m.inst.Phase = PhaseCompensation
 	for ; i >= 0; i-- {
+		if start, end := m.span(i); end-start > 1 {
+			sent, err := m.compensateGroup(start, end)
+			if err != nil || sent {
+				return err
+			}
+			i = start
+			continue
+		}
 		if m.inst.Steps[i].Status != StepSucceeded {
 			continue
 		}
@@ -355,17 +538,103 @@ func (m *machine[D]) compensateFrom(i int) error {
 	return nil
 }
 
+// compensateGroup sends, at once, the compensation of every succeeded
+// branch of the parallel group [start, end) that has one, and makes the
+// group the saga's current step. It reports whether it sent any.
+func (m *machine[D]) compensateGroup(start, end int) (sent bool, err error) {
+	for k := start; k < end; k++ {
+		if m.inst.Steps[k].Status != StepSucceeded {
+			continue
+		}
+		if m.def.steps[k].compensation == nil {
+			m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: k, Phase: PhaseCompensation, Detail: "no compensation"})
+			continue
+		}
+		if err := m.sendCompensation(k, 1); err != nil {
+			return false, err
+		}
+		sent = true
+	}
+	if sent {
+		m.inst.CurrentStep = start
+	}
+	return sent, nil
+}
+
 // abandon compensates from step i, whose action is in flight and may have
 // run: its own compensation first, if it has one; otherwise it is marked
-// status (timed out or aborted) and the earlier steps are compensated.
+// status (timed out) and the earlier steps are compensated. A branch of a
+// parallel group unwinds its group.
 func (m *machine[D]) abandon(i int, status StepStatus) error {
-	if m.def.steps[i].compensation != nil {
-		return m.sendCompensation(i, 1)
+	if m.def.steps[i].compensation == nil {
+		st := &m.inst.Steps[i]
+		st.Status, st.FinishedAt, st.Deadline = status, m.now, time.Time{}
+		m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: i, Phase: PhaseCompensation, Detail: "no compensation"})
 	}
-	st := &m.inst.Steps[i]
-	st.Status, st.FinishedAt, st.Deadline = status, m.now, time.Time{}
-	m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: i, Phase: PhaseCompensation, Detail: "no compensation"})
-	return m.compensateFrom(i - 1)
+	return m.unwind(m.span(i))
+}
+
+// unwind starts the compensation of the span [start, end) in flight (a step,
+// or a parallel group one of whose branches failed): the replies its
+// branches hold are applied, in declaration order; each step still in flight
+// is abandoned, its compensation sent through the participant's barrier
+// because it may have run (or, without one, it is marked StepAborted); each
+// succeeded branch's compensation is sent; all at once. When nothing was
+// sent, the steps before the span are compensated.
+func (m *machine[D]) unwind(start, end int) error {
+	m.inst.Phase = PhaseCompensation
+	if err := m.applyHeld(start, end); err != nil {
+		return err
+	}
+	sent := false
+	for k := start; k < end; k++ {
+		st := &m.inst.Steps[k]
+		switch st.Status {
+		case StepRunning, StepWaitingRetry, StepWaitingEvent:
+		case StepSucceeded:
+			if end-start == 1 {
+				continue // a step alone is compensated by compensateFrom
+			}
+		default:
+			continue
+		}
+		if m.def.steps[k].compensation == nil {
+			if st.Status != StepSucceeded {
+				st.Status, st.FinishedAt, st.Deadline = StepAborted, m.now, time.Time{}
+			}
+			m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: k, Phase: PhaseCompensation, Detail: "no compensation"})
+			continue
+		}
+		if err := m.sendCompensation(k, 1); err != nil {
+			return err
+		}
+		sent = true
+	}
+	if sent {
+		m.inst.CurrentStep = start
+		return nil
+	}
+	return m.compensateFrom(start - 1)
+}
+
+// settleCompensation decides what follows a compensation reply to a step
+// of the span [start, end): nothing while another of its compensations is
+// in flight; then the saga fails if one of them failed, or the steps before
+// the span are compensated.
+func (m *machine[D]) settleCompensation(start, end int) error {
+	for k := start; k < end; k++ {
+		if m.inst.Steps[k].Status == StepCompensating {
+			return nil
+		}
+	}
+	for k := start; k < end; k++ {
+		if st := m.inst.Steps[k]; st.Status == StepCompensationFailed {
+			m.inst.Status, m.inst.CurrentStep, m.inst.LastError = StatusFailed, start, st.LastError
+			m.record(HistoryEntry{Event: HistoryFailed, StepIndex: -1, Phase: PhaseCompensation, Detail: st.LastError})
+			return nil
+		}
+	}
+	return m.compensateFrom(start - 1)
 }
 
 // ignore marks the event as ignored; a reply also gets a history entry.
@@ -379,18 +648,26 @@ func (m *machine[D]) ignore(reason string) {
 	}
 }
 
-// staleReply returns why the reply does not belong to the step and phase in
+// staleReply returns why the reply does not belong to a step and phase in
 // flight, or "" if it does.
 func (m *machine[D]) staleReply() string {
 	ev, inst := m.ev, &m.inst
 	if inst.Status != StatusRunning && inst.Status != StatusCompensating {
 		return fmt.Sprintf("%s reply %q for step %q: the saga is %s", ev.Kind, ev.Type, ev.Step, inst.Status)
 	}
-	i := inst.CurrentStep
-	s, st := m.def.steps[i], &inst.Steps[i]
-	if ev.StepIndex != i || ev.Step != s.name {
-		return fmt.Sprintf("%s reply %q for step %q (index %d): the current step is %q (index %d)", ev.Kind, ev.Type, ev.Step, ev.StepIndex, s.name, i)
+	if ev.Run != inst.Run {
+		return fmt.Sprintf("%s reply %q for step %q: it answers run %d, the saga was restarted and is in run %d", ev.Kind, ev.Type, ev.Step, ev.Run, inst.Run)
 	}
+	i := inst.CurrentStep
+	start, end := m.span(i)
+	if k := ev.StepIndex; k < start || k >= end || ev.Step != m.def.steps[k].name {
+		if end-start == 1 {
+			s := m.def.steps[i]
+			return fmt.Sprintf("%s reply %q for step %q (index %d): the current step is %q (index %d)", ev.Kind, ev.Type, ev.Step, ev.StepIndex, s.name, i)
+		}
+		return fmt.Sprintf("%s reply %q for step %q (index %d): the current steps are those of group %q (indices %d to %d)", ev.Kind, ev.Type, ev.Step, ev.StepIndex, m.def.steps[i].group, start, end-1)
+	}
+	s, st := m.def.steps[ev.StepIndex], &inst.Steps[ev.StepIndex]
 	var want string
 	var sent int
 	var inFlight bool
@@ -444,26 +721,46 @@ func (m *machine[D]) reply() error {
 		m.ignore(reason)
 		return nil
 	}
-	ev, i := m.ev, m.inst.CurrentStep
+	ev, i := m.ev, m.ev.StepIndex
+	start, end := m.span(i)
 	s, st := m.def.steps[i], &m.inst.Steps[i]
 	entry := HistoryEntry{StepIndex: i, Phase: m.inst.Phase, Attempt: ev.Attempt, MessageID: ev.MessageID}
 	st.Deadline = time.Time{}
 	switch {
 	case m.inst.Phase == PhaseAction && ev.Kind == EventReplySuccess:
-		if err := s.action.apply(&m.data, ev.Payload); err != nil {
-			return m.errorf(i, "apply reply: %w", err)
+		if end-start == 1 {
+			if err := s.action.apply(&m.data, ev.Payload); err != nil {
+				return m.errorf(i, "apply reply: %w", err)
+			}
+		} else {
+			// A branch's reply waits for its group to join, so that the
+			// replies are applied in declaration order.
+			if err := s.action.check(ev.Payload); err != nil {
+				return m.errorf(i, "apply reply: %w", err)
+			}
+			st.Reply = slices.Clone(ev.Payload)
+			entry.Detail = fmt.Sprintf("held until group %q joins", s.group)
 		}
 		st.Status, st.FinishedAt = StepSucceeded, m.now
 		m.resolve(st)
 		entry.Event = HistoryReplyApplied
 		m.record(entry)
-		return m.advance(i + 1)
+		if !m.joinable(start, end) {
+			return nil
+		}
+		if end-start > 1 {
+			if err := m.applyHeld(start, end); err != nil {
+				return err
+			}
+			m.record(HistoryEntry{Event: HistoryGroupJoined, StepIndex: start, Phase: PhaseAction, Detail: s.group})
+		}
+		return m.advance(end)
 	case m.inst.Phase == PhaseAction:
 		reason := failureReason(ev)
 		st.Status, st.FinishedAt, st.LastError, m.inst.LastError = StepRejected, m.now, reason, reason
 		entry.Event, entry.Detail = HistoryStepRejected, reason
 		m.record(entry)
-		return m.compensateFrom(i - 1)
+		return m.unwind(start, end)
 	case ev.Kind == EventReplySuccess:
 		st.Status, st.FinishedAt = StepCompensated, m.now
 		if st.LastError != m.inst.LastError {
@@ -473,15 +770,13 @@ func (m *machine[D]) reply() error {
 		}
 		entry.Event = HistoryStepCompensated
 		m.record(entry)
-		return m.compensateFrom(i - 1)
+		return m.settleCompensation(start, end)
 	default:
 		reason := failureReason(ev)
 		st.Status, st.FinishedAt, st.LastError = StepCompensationFailed, m.now, reason
-		m.inst.Status, m.inst.LastError = StatusFailed, reason
 		entry.Event, entry.Detail = HistoryCompensationFailed, reason
 		m.record(entry)
-		m.record(HistoryEntry{Event: HistoryFailed, StepIndex: -1, Phase: PhaseCompensation, Detail: reason})
-		return nil
+		return m.settleCompensation(start, end)
 	}
 }
 
@@ -517,15 +812,49 @@ func (m *machine[D]) timer() error {
 		return nil
 	}
 	i := m.inst.CurrentStep
+	start, end := m.span(i)
+	var due []int
+	var next time.Time
+	for k := start; k < end; k++ {
+		d := m.inst.Steps[k].Deadline
+		switch {
+		case d.IsZero():
+		case !m.now.Before(d):
+			due = append(due, k)
+		case next.IsZero() || d.Before(next):
+			next = d
+		}
+	}
+	if len(due) == 0 {
+		what := fmt.Sprintf("step %q", m.def.steps[i].name)
+		if end-start > 1 {
+			what = fmt.Sprintf("group %q", m.def.steps[i].group)
+		}
+		if next.IsZero() {
+			m.ignore(fmt.Sprintf("timer: %s has no deadline", what))
+		} else {
+			m.ignore(fmt.Sprintf("timer: %s deadline %s not reached", what, next.Format(time.RFC3339Nano)))
+		}
+		return nil
+	}
+	phase := m.inst.Phase
+	for _, k := range due {
+		if m.inst.Phase != phase {
+			break // an exhausted branch unwound the group
+		}
+		if err := m.stepTimer(k); err != nil {
+			return err
+		}
+	}
+	if len(m.res.History) == 0 {
+		m.ignore(fmt.Sprintf("timer: step %q is %s", m.def.steps[due[0]].name, m.inst.Steps[due[0]].Status))
+	}
+	return nil
+}
+
+// stepTimer handles the passed deadline of step i.
+func (m *machine[D]) stepTimer(i int) error {
 	s, st := m.def.steps[i], &m.inst.Steps[i]
-	if st.Deadline.IsZero() {
-		m.ignore(fmt.Sprintf("timer: step %q has no deadline", s.name))
-		return nil
-	}
-	if m.now.Before(st.Deadline) {
-		m.ignore(fmt.Sprintf("timer: step %q deadline %s not reached", s.name, st.Deadline.Format(time.RFC3339Nano)))
-		return nil
-	}
 	switch st.Status {
 	case StepWaitingEvent:
 		return m.waitTimedOut(i)
@@ -547,43 +876,69 @@ func (m *machine[D]) timer() error {
 		m.record(HistoryEntry{Event: HistoryTimedOut, StepIndex: i, Phase: PhaseCompensation, Attempt: st.CompensationAttempt, Detail: s.compTimeout.String()})
 		return m.sendCompensation(i, st.CompensationAttempt+1)
 	}
-	m.ignore(fmt.Sprintf("timer: step %q is %s", s.name, st.Status))
 	return nil
 }
 
 func (m *machine[D]) retry() error {
 	i := m.inst.CurrentStep
-	entry := HistoryEntry{Event: HistoryRetried, StepIndex: i, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor}
+	entry := HistoryEntry{Event: HistoryRetried, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor}
+	var resend func(k int) error
 	switch m.inst.Status {
 	case StatusRunning:
-		st := &m.inst.Steps[i]
-		if st.Status == StepWaitingEvent {
+		if st := m.inst.Steps[i]; st.Status == StepWaitingEvent {
 			return fmt.Errorf("%w: retry saga %s: step %q waits for an outside event, it has nothing to re-send", ErrInvalidTransition, m.inst.ID, st.Name)
 		}
-		if st.Status != StepRunning && st.Status != StepWaitingRetry {
-			break
+		resend = func(k int) error {
+			st := m.inst.Steps[k]
+			if st.Status != StepRunning && st.Status != StepWaitingRetry {
+				return errSkip
+			}
+			entry.StepIndex, entry.Attempt = k, st.Attempt+1
+			m.record(entry)
+			return m.sendAction(k, st.Attempt+1)
 		}
-		entry.Attempt = st.Attempt + 1
-		m.record(entry)
-		return m.sendAction(i, st.Attempt+1)
 	case StatusCompensating, StatusFailed:
-		st := &m.inst.Steps[i]
-		if st.Status != StepCompensating && st.Status != StepCompensationFailed {
-			break
-		}
-		entry.Attempt = st.CompensationAttempt + 1
-		m.record(entry)
 		if cause := m.compensationCause(); m.inst.Status == StatusFailed && cause != "" {
 			// Compensating again: the saga's reason is again why it
 			// compensates; the step keeps its compensation failure until
 			// the retried compensation succeeds.
 			m.inst.LastError = cause
 		}
-		return m.sendCompensation(i, st.CompensationAttempt+1)
+		resend = func(k int) error {
+			st := m.inst.Steps[k]
+			if st.Status != StepCompensating && st.Status != StepCompensationFailed {
+				return errSkip
+			}
+			entry.StepIndex, entry.Attempt = k, st.CompensationAttempt+1
+			m.record(entry)
+			return m.sendCompensation(k, st.CompensationAttempt+1)
+		}
 	default:
 		return fmt.Errorf("%w: retry saga %s: a %s saga has nothing to retry", ErrInvalidTransition, m.inst.ID, m.inst.Status)
 	}
-	return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
+	sent := false
+	start, end := m.span(i)
+	for k := start; k < end; k++ {
+		switch err := resend(k); {
+		case err == nil:
+			sent = true
+		case !errors.Is(err, errSkip):
+			return err
+		}
+	}
+	if !sent {
+		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
+	}
+	return nil
+}
+
+// errSkip tells retry that a step has nothing to re-send.
+var errSkip = errors.New("nothing to re-send")
+
+// inFlight reports whether step state st is an action in flight: sent and
+// unanswered, waiting for a retry or for an outside event.
+func inFlight(st StepStatus) bool {
+	return st == StepRunning || st == StepWaitingRetry || st == StepWaitingEvent
 }
 
 // cancel compensates a running saga from its step in flight (EventCancel,
@@ -597,14 +952,20 @@ func (m *machine[D]) cancel() error {
 		return fmt.Errorf("%w: %s saga %s: only a running saga can be %s, this one is %s", ErrInvalidTransition, m.ev.Kind, m.inst.ID, verb, m.inst.Status)
 	}
 	i := m.inst.CurrentStep
-	st := &m.inst.Steps[i]
-	if st.Status != StepRunning && st.Status != StepWaitingRetry && st.Status != StepWaitingEvent {
-		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, st.Status)
-	}
+	start, end := m.span(i)
 	reason := m.operatorReason(verb)
-	st.LastError, m.inst.LastError = reason, reason
-	m.record(HistoryEntry{Event: event, StepIndex: i, Phase: PhaseAction, Attempt: st.Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
-	return m.abandon(i, StepAborted)
+	found := false
+	for k := start; k < end; k++ {
+		if st := &m.inst.Steps[k]; inFlight(st.Status) {
+			st.LastError, found = reason, true
+		}
+	}
+	if !found {
+		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
+	}
+	m.inst.LastError = reason
+	m.record(HistoryEntry{Event: event, StepIndex: i, Phase: PhaseAction, Attempt: m.inst.Steps[i].Attempt, Detail: m.ev.Reason, Actor: m.ev.Actor})
+	return m.unwind(start, end)
 }
 
 // terminate stops a running, compensating or failed saga at once.
@@ -615,12 +976,15 @@ func (m *machine[D]) terminate() error {
 		return fmt.Errorf("%w: terminate saga %s: a %s saga has ended", ErrInvalidTransition, m.inst.ID, m.inst.Status)
 	}
 	i := m.inst.CurrentStep
-	st := &m.inst.Steps[i]
-	switch st.Status {
-	case StepRunning, StepWaitingRetry, StepCompensating, StepWaitingEvent:
-		st.Status, st.FinishedAt = StepTerminated, m.now
+	start, end := m.span(i)
+	for k := start; k < end; k++ {
+		st := &m.inst.Steps[k]
+		switch st.Status {
+		case StepRunning, StepWaitingRetry, StepCompensating, StepWaitingEvent:
+			st.Status, st.FinishedAt = StepTerminated, m.now
+		}
+		st.Deadline, st.Reply = time.Time{}, nil
 	}
-	st.Deadline = time.Time{}
 	reason := m.operatorReason("terminated")
 	m.inst.Status, m.inst.CurrentStep, m.inst.LastError = StatusTerminated, -1, reason
 	m.record(HistoryEntry{Event: HistoryTerminated, StepIndex: i, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor})

@@ -39,7 +39,15 @@
 // compensated, its own compensation first because it may have run. A reply
 // that does not belong to the step and phase in flight is ignored and
 // recorded. A compensation that fails leaves the saga failed until an
-// operator retries it. See Runner.Apply for the details.
+// operator retries it.
+//
+// A Parallel group runs its branches side by side: their commands are sent
+// together, the saga moves on when all have succeeded (their replies are
+// applied in declaration order), and when one fails the others are
+// compensated together before the steps before the group. A WaitEvent step
+// waits for an outside event the application sends. An operator can cancel
+// (compensate), terminate (stop without compensating), retry, or restart a
+// failed or compensated saga from a step. See Runner.Apply for the details.
 //
 // Package sagatest drives a definition through scenarios in unit tests.
 package saga

@@ -45,6 +45,17 @@ type StepSpec[D any] struct {
 	hasCompTimeout bool
 	retry          RetryPolicy
 	hasRetry       bool
+
+	// isGroup marks a parallel group built by Parallel; branches are its
+	// steps. New flattens groups: the definition's steps are the branches,
+	// each with group set to the group's name.
+	isGroup  bool
+	branches []*StepSpec[D]
+	group    string
+	// spanStart and spanEnd are the indices [spanStart, spanEnd) of the
+	// steps in flight together with this one in a definition: its parallel
+	// group, or the step alone. Set by New.
+	spanStart, spanEnd int
 }
 
 // phaseSpec is a type-erased command of a step: its name, how to build its
@@ -56,6 +67,10 @@ type phaseSpec[D any] struct {
 	// apply decodes a success reply and applies it to d; nil for
 	// compensations.
 	apply func(d *D, payload []byte) error
+	// check decodes a success reply without applying it (a parallel
+	// branch's reply is applied when its group joins); nil for
+	// compensations.
+	check func(payload []byte) error
 }
 
 // StepOption configures a step. Options are created by Invoke, Compensate,
@@ -116,6 +131,10 @@ func Invoke[D, Req, Reply any](cmd Command[Req, Reply], request func(d *D) Req, 
 				apply(d, reply)
 			}
 			return nil
+		}
+		p.check = func(payload []byte) error {
+			_, err := cmd.DecodeReply(payload)
+			return err
 		}
 		s.action = p
 	})
@@ -179,6 +198,31 @@ func When[D any](pred func(d *D) bool) StepOption[D] {
 	})
 }
 
+// Parallel declares a group of steps that run side by side (fork/join): when
+// the saga reaches the group it sends every branch's action at once, and it
+// moves on when every branch has succeeded (or was skipped by its When).
+// Each branch is a Step with its own command, compensation, timeout and
+// retry policy; it cannot be a LocalStep, a WaitEvent or another group.
+//
+// The replies of the branches are applied to the data when the group joins,
+// one after the other in the order the branches are declared here, whatever
+// the order they arrived in; so the success functions see each other's
+// changes in declaration order, and a branch's request and When see the data
+// as it was before the group. When a branch is rejected or times out, the
+// group unwinds: the replies of the branches that succeeded are applied (in
+// declaration order), the branches still in flight are abandoned (their
+// compensation is sent, through the participant's barrier, when they have
+// one), the branches that succeeded are compensated, all at once; when every
+// one of those compensations has succeeded the steps before the group are
+// compensated in reverse order, as usual. A branch's compensation that fails
+// leaves the saga failed once the group's other compensations have settled.
+//
+// The group's name names no step: it is recorded in the state of each of
+// its branches (StepState.Group) and must differ from every step's name.
+func Parallel[D any](name string, branches ...*StepSpec[D]) *StepSpec[D] {
+	return &StepSpec[D]{name: name, isGroup: true, branches: branches}
+}
+
 // StepInfo describes a step of a definition, for tools and the
 // orchestrator.
 type StepInfo struct {
@@ -201,23 +245,39 @@ type StepInfo struct {
 	// WaitEvent is the name of the outside event a WaitEvent step waits
 	// for; "" for other steps.
 	WaitEvent string
+	// Group is the name of the parallel group the step is a branch of; ""
+	// for a step that runs alone.
+	Group string
 }
 
 // New builds and validates a definition called name, at version (>= 1),
-// with typed data D and the given steps in order. It reports every problem
-// at once, joined, each wrapping ErrInvalidDefinition and naming the
-// definition and step at fault.
+// with typed data D and the given steps in order (a Parallel group counts
+// as its branches, in order: the definition's steps, their indices and
+// StepInfos are the branches'). It reports every problem at once, joined,
+// each wrapping ErrInvalidDefinition and naming the definition and step at
+// fault.
 func New[D any](name string, version int, steps ...*StepSpec[D]) (*Definition[D], error) {
 	def := &Definition[D]{name: name, version: version, steps: steps}
 	if err := def.validate(); err != nil {
 		return nil, err
 	}
 	// Copy the specs so that the caller's cannot change the definition.
-	def.steps = make([]*StepSpec[D], len(steps))
-	for i, s := range steps {
-		c := *s
-		c.retry = c.retry.WithDefaults()
-		def.steps[i] = &c
+	def.steps = nil
+	for _, s := range steps {
+		members := []*StepSpec[D]{s}
+		if s.isGroup {
+			members = s.branches
+		}
+		start := len(def.steps)
+		for _, b := range members {
+			c := *b
+			c.retry = c.retry.WithDefaults()
+			if s.isGroup {
+				c.group = s.name
+			}
+			c.spanStart, c.spanEnd = start, start+len(members)
+			def.steps = append(def.steps, &c)
+		}
 	}
 	return def, nil
 }
@@ -250,27 +310,73 @@ func (def *Definition[D]) validate() error {
 	if len(def.steps) == 0 {
 		add("no steps")
 	}
-	seen := make(map[string]int, len(def.steps))
-	for i, s := range def.steps {
+	seen := make(map[string]string, len(def.steps))
+	// unique records that name is taken by who ("step 2", "parallel group
+	// \"g\""); what describes it in the error if it was taken already.
+	unique := func(what, who, name string) {
+		if first, dup := seen[name]; dup {
+			add("%s has the same name as %s", what, first)
+			return
+		}
+		seen[name] = who
+	}
+	index := 0
+	checkStep := func(s *StepSpec[D], group string) {
+		i := index
+		index++
 		if s == nil {
 			add("step %d is nil", i)
-			continue
+			return
+		}
+		what := fmt.Sprintf("step %q (index %d)", s.name, i)
+		if group != "" {
+			what = fmt.Sprintf("step %q (index %d, group %q)", s.name, i, group)
 		}
 		if strings.TrimSpace(s.name) == "" {
 			add("step %d has an empty name", i)
-		} else if j, dup := seen[s.name]; dup {
-			add("step %q (index %d) has the same name as step %d", s.name, i, j)
 		} else {
-			seen[s.name] = i
+			unique(what, fmt.Sprintf("step %d", i), s.name)
 		}
-		step := func(format string, args ...any) {
-			add("step %q (index %d): %s", s.name, i, fmt.Sprintf(format, args...))
+		problems := s.problems()
+		if group != "" {
+			problems = append(problems, s.branchProblems()...)
 		}
-		for _, err := range s.problems() {
-			step("%s", err)
+		for _, p := range problems {
+			add("%s: %s", what, p)
+		}
+	}
+	for _, s := range def.steps {
+		if s == nil || !s.isGroup {
+			checkStep(s, "")
+			continue
+		}
+		what := fmt.Sprintf("parallel group %q", s.name)
+		if strings.TrimSpace(s.name) == "" {
+			add("parallel group before step index %d has an empty name", index)
+		} else {
+			unique(what, what, s.name)
+		}
+		if len(s.branches) == 0 {
+			add("%s has no branches", what)
+		}
+		for _, b := range s.branches {
+			checkStep(b, s.name)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// branchProblems returns why s cannot be a branch of a parallel group.
+func (s *StepSpec[D]) branchProblems() []string {
+	switch {
+	case s.isGroup:
+		return []string{"a parallel group cannot be a branch of another one"}
+	case s.isLocal:
+		return []string{"a local step cannot be a parallel branch: it runs in the orchestrator's transaction, so it has nothing to run alongside"}
+	case s.isWait:
+		return []string{"a wait step cannot be a parallel branch"}
+	}
+	return nil
 }
 
 // problems returns what is wrong with s alone.
@@ -368,6 +474,7 @@ func (def *Definition[D]) Steps() []StepInfo {
 			Retry:               s.retry,
 			Conditional:         s.when != nil,
 			WaitEvent:           s.waitEvent,
+			Group:               s.group,
 		}
 		if s.action != nil && !s.isLocal {
 			info.Action = s.action.command

@@ -97,8 +97,10 @@ const (
 	// StepTimedOut: the action got no reply within its attempts and the step
 	// has no compensation. It may or may not have run.
 	StepTimedOut StepStatus = "timed-out"
-	// StepAborted: an operator aborted the saga while the action was in
-	// flight and the step has no compensation. It may or may not have run.
+	// StepAborted: the saga gave up on the action while it was in flight
+	// (an operator cancelled the saga, or another branch of its parallel
+	// group failed) and the step has no compensation. It may or may not
+	// have run.
 	StepAborted StepStatus = "aborted"
 	// StepCompensating: the compensation command (attempt
 	// StepState.CompensationAttempt) was sent and no reply has been applied.
@@ -142,6 +144,14 @@ type StepState struct {
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 	// LastError is the most recent failure reason of the step.
 	LastError string `json:"last_error,omitempty"`
+	// Group is the name of the parallel group the step is a branch of; ""
+	// for a step that runs alone.
+	Group string `json:"group,omitempty"`
+	// Reply is the success reply of a branch that succeeded while other
+	// branches of its group were still in flight: it is applied to the data
+	// when the group joins (or unwinds), in declaration order, and then
+	// cleared.
+	Reply json.RawMessage `json:"reply,omitempty"`
 }
 
 // Instance is the state of one saga. The orchestrator stores it (Data and
@@ -161,8 +171,14 @@ type Instance struct {
 	Phase Phase `json:"phase"`
 	// CurrentStep is the index of the step in flight (running or
 	// compensating), or in StatusFailed of the step whose compensation
-	// failed. -1 when the saga is completed or compensated.
+	// failed; for a parallel group, the index of its first branch. -1 when
+	// the saga is completed, compensated or terminated.
 	CurrentStep int `json:"current_step"`
+	// Run counts the operator's restarts (EventRestart): 0 for the first
+	// run. Commands carry it (Outgoing.Run), so that a participant tells a
+	// restarted step's command from the earlier run's, and replies carry it
+	// back: a reply to an earlier run is ignored.
+	Run int `json:"run,omitempty"`
 	// Data is the saga's typed data, JSON-encoded.
 	Data json.RawMessage `json:"data"`
 	// Steps holds one state per step of the definition, in order.
@@ -208,6 +224,11 @@ const (
 	// compensating or failed saga at once, compensating nothing: it ends
 	// terminated.
 	EventTerminate EventKind = "terminate"
+	// EventRestart: an operator asks to run a failed or compensated saga
+	// again from the step named Step (or the parallel group it is a branch
+	// of), in a new run, with its stored data or with Payload, the
+	// replacement data, when set. See Runner.Apply.
+	EventRestart EventKind = "restart"
 )
 
 // Event is something that happened to a saga, given to Apply.
@@ -226,6 +247,9 @@ type Event struct {
 	// Attempt is the attempt number of the command a reply answers; 0 if
 	// unknown. Replies only.
 	Attempt int
+	// Run is the run of the command a reply answers (Outgoing.Run).
+	// Replies only.
+	Run int
 	// Payload is the reply's JSON payload: the command's reply type for a
 	// success, a Failure for a failure.
 	Payload json.RawMessage
@@ -262,6 +286,10 @@ type Outgoing struct {
 	// step and phase carry the same request; the participant's barrier
 	// performs it at most once.
 	Attempt int
+	// Run is the saga's run (Instance.Run): the participant's barrier keeps
+	// one mark per run, step and phase, so that a restarted step runs
+	// again. Copy it to the envelope; the reply carries it back.
+	Run int
 	// Payload is the JSON request.
 	Payload json.RawMessage
 }
@@ -325,6 +353,13 @@ const (
 	HistoryEventReceived HistoryEvent = "event-received"
 	// HistoryRetried: an operator asked for a retry.
 	HistoryRetried HistoryEvent = "retried"
+	// HistoryGroupJoined: every branch of a parallel group succeeded (or
+	// was skipped) and their replies were applied, in declaration order;
+	// Detail is the group's name.
+	HistoryGroupJoined HistoryEvent = "group-joined"
+	// HistoryRestarted: an operator restarted the saga (EventRestart) from
+	// the step concerned; Detail says from which run, version and data.
+	HistoryRestarted HistoryEvent = "restarted"
 )
 
 // HistoryEntry records one decision of the core. The orchestrator appends

@@ -253,7 +253,7 @@ func (s *Scenario[D]) lastTaken() saga.Outgoing {
 func (s *Scenario[D]) replyEvent(msg saga.Outgoing, kind saga.EventKind, payload []byte) saga.Event {
 	s.msgSeq++
 	return saga.Event{
-		Kind: kind, Type: msg.Type, Step: msg.Step, StepIndex: msg.StepIndex, Attempt: msg.Attempt,
+		Kind: kind, Type: msg.Type, Step: msg.Step, StepIndex: msg.StepIndex, Attempt: msg.Attempt, Run: msg.Run,
 		Payload: payload, MessageID: uuid.NewSHA1(s.id, fmt.Appendf(nil, "reply-%d", s.msgSeq)), At: s.now,
 	}
 }
@@ -303,6 +303,37 @@ func (s *Scenario[D]) Cancel(actor, reason string) saga.Result {
 func (s *Scenario[D]) Terminate(actor, reason string) saga.Result {
 	s.t.Helper()
 	return s.Deliver(saga.Event{Kind: saga.EventTerminate, Actor: actor, Reason: reason})
+}
+
+// Restart applies an operator restart (EventRestart) of the failed or
+// compensated saga from the step or parallel group called from, with its
+// stored data. The scenario's definition may be a newer version of the one
+// that ran the saga so far: see Restarted.
+func (s *Scenario[D]) Restart(from, actor, reason string) saga.Result {
+	s.t.Helper()
+	return s.Deliver(saga.Event{Kind: saga.EventRestart, Step: from, Actor: actor, Reason: reason})
+}
+
+// RestartWithData is Restart with the saga's data replaced by data.
+func (s *Scenario[D]) RestartWithData(from string, data D, actor, reason string) saga.Result {
+	s.t.Helper()
+	payload, err := json.Marshal(data)
+	if err != nil {
+		s.t.Fatalf("sagatest: encode data: %v", err)
+	}
+	return s.Deliver(saga.Event{Kind: saga.EventRestart, Step: from, Payload: payload, Actor: actor, Reason: reason})
+}
+
+// Restarted returns a scenario of def, a newer version of the definition
+// of s, that continues with s's saga, clock and pending messages: restart
+// it with Restart to move the saga to def.
+func Restarted[D any](s *Scenario[D], def *saga.Definition[D]) *Scenario[D] {
+	s.t.Helper()
+	s.requireStarted()
+	n := New(s.t, def)
+	n.id, n.now, n.inst, n.started = s.id, s.now, s.inst, true
+	n.queue, n.history, n.msgSeq = append(n.queue, s.queue...), append(n.history, s.history...), s.msgSeq
+	return n
 }
 
 // Retry applies an operator retry.
