@@ -254,22 +254,22 @@ func (a *app) summary(t tally, n int) {
 }
 
 // timelines prints the history of the first completed saga, the first
-// compensated one, and the first whose payment confirmation timed out.
+// compensated by a rejection of inventory or payment, the first whose
+// payment confirmation timed out, and the first rejected by shipping (its
+// parallel group unwound).
 func (a *app) timelines(ctx context.Context, orch *orchestrator.Client, p *plan, ids []uuid.UUID, status []saga.Status) error {
-	for _, want := range []saga.Status{saga.StatusCompleted, saga.StatusCompensated} {
-		for i, id := range ids {
-			if status[i] != want || (want == saga.StatusCompensated && p.expected[i] == expectUnconfirmed) {
-				continue
-			}
-			if err := a.timeline(ctx, orch, id, want); err != nil {
-				return err
-			}
-			break
-		}
-	}
+	shown := map[outcome]bool{}
 	for i, id := range ids {
-		if p.expected[i] == expectUnconfirmed && status[i] == saga.StatusCompensated {
-			return a.timeline(ctx, orch, id, status[i])
+		kind := p.expected[i]
+		if kind == expectNoStock {
+			kind = expectNoFunds // one timeline for both rejections
+		}
+		if shown[kind] || !status[i].Terminal() {
+			continue
+		}
+		shown[kind] = true
+		if err := a.timeline(ctx, orch, id, status[i]); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -8,8 +8,8 @@
 // payment or shipping says no or the confirmation does not come in time.
 //
 // With no arguments it runs all five services in one process, places a mix
-// of orders, shows progress, prints a summary and two saga timelines, and
-// checks the business invariants:
+// of orders, shows progress, prints a summary and a saga timeline of each
+// kind of outcome, and checks the business invariants:
 //
 //	go run ./examples/checkout
 //

@@ -49,6 +49,10 @@ const DefaultConfirmTimeout = 5 * time.Second
 // provider's confirmation.
 const StepAwaitConfirmation = "await-payment-confirmation"
 
+// GroupFulfil is the name of the parallel group that ships the order and
+// awards its loyalty points.
+const GroupFulfil = "fulfil"
+
 // Config configures the orders service.
 type Config struct {
 	// Schema is the schema of the service's tables (its sagabox tables and
@@ -95,8 +99,9 @@ func (s *Service) SQL(query string) string {
 }
 
 // definition is the checkout saga: reserve stock, charge the customer, wait
-// for the payment provider to confirm the charge, award loyalty points and
-// create the shipment, then confirm the order locally. A rejection by
+// for the payment provider to confirm the charge, then create the shipment
+// and award loyalty points side by side (the parallel group "fulfil"), then
+// confirm the order locally. A rejection by
 // payment releases the stock; a rejection by inventory undoes nothing; a
 // confirmation that does not come in time refunds the charge and releases
 // the stock; a rejection by shipping revokes the points, refunds and
@@ -135,8 +140,10 @@ func (s *Service) definition() *saga.Definition[Checkout] {
 			func(d *Checkout, e contract.PaymentConfirmed) { d.PaymentConfirmedAt = e.ConfirmedAt },
 			saga.WithTimeout[Checkout](s.confirmTimeout),
 		),
-		s.awardPoints(retry),
-		s.createShipment(),
+		// Shipping and loyalty at once; their replies are applied in this
+		// order when both have succeeded. A rejection of either cancels the
+		// other's work (in parallel), then the earlier steps are undone.
+		saga.Parallel(GroupFulfil, s.createShipment(), s.awardPoints(retry)),
 		saga.LocalStep("confirm-order", func(ctx context.Context, d *Checkout) error {
 			_, err := orchestrator.TxFromContext(ctx).Exec(ctx,
 				s.sql(`UPDATE orders.orders SET status = 'confirmed', tracking_number = $2 WHERE id = $1`), d.OrderID, d.TrackingNumber)
@@ -145,8 +152,8 @@ func (s *Service) definition() *saga.Definition[Checkout] {
 	)
 }
 
-// createShipment asks shipping to ship the order; a shipment is cancelled
-// if the checkout is compensated after it (loyalty timed out).
+// createShipment asks shipping to ship the order; the shipment is
+// cancelled if the group unwinds after it (loyalty timed out).
 func (s *Service) createShipment() *saga.StepSpec[Checkout] {
 	return saga.Step("create-shipment",
 		saga.Invoke(contract.Ship,
@@ -161,7 +168,7 @@ func (s *Service) createShipment() *saga.StepSpec[Checkout] {
 }
 
 // awardPoints asks loyalty to award the customer points for the order,
-// revoked if the checkout is compensated (shipping rejected it).
+// revoked if the group unwinds (shipping rejected the order).
 func (s *Service) awardPoints(retry saga.RetryPolicy) *saga.StepSpec[Checkout] {
 	return saga.Step("award-points",
 		saga.Invoke(contract.Award,
