@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
 
@@ -40,9 +42,10 @@ func (c *console) actorOf(r *http.Request) (string, error) {
 	return actor, nil
 }
 
-// sagaAction records an operator request (retry or abort) for a saga,
-// which a running orchestrator of the schema applies, and waits up to
-// ActionWait for it to be applied.
+// sagaAction records an operator request (retry, abort, terminate, or
+// restart from the step in the form's "from") for a saga, which a running
+// orchestrator of the schema applies, and waits up to ActionWait for it to
+// be applied.
 func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
@@ -50,8 +53,10 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	action := r.PathValue("action")
-	if action != "retry" && action != "abort" {
-		c.fail(w, r, http.StatusNotFound, fmt.Errorf("unknown action %q: want retry or abort", action))
+	switch action {
+	case "retry", "abort", "terminate", "restart":
+	default:
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("unknown action %q: want retry, abort, terminate or restart", action))
 		return
 	}
 	reason, err := reasonOf(r)
@@ -63,6 +68,18 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		c.fail(w, r, http.StatusForbidden, err)
 		return
+	}
+	var params []byte
+	if action == "restart" {
+		from := strings.TrimSpace(r.PostFormValue("from"))
+		if from == "" {
+			c.fail(w, r, http.StatusBadRequest, errors.New("choose the step to restart the saga from"))
+			return
+		}
+		if params, err = json.Marshal(orchestrator.RestartOpts{From: from}); err != nil {
+			c.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
 	}
 	ctx := r.Context()
 	s, err := c.orch.Get(ctx, id)
@@ -79,9 +96,15 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 	case action == "retry" && s.Status != saga.StatusRunning && s.Status != saga.StatusCompensating && s.Status != saga.StatusFailed:
 		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a running, compensating or failed saga can be retried", id, s.Status))
 		return
+	case action == "terminate" && !canTerminate(s.Status):
+		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: it has ended, there is nothing to terminate", id, s.Status))
+		return
+	case action == "restart" && !canRestart(s.Status):
+		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a failed or compensated saga can be restarted", id, s.Status))
+		return
 	}
 	ex := c.sagas.Executor()
-	op, err := ex.RequestOperation(ctx, id, action, actor, reason)
+	op, err := ex.RequestOperation(ctx, id, action, actor, reason, params)
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -100,6 +123,17 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 	}
 	v := url.Values{"op": {strconv.FormatInt(op.ID, 10)}, "flash": {flash}}
 	http.Redirect(w, r, fmt.Sprintf("%s/sagas/%s?%s", c.cfg.BasePath, id, v.Encode()), http.StatusSeeOther)
+}
+
+// canTerminate reports whether a saga in status st can be terminated.
+func canTerminate(st saga.Status) bool {
+	return st == saga.StatusQueued || st == saga.StatusRunning || st == saga.StatusCompensating || st == saga.StatusFailed
+}
+
+// canRestart reports whether a saga in status st can be restarted from a
+// step.
+func canRestart(st saga.Status) bool {
+	return st == saga.StatusFailed || st == saga.StatusCompensated
 }
 
 // waitApplied polls request op until an orchestrator handled it or

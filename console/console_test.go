@@ -175,4 +175,18 @@ func TestConsoleActionsNeedAllowActionsAndCSRF(t *testing.T) {
 	require.False(t, dead, "the replayed row is unpublished again")
 	code, body, _ = post(t, c, replay, url.Values{"reason": {"again"}, "csrf": {token}}, nil)
 	require.Equal(t, http.StatusNotFound, code, body)
+
+	// Restart needs a step, and a failed or compensated saga; terminate
+	// applies to a running one.
+	code, body, _ = post(t, c, sagaURL(base)+"/restart", url.Values{"reason": {"x"}, "csrf": {token}}, nil)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "choose the step")
+	code, body, _ = post(t, c, sagaURL(base)+"/restart", url.Values{"reason": {"x"}, "from": {"hold"}, "csrf": {token}}, nil)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "only a failed or compensated saga can be restarted")
+	code, body, _ = post(t, c, sagaURL(base)+"/terminate", url.Values{"reason": {"fraud"}, "csrf": {token}}, nil)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	ops, err = w.orch.OperationListPending(context.Background(), 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, "terminate", ops[len(ops)-1].Action)
 }

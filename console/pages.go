@@ -271,21 +271,25 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 	}
 	data, _ := json.MarshalIndent(json.RawMessage(s.Data), "", "  ")
 	c.render(w, r, http.StatusOK, "saga", "Saga "+s.ID.String(), struct {
-		Saga      sagaRow
-		TraceID   string
-		Data      string
-		History   []historyRow
-		Barrier   []barrierRow
-		BarrierEr []string
-		Pending   []driver.Operation
-		Op        *driver.Operation
-		CanRetry  bool
-		CanAbort  bool
+		Saga         sagaRow
+		TraceID      string
+		Data         string
+		History      []historyRow
+		Barrier      []barrierRow
+		BarrierEr    []string
+		Pending      []driver.Operation
+		Op           *driver.Operation
+		CanRetry     bool
+		CanAbort     bool
+		CanTerminate bool
+		CanRestart   bool
 	}{
 		Saga: rowOf(s, time.Now()), TraceID: traceID(s.TraceParent), Data: string(data), History: rows,
 		Barrier: marks, BarrierEr: markErrs, Pending: pending, Op: op,
-		CanRetry: s.Status == saga.StatusRunning || s.Status == saga.StatusCompensating || s.Status == saga.StatusFailed,
-		CanAbort: s.Status == saga.StatusRunning || s.Status == saga.StatusQueued,
+		CanRetry:     s.Status == saga.StatusRunning || s.Status == saga.StatusCompensating || s.Status == saga.StatusFailed,
+		CanAbort:     s.Status == saga.StatusRunning || s.Status == saga.StatusQueued,
+		CanTerminate: canTerminate(s.Status),
+		CanRestart:   canRestart(s.Status),
 	})
 }
 

@@ -116,6 +116,10 @@ type Envelope struct {
 	StepIndex int
 	// Attempt is the attempt number of the command (1 for the first send).
 	Attempt int
+	// Run is the run of the saga the command belongs to (saga.Instance.Run):
+	// 0 until an operator restarts the saga. A participant keeps one barrier
+	// mark per saga, run, step and phase; replies copy it.
+	Run int
 	// ReplyTo is the routing key replies to this message must be sent with.
 	ReplyTo string
 	// CorrelationID ties a reply to the message it answers (the command's
@@ -169,6 +173,9 @@ func (e *Envelope) Validate() error {
 	}
 	if e.StepIndex < 0 {
 		errs = append(errs, fmt.Errorf("step_index %d is negative", e.StepIndex))
+	}
+	if e.Run < 0 {
+		errs = append(errs, fmt.Errorf("run %d is negative", e.Run))
 	}
 	return errors.Join(errs...)
 }

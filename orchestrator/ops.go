@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -182,7 +183,7 @@ func decodeCursor(s string) (*driver.SagaRecord, error) {
 // error wrapping saga.ErrInvalidTransition; an unknown one, ErrNotFound. It
 // returns the saga's new state.
 func (c *Client) Retry(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
-	return c.operate(ctx, id, saga.EventRetry, actor, reason)
+	return c.operate(ctx, id, operatorAction{kind: saga.EventRetry, actor: actor, reason: reason})
 }
 
 // Cancel compensates the running saga id as if its current step had timed
@@ -196,7 +197,7 @@ func (c *Client) Retry(ctx context.Context, id uuid.UUID, actor, reason string) 
 // saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the
 // saga's new state.
 func (c *Client) Cancel(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
-	return c.operate(ctx, id, saga.EventCancel, actor, reason)
+	return c.operate(ctx, id, operatorAction{kind: saga.EventCancel, actor: actor, reason: reason})
 }
 
 // Abort is Cancel.
@@ -216,10 +217,66 @@ func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) 
 // saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the
 // saga's new state.
 func (c *Client) Terminate(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
-	return c.operate(ctx, id, saga.EventTerminate, actor, reason)
+	return c.operate(ctx, id, operatorAction{kind: saga.EventTerminate, actor: actor, reason: reason})
 }
 
-func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind, actor, reason string) (_ *Saga, err error) {
+// RestartOpts says how Restart runs a saga again. It is also the JSON of
+// the params of a "restart" operator request (the sagabox CLI's `saga
+// restart`).
+type RestartOpts struct {
+	// From names the step to run again from; a branch of a parallel group,
+	// or the group's name, runs the whole group again. Required.
+	From string `json:"from"`
+	// Version is the definition version to run the saga on from now: a
+	// newer version of its definition (registered with the Client) whose
+	// steps before From are the same as the saga's. Defaults to 0, the
+	// saga's own version.
+	Version int `json:"version,omitempty"`
+	// Data replaces the saga's data when set: JSON that decodes strictly
+	// (no unknown fields) into the definition's data type. Defaults to nil,
+	// the data as stored.
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Restart runs the failed or compensated saga id again from the step
+// opts.From, in a new run (Saga.Run): the steps before it keep their state
+// (their actions must be in effect: succeeded, skipped, or with a
+// compensation that failed), the others start again, and the saga is
+// running. Each participant performs the restarted steps again: its
+// barrier keeps one mark per run. Replies to the earlier run are ignored.
+// actor and reason are recorded in the history (saga.HistoryRestarted).
+// A saga in another status, a step that cannot be restarted from, or a
+// version that is older or does not keep the earlier steps gives an error
+// wrapping saga.ErrInvalidTransition; data that does not fit the type,
+// saga.ErrInvalidPayload; an unregistered version,
+// saga.ErrUnknownDefinition; an unknown saga, ErrNotFound. It returns the
+// saga's new state.
+func (c *Client) Restart(ctx context.Context, id uuid.UUID, actor, reason string, opts RestartOpts) (*Saga, error) {
+	return c.operate(ctx, id, operatorAction{kind: saga.EventRestart, actor: actor, reason: reason, restart: &opts})
+}
+
+// operatorAction is an operator's action on a saga.
+type operatorAction struct {
+	kind          saga.EventKind
+	actor, reason string
+	// restart is the restart's options (kind saga.EventRestart).
+	restart *RestartOpts
+}
+
+// operatorActionOf is the action an operator request asks for.
+func operatorActionOf(op *driver.Operation) (operatorAction, error) {
+	act := operatorAction{kind: requestKind(op.Action), actor: op.Actor, reason: op.Reason}
+	if act.kind == saga.EventRestart {
+		act.restart = &RestartOpts{}
+		if err := json.Unmarshal(op.Params, act.restart); err != nil {
+			return act, fmt.Errorf("%w: restart request %d: params %s: %w", saga.ErrInvalidEvent, op.ID, op.Params, err)
+		}
+	}
+	return act, nil
+}
+
+func (c *Client) operate(ctx context.Context, id uuid.UUID, act operatorAction) (_ *Saga, err error) {
+	kind, actor := act.kind, act.actor
 	ctx, span := c.startOperation(ctx, id, kind, actor)
 	defer func() {
 		if err != nil {
@@ -235,7 +292,7 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 		t := c.db.Begin()
 		defer t.Rollback(ctx)
 		var err error
-		if tr, err = c.operateTx(ctx, t, id, kind, actor, reason); err != nil {
+		if tr, err = c.operateTx(ctx, t, id, act); err != nil {
 			return err
 		}
 		return c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true)
@@ -243,7 +300,7 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, kind saga.EventKind,
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}
-	c.operated(ctx, tr, kind, actor, reason)
+	c.operated(ctx, tr, act)
 	return sagaFromRecord(&tr.rec)
 }
 
@@ -263,9 +320,10 @@ func (c *Client) startOperation(ctx context.Context, id uuid.UUID, kind saga.Eve
 		telemetry.AttrSagaID.String(id.String()), telemetry.AttrActor.String(actor), telemetry.AttrSchema.String(c.cfg.Schema)))
 }
 
-// operateTx locks saga id in t and applies operator action kind to it. The
+// operateTx locks saga id in t and applies operator action act to it. The
 // transition is the caller's to write.
-func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind saga.EventKind, actor, reason string) (transition, error) {
+func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, act operatorAction) (transition, error) {
+	kind, actor, reason := act.kind, act.actor, act.reason
 	recs, err := c.db.LockSagas(ctx, t, []uuid.UUID{id})
 	if err != nil {
 		return transition{}, err
@@ -274,7 +332,11 @@ func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind 
 		return transition{}, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
 	}
 	rec := recs[0]
-	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	version := rec.Version
+	if act.restart != nil && act.restart.Version != 0 {
+		version = act.restart.Version
+	}
+	runner, err := c.registry.Lookup(rec.Type, version)
 	if err != nil {
 		return transition{}, err
 	}
@@ -286,7 +348,11 @@ func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind 
 	if err != nil {
 		return transition{}, err
 	}
-	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now})
+	ev := saga.Event{Kind: kind, Actor: actor, Reason: reason, At: now}
+	if act.restart != nil {
+		ev.Step, ev.Payload = act.restart.From, act.restart.Data
+	}
+	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), ev)
 	if err != nil {
 		return transition{}, err
 	}
@@ -297,7 +363,8 @@ func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, kind 
 
 // operated does what follows the commit of an operator action: wake-ups,
 // metrics, the log line and the span's attributes.
-func (c *Client) operated(ctx context.Context, tr transition, kind saga.EventKind, actor, reason string) {
+func (c *Client) operated(ctx context.Context, tr transition, act operatorAction) {
+	kind, actor, reason := act.kind, act.actor, act.reason
 	c.committed(ctx, tr)
 	if kind == saga.EventRetry {
 		c.countResends(ctx, tr, telemetry.CauseOperator)
@@ -309,6 +376,8 @@ func (c *Client) operated(ctx context.Context, tr transition, kind saga.EventKin
 		c.log.Warn("saga cancelled by operator", attrs...)
 	case saga.EventTerminate:
 		c.log.Warn("saga terminated by operator", attrs...)
+	case saga.EventRestart:
+		c.log.Warn("saga restarted by operator", append(attrs, "from", act.restart.From, "version", tr.res.Instance.Version, "run", tr.res.Instance.Run)...)
 	default:
 		c.log.Info("saga retried by operator", attrs...)
 	}

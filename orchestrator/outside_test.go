@@ -95,7 +95,7 @@ func TestGuaranteeNoDoubleEffectOutsideCallSagaCompletesAcrossACrash(t *testing.
 	run(t, payment(false).Run)
 	waitStatus(t, c, st.ID, saga.StatusCompleted, 60*time.Second)
 
-	key := participant.IdempotencyKey(st.ID, "charge", message.PhaseAction)
+	key := participant.IdempotencyKey(st.ID, 0, "charge", message.PhaseAction)
 	mu.Lock()
 	n := calls[key]
 	mu.Unlock()

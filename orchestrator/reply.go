@@ -187,7 +187,7 @@ func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Deliv
 	}
 	now := c.now()
 	res, err := runner.Apply(c.localScope(ctx, t), s.Instance(), saga.Event{
-		Kind: kind, Type: d.Type, Step: d.Step, StepIndex: d.StepIndex, Attempt: d.Attempt,
+		Kind: kind, Type: d.Type, Step: d.Step, StepIndex: d.StepIndex, Attempt: d.Attempt, Run: d.Run,
 		Payload: d.Payload, MessageID: d.MessageID, At: now,
 	})
 	switch {

@@ -37,6 +37,7 @@ func (c *Client) applyRequests(ctx context.Context) error {
 func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found bool, err error) {
 	var op *driver.Operation
 	var kind saga.EventKind
+	var applied operatorAction
 	var tr transition
 	var refusal error
 	err = engine.Retrying(ctx, func() error {
@@ -46,7 +47,9 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 		if op, err = c.db.ClaimOperation(ctx, t, keys); err != nil || op == nil {
 			return err
 		}
-		kind, refusal = requestKind(op.Action), nil
+		var act operatorAction
+		act, refusal = operatorActionOf(op)
+		kind = act.kind
 		sp, err := t.Savepoint(ctx)
 		if err != nil {
 			return err
@@ -54,8 +57,12 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 		defer sp.Rollback(context.WithoutCancel(ctx))
 		opCtx, span := c.startOperation(ctx, op.SagaID, kind, op.Actor)
 		defer span.End()
-		if refusal = checkActor(op.Actor); refusal == nil {
-			tr, refusal = c.operateTx(opCtx, t, op.SagaID, kind, op.Actor, op.Reason)
+		if refusal == nil {
+			refusal = checkActor(op.Actor)
+		}
+		if refusal == nil {
+			tr, refusal = c.operateTx(opCtx, t, op.SagaID, act)
+			applied = act
 		}
 		switch {
 		case refusal == nil:
@@ -92,7 +99,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 			"action", op.Action, "actor", op.Actor, "err", refusal)
 		return true, nil
 	}
-	c.operated(ctx, tr, kind, op.Actor, op.Reason)
+	c.operated(ctx, tr, applied)
 	return true, nil
 }
 
@@ -131,6 +138,8 @@ func requestKind(action string) saga.EventKind {
 		return saga.EventTerminate
 	case "retry":
 		return saga.EventRetry
+	case "restart":
+		return saga.EventRestart
 	}
 	return saga.EventKind(action) // unknown: the saga core refuses it
 }

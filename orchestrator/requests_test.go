@@ -30,7 +30,7 @@ func TestOperatorRequestAppliedOnceWhenMarkingFails(t *testing.T) {
 	c := e.newOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 	st := e.start(c, def, Order{ID: "op", Qty: 1, Amount: 10, Address: "here"}, nil)
-	op, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "participant lost the command")
+	op, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "participant lost the command", nil)
 	require.NoError(t, err)
 
 	// Marking the request fails (a constraint, a statement timeout, a
@@ -81,14 +81,14 @@ func TestOperatorRequestsOfOtherDefinitionsDoNotStarve(t *testing.T) {
 	var others []uuid.UUID
 	for i := range 25 {
 		st := e.start(newer, v2, Order{ID: fmt.Sprintf("v2-%d", i), Qty: 1, Amount: 10, Address: "here"}, nil)
-		_, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "v2")
+		_, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "v2", nil)
 		require.NoError(t, err)
 		others = append(others, st.ID)
 	}
 	mine := e.start(c, v1, Order{ID: "v1", Qty: 1, Amount: 10, Address: "here"}, nil)
-	applied, err := e.orch.RequestOperation(ctx, mine.ID, "retry", "bob", "v1")
+	applied, err := e.orch.RequestOperation(ctx, mine.ID, "retry", "bob", "v1", nil)
 	require.NoError(t, err)
-	blank, err := e.orch.RequestOperation(ctx, mine.ID, "abort", "", "no actor")
+	blank, err := e.orch.RequestOperation(ctx, mine.ID, "abort", "", "no actor", nil)
 	require.NoError(t, err)
 
 	require.NoError(t, c.ApplyRequests(ctx))

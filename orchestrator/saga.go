@@ -32,6 +32,9 @@ type Saga struct {
 	// the step whose compensation failed; -1 once completed, compensated or
 	// terminated.
 	CurrentStep int
+	// Run counts the operator's restarts (Restart): 0 for a saga never
+	// restarted.
+	Run int
 	// Data is the saga's typed data as JSON (decode it with the
 	// definition's DecodeData).
 	Data json.RawMessage
@@ -69,14 +72,14 @@ type Saga struct {
 func (s *Saga) Instance() saga.Instance {
 	return saga.Instance{
 		ID: s.ID, Type: s.Type, Version: s.Version, Status: s.Status, Phase: s.Phase,
-		CurrentStep: s.CurrentStep, Data: s.Data, Steps: s.Steps, Deadline: s.Deadline, LastError: s.LastError,
+		CurrentStep: s.CurrentStep, Run: s.Run, Data: s.Data, Steps: s.Steps, Deadline: s.Deadline, LastError: s.LastError,
 	}
 }
 
 func sagaFromRecord(rec *driver.SagaRecord) (*Saga, error) {
 	s := &Saga{
 		ID: rec.ID, Type: rec.Type, Version: rec.Version, Status: saga.Status(rec.Status), Phase: saga.Phase(rec.Phase),
-		CurrentStep: rec.CurrentStep, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
+		CurrentStep: rec.CurrentStep, Run: rec.Run, Data: json.RawMessage(rec.Data), LastError: rec.LastError, StartKey: rec.StartKey,
 		Revision: rec.Revision, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, Deadline: rec.Deadline,
 		FinishedAt: rec.FinishedAt, ConcurrencyKey: rec.ConcurrencyKey, AdmittedAt: rec.AdmittedAt, TraceParent: rec.TraceParent,
 	}
@@ -93,7 +96,7 @@ func applyToRecord(rec *driver.SagaRecord, inst *saga.Instance, now time.Time) e
 		return fmt.Errorf("encode step states of saga %s: %w", inst.ID, err)
 	}
 	rec.ID, rec.Type, rec.Version = inst.ID, inst.Type, inst.Version
-	rec.Status, rec.Phase, rec.CurrentStep = string(inst.Status), string(inst.Phase), inst.CurrentStep
+	rec.Status, rec.Phase, rec.CurrentStep, rec.Run = string(inst.Status), string(inst.Phase), inst.CurrentStep, inst.Run
 	rec.Data, rec.Steps, rec.LastError = inst.Data, steps, inst.LastError
 	rec.Deadline = inst.Deadline
 	rec.Attempts = 0
@@ -145,7 +148,7 @@ func (c *Client) messages(ctx context.Context, inst *saga.Instance, emit []saga.
 		out[i] = message.Message{
 			Envelope: message.Envelope{
 				Type: o.Type, Kind: kind, RoutingKey: o.Type, SagaID: inst.ID, SagaType: inst.Type,
-				Step: o.Step, StepIndex: o.StepIndex, Attempt: o.Attempt, ReplyTo: c.cfg.Service,
+				Step: o.Step, StepIndex: o.StepIndex, Attempt: o.Attempt, Run: o.Run, ReplyTo: c.cfg.Service,
 				TraceParent: tp, TraceState: ts,
 			},
 			Payload: o.Payload,

@@ -158,7 +158,7 @@ func ExampleHandleOutsideCommand() {
 		_ = pool.QueryRow(ctx, "SELECT duplicates FROM "+pgx.Identifier{schema, "sagabox_inbox"}.Sanitize()+" WHERE message_id = $1", cmd.MessageID).Scan(&duplicates)
 		time.Sleep(20 * time.Millisecond)
 	}
-	key := participant.IdempotencyKey(sagaID, "charge", message.PhaseAction)
+	key := participant.IdempotencyKey(sagaID, 0, "charge", message.PhaseAction)
 	mu.Lock()
 	fmt.Println("duplicates:", duplicates, "provider calls for the key:", calls[key])
 	mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -23,7 +24,7 @@ type OutsideRequest[T any] struct {
 	Request[T]
 	// IdempotencyKey is the same for every delivery of this saga step's
 	// phase, whatever message carries it (a redelivery, a re-send after a
-	// timeout): IdempotencyKey(SagaID, Step, phase). Pass it to the outside
+	// timeout): IdempotencyKey(SagaID, Run, Step, phase). Pass it to the outside
 	// system so that a call made again has no second effect there.
 	IdempotencyKey string
 	// Resumed is true when an earlier delivery of this message began the
@@ -52,11 +53,17 @@ type OutsideUndoFunc[Req any] func(ctx context.Context, req *OutsideRequest[Req]
 // RecordUndoFunc records a successful undo in tx, as RecordCallFunc does.
 type RecordUndoFunc[Req any] func(ctx context.Context, tx pgx.Tx, req *OutsideRequest[Req]) error
 
-// IdempotencyKey is the idempotency key of a saga step's phase: the same
-// for every message and delivery of that phase, different for the action
-// and the compensation of one step.
-func IdempotencyKey(sagaID uuid.UUID, step string, phase message.Phase) string {
-	return sagaID.String() + "/" + step + "/" + string(phase)
+// IdempotencyKey is the idempotency key of a saga step's phase in a run of
+// the saga (message.Envelope.Run): the same for every message and delivery
+// of that phase, different for the action and the compensation of one step,
+// and for each run an operator's restart begins: "<saga>/<step>/<phase>",
+// with "/run-<n>" appended from run 1 on.
+func IdempotencyKey(sagaID uuid.UUID, run int, step string, phase message.Phase) string {
+	key := sagaID.String() + "/" + step + "/" + string(phase)
+	if run > 0 {
+		key += "/run-" + strconv.Itoa(run)
+	}
+	return key
 }
 
 // outsideHandler is the part of a handler registered with
@@ -191,7 +198,7 @@ func (c *Client) deliverOutside(ctx context.Context, d *transport.Delivery, h *h
 		return engine.Result{}, err
 	}
 	req := &outsideReq{env: &d.Envelope, data: data, attempt: attempt,
-		key: IdempotencyKey(d.SagaID, d.Step, d.Kind.Phase()), resumed: del.Resumed}
+		key: IdempotencyKey(d.SagaID, d.Run, d.Step, d.Kind.Phase()), resumed: del.Resumed}
 	reply, result, err := c.callOutside(ctx, h, d, req)
 	var rejected error
 	switch {

@@ -186,11 +186,11 @@ func refund(sagaID uuid.UUID) message.Message {
 }
 
 func actionKey(id uuid.UUID) string {
-	return participant.IdempotencyKey(id, "charge", message.PhaseAction)
+	return participant.IdempotencyKey(id, 0, "charge", message.PhaseAction)
 }
 
 func compensationKey(id uuid.UUID) string {
-	return participant.IdempotencyKey(id, "charge", message.PhaseCompensation)
+	return participant.IdempotencyKey(id, 0, "charge", message.PhaseCompensation)
 }
 
 func (e *env) ledger(key string) int {

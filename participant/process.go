@@ -256,7 +256,7 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	if outside {
 		c.log.Error("outside call given up on: whether the outside system acted is unknown; check it with the idempotency key",
 			"message_id", d.MessageID.String(), "type", d.Type, "saga_id", d.SagaID.String(), "step", d.Step,
-			"idempotency_key", IdempotencyKey(d.SagaID, d.Step, d.Kind.Phase()))
+			"idempotency_key", IdempotencyKey(d.SagaID, d.Run, d.Step, d.Kind.Phase()))
 	}
 	switch d.Kind {
 	case message.KindCommand:
@@ -351,6 +351,7 @@ func (c *Client) reply(ctx context.Context, d *transport.Delivery, kind message.
 			Step:          d.Step,
 			StepIndex:     d.StepIndex,
 			Attempt:       d.Attempt,
+			Run:           d.Run,
 			CorrelationID: d.MessageID.String(),
 			TraceParent:   traceParent,
 			TraceState:    traceState,

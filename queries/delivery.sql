@@ -21,7 +21,7 @@ RETURNING (xmax = 0)::boolean AS fresh;
 -- name: DeliveryBeginAction :one
 -- Begins the delivery of a step's action: records the message in the inbox
 -- (as InboxRecord) and, for a message seen for the first time, leaves
--- the action's barrier mark of (saga, step). marked is false when an earlier
+-- the action's barrier mark of (saga, run, step). marked is false when an earlier
 -- message of the step left the mark (a re-send after a timeout, or the mark a
 -- compensation left first); outcome and reply are then that mark's. A
 -- concurrent action or compensation of the same step waits here for the
@@ -40,11 +40,11 @@ WITH inbox AS (
         attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
     RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome)
-    SELECT @saga_id::uuid, @step::text, 'action', @message_id::uuid,
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome)
+    SELECT @saga_id::uuid, @run::integer, @step::text, 'action', @message_id::uuid,
            CASE WHEN @started::boolean THEN 'started' ELSE 'applied' END
     FROM inbox WHERE inbox.fresh
-    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    ON CONFLICT (saga_id, run, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 )
 SELECT inbox.fresh::boolean AS fresh,
@@ -74,17 +74,17 @@ WITH inbox AS (
         attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
     RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT @saga_id::uuid, @step::text, 'compensation', @message_id::uuid,
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT @saga_id::uuid, @run::integer, @step::text, 'compensation', @message_id::uuid,
            CASE WHEN @started::boolean THEN 'started' ELSE 'applied' END, 'reply-success', '{}'::bytea
     FROM inbox WHERE inbox.fresh
-    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    ON CONFLICT (saga_id, run, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 ), action AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT @saga_id::uuid, @step::text, 'action', @message_id::uuid, 'blocked', 'reply-failure', @blocked_reply::bytea
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT @saga_id::uuid, @run::integer, @step::text, 'action', @message_id::uuid, 'blocked', 'reply-failure', @blocked_reply::bytea
     FROM mark WHERE mark.inserted
-    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    ON CONFLICT (saga_id, run, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome
 )
 SELECT inbox.fresh::boolean AS fresh,
@@ -107,7 +107,7 @@ FROM inbox LEFT JOIN mark ON true LEFT JOIN action ON true;
 WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
     SET outcome = @outcome::text, reply_kind = @reply_kind::text, reply_payload = @reply_payload::bytea
-    WHERE @set_mark::boolean AND saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text
+    WHERE @set_mark::boolean AND saga_id = @saga_id::uuid AND run = @run::integer AND step = @step::text AND phase = @phase::text
 ), done AS (
     UPDATE /* TEMPLATE: schema */sagabox_inbox
     SET state = 'done'
@@ -138,18 +138,18 @@ SELECT
     unnest(@created_at::timestamptz[]);
 
 -- name: BarrierGet :one
--- The mark of (saga, step, phase), for a delivery given up on.
+-- The mark of (saga, run, step, phase), for a delivery given up on.
 SELECT * FROM /* TEMPLATE: schema */sagabox_barrier
-WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text;
+WHERE saga_id = @saga_id::uuid AND run = @run::integer AND step = @step::text AND phase = @phase::text;
 
 -- name: BarrierInsert :execrows
--- Leaves a mark of (saga, step, phase) with its final outcome and reply, for a
+-- Leaves a mark of (saga, run, step, phase) with its final outcome and reply, for a
 -- delivery given up on, or completes the 'started' mark the same message left
 -- (an outside call given up on). Zero rows means another mark was there
 -- already.
-INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-VALUES (@saga_id::uuid, @step::text, @phase::text, @message_id::uuid, @outcome::text, @reply_kind::text, @reply_payload::bytea)
-ON CONFLICT (saga_id, step, phase) DO UPDATE
+INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome, reply_kind, reply_payload)
+VALUES (@saga_id::uuid, @run::integer, @step::text, @phase::text, @message_id::uuid, @outcome::text, @reply_kind::text, @reply_payload::bytea)
+ON CONFLICT (saga_id, run, step, phase) DO UPDATE
 SET outcome = excluded.outcome, reply_kind = excluded.reply_kind, reply_payload = excluded.reply_payload
 WHERE b.outcome = 'started' AND b.message_id = excluded.message_id;
 
@@ -157,7 +157,7 @@ WHERE b.outcome = 'started' AND b.message_id = excluded.message_id;
 -- Removes the 'started' mark a compensation given up on left before its
 -- outside call, so that an operator's retry runs it again.
 DELETE FROM /* TEMPLATE: schema */sagabox_barrier
-WHERE saga_id = @saga_id::uuid AND step = @step::text AND phase = @phase::text
+WHERE saga_id = @saga_id::uuid AND run = @run::integer AND step = @step::text AND phase = @phase::text
   AND outcome = 'started' AND message_id = @message_id::uuid;
 
 -- name: DeliveryResume :one
@@ -176,7 +176,7 @@ RETURNING attempt;
 -- step and phase, for inspection.
 SELECT * FROM /* TEMPLATE: schema */sagabox_barrier
 WHERE saga_id = @saga_id::uuid
-ORDER BY created_at, step, phase;
+ORDER BY created_at, run, step, phase;
 
 -- name: InboxCountDuplicate :exec
 -- Counts a duplicate of message @message_id that was found out only when it

@@ -31,8 +31,8 @@ WHERE message_id IN (
 
 -- name: BarrierDeleteBefore :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_barrier
-WHERE (saga_id, step, phase) IN (
-    SELECT saga_id, step, phase FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE (saga_id, run, step, phase) IN (
+    SELECT saga_id, run, step, phase FROM /* TEMPLATE: schema */sagabox_barrier
     WHERE created_at < @created_before::timestamptz
     ORDER BY created_at
     LIMIT @max::integer

@@ -3,8 +3,8 @@
 
 -- name: SagaOperationInsert :one
 -- Requests an operator action on a saga; an orchestrator applies it.
-INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
-VALUES (@saga_id::uuid, @action::text, @actor::text, @reason::text)
+INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason, params)
+VALUES (@saga_id::uuid, @action::text, @actor::text, @reason::text, @params::jsonb)
 RETURNING *;
 
 -- name: SagaOperationClaim :one

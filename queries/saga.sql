@@ -220,6 +220,8 @@ GROUP BY saga_type;
 WITH updated AS (
     UPDATE /* TEMPLATE: schema */sagabox_saga AS s
     SET status = u.status,
+        version = u.version,
+        run = u.run,
         data = u.data,
         steps = u.steps,
         current_step = u.current_step,
@@ -237,6 +239,8 @@ WITH updated AS (
         SELECT unnest(@id::uuid[]) AS id,
                unnest(@revision::bigint[]) AS revision,
                unnest(@status::text[]) AS status,
+               unnest(@version::integer[]) AS version,
+               unnest(@run::integer[]) AS run,
                unnest(@data::jsonb[]) AS data,
                unnest(@steps::jsonb[]) AS steps,
                unnest(@current_step::integer[]) AS current_step,

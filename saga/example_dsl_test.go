@@ -271,3 +271,54 @@ func TestCheckoutScenarioLateReply(t *testing.T) {
 	s.RequireStepStatus("create-shipment", saga.StepSkipped)
 	s.RequireStatus(saga.StatusCompleted)
 }
+
+// Steps that do not depend on each other run side by side in a Parallel
+// group: their commands are sent together, and their replies are applied in
+// the order the branches are declared once all of them have succeeded,
+// whatever order they arrive in.
+func ExampleParallel() {
+	ctx := context.Background()
+	at := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	def := saga.MustNew("checkout-parallel", 1,
+		saga.Parallel("pay-and-ship",
+			saga.Step("charge-card",
+				saga.Invoke(Charge,
+					func(c *Checkout) ChargeCard { return ChargeCard{OrderID: c.OrderID, AmountCents: c.AmountCents} },
+					func(c *Checkout, r CardCharged) { c.ChargeID = r.ChargeID }),
+				saga.Compensate(Refund, func(c *Checkout) RefundCharge { return RefundCharge{OrderID: c.OrderID} }),
+				saga.WithTimeout[Checkout](20*time.Second)),
+			saga.Step("create-shipment",
+				saga.Invoke(Ship,
+					func(c *Checkout) CreateShipment { return CreateShipment{OrderID: c.OrderID} },
+					func(c *Checkout, r ShipmentCreated) { c.ShipmentID = r.ShipmentID }),
+				saga.WithTimeout[Checkout](time.Minute)),
+		),
+	)
+	data, _ := def.EncodeData(Checkout{OrderID: "o-8", AmountCents: 9_00})
+	res, err := def.Start(ctx, uuid.New(), data, at)
+	if err != nil {
+		panic(err)
+	}
+	for _, o := range res.Emit {
+		fmt.Printf("sent %s (step %d, group %s)\n", o.Type, o.StepIndex, res.Instance.Steps[o.StepIndex].Group)
+	}
+	reply := func(o saga.Outgoing, payload string) {
+		res, err = def.Apply(ctx, res.Instance, saga.Event{
+			Kind: saga.EventReplySuccess, Type: o.Type, Step: o.Step, StepIndex: o.StepIndex, Attempt: o.Attempt,
+			Payload: []byte(payload), At: at,
+		})
+		if err != nil {
+			panic(err)
+		}
+		d, _ := def.DecodeData(res.Instance.Data)
+		fmt.Printf("%s replied: saga %s, charge %q, shipment %q\n", o.Step, res.Instance.Status, d.ChargeID, d.ShipmentID)
+	}
+	charge, ship := res.Emit[0], res.Emit[1]
+	reply(ship, `{"shipment_id":"s-8"}`) // held until the group joins
+	reply(charge, `{"charge_id":"c-8"}`)
+	// Output:
+	// sent payment.charge (step 0, group pay-and-ship)
+	// sent shipping.create (step 1, group pay-and-ship)
+	// create-shipment replied: saga running, charge "", shipment ""
+	// charge-card replied: saga completed, charge "c-8", shipment "s-8"
+}

@@ -49,7 +49,7 @@ func (s *executor) beginDelivery(ctx context.Context, t driver.Tx, env *message.
 	case message.KindCommand:
 		var r *dbsqlc.DeliveryBeginActionRow
 		r, err = s.queries.DeliveryBeginAction(ctx, db, &dbsqlc.DeliveryBeginActionParams{
-			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Step: env.Step, Started: started,
+			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Run: int32(env.Run), Step: env.Step, Started: started,
 		})
 		if err == nil {
 			d.Duplicate, d.Marked, d.Resumed, d.Attempt = !r.Fresh && !r.Resumed, r.Marked, r.Resumed, int(r.InboxAttempt)
@@ -58,7 +58,7 @@ func (s *executor) beginDelivery(ctx context.Context, t driver.Tx, env *message.
 	case message.KindCompensation:
 		var r *dbsqlc.DeliveryBeginCompensationRow
 		r, err = s.queries.DeliveryBeginCompensation(ctx, db, &dbsqlc.DeliveryBeginCompensationParams{
-			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Step: env.Step, BlockedReply: blockedReply, Started: started,
+			MessageID: env.MessageID, Type: env.Type, SagaID: env.SagaID, Run: int32(env.Run), Step: env.Step, BlockedReply: blockedReply, Started: started,
 		})
 		if err == nil {
 			d.Duplicate, d.Marked, d.Resumed, d.Attempt = !r.Fresh && !r.Resumed, r.Marked, r.Resumed, int(r.InboxAttempt)
@@ -123,7 +123,7 @@ func (s *executor) SettleStarted(ctx context.Context, t driver.Tx, env *message.
 // if it is still there.
 func (s *executor) DropStartedMark(ctx context.Context, t driver.Tx, env *message.Envelope) error {
 	err := s.queries.BarrierDropStarted(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierDropStartedParams{
-		SagaID: env.SagaID, Step: env.Step, Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
+		SagaID: env.SagaID, Run: int32(env.Run), Step: env.Step, Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
 	})
 	if err != nil {
 		return fmt.Errorf("drop started %s mark of saga %s step %q in schema %q: %w", env.Kind.Phase(), env.SagaID, env.Step, s.schema, err)
@@ -154,7 +154,7 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		return t.Commit(ctx)
 	}
 	p := &dbsqlc.DeliveryFinishParams{
-		SagaID: env.SagaID, Step: env.Step, Phase: string(env.Kind.Phase()),
+		SagaID: env.SagaID, Run: int32(env.Run), Step: env.Step, Phase: string(env.Kind.Phase()),
 		SettleInbox: end.Settle, InboxMessageID: env.MessageID,
 		MessageID: []uuid.UUID{}, OrderingKey: []string{}, Kind: []string{}, Type: []string{}, RoutingKey: []string{},
 		ReplySagaID: []uuid.UUID{}, SagaType: []string{}, ReplyStep: []string{}, StepIndex: []int32{}, Attempt: []int32{},
@@ -195,7 +195,7 @@ func (s *executor) RecordInbox(ctx context.Context, t driver.Tx, env *message.En
 // Barrier returns, read in t, the mark of env's saga step in phase, or an
 // error wrapping message.ErrNotFound.
 func (s *executor) Barrier(ctx context.Context, t driver.Tx, env *message.Envelope, phase message.Phase) (driver.BarrierMark, error) {
-	r, err := s.queries.BarrierGet(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierGetParams{SagaID: env.SagaID, Step: env.Step, Phase: string(phase)})
+	r, err := s.queries.BarrierGet(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierGetParams{SagaID: env.SagaID, Run: int32(env.Run), Step: env.Step, Phase: string(phase)})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.BarrierMark{}, fmt.Errorf("%s barrier of saga %s step %q: %w", phase, env.SagaID, env.Step, message.ErrNotFound)
 	}
@@ -219,7 +219,7 @@ func (s *executor) BarrierList(ctx context.Context, id uuid.UUID) ([]driver.Barr
 	out := make([]driver.BarrierRecord, len(rows))
 	for i, r := range rows {
 		out[i] = driver.BarrierRecord{
-			SagaID: r.SagaID, Step: r.Step, Phase: message.Phase(r.Phase), MessageID: r.MessageID,
+			SagaID: r.SagaID, Run: int(r.Run), Step: r.Step, Phase: message.Phase(r.Phase), MessageID: r.MessageID,
 			Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), CreatedAt: r.CreatedAt,
 		}
 	}
@@ -230,7 +230,7 @@ func (s *executor) BarrierList(ctx context.Context, id uuid.UUID) ([]driver.Barr
 // phase unless one is there, and reports whether it did.
 func (s *executor) LeaveBarrier(ctx context.Context, t driver.Tx, env *message.Envelope, mark driver.BarrierMark) (bool, error) {
 	n, err := s.queries.BarrierInsert(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierInsertParams{
-		SagaID: env.SagaID, Step: env.Step, Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
+		SagaID: env.SagaID, Run: int32(env.Run), Step: env.Step, Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
 		Outcome: string(mark.Outcome), ReplyKind: string(mark.ReplyKind), ReplyPayload: mark.ReplyPayload,
 	})
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 func operation(r *dbsqlc.SagaboxSagaOperation) driver.Operation {
 	op := driver.Operation{
 		ID: r.ID, SagaID: r.SagaID, Action: r.Action, Actor: r.Actor, Reason: r.Reason,
-		RequestedAt: r.RequestedAt, Error: r.Error,
+		RequestedAt: r.RequestedAt, Error: r.Error, Params: r.Params,
 	}
 	if r.AppliedAt != nil {
 		op.AppliedAt = *r.AppliedAt
@@ -30,14 +30,15 @@ func operation(r *dbsqlc.SagaboxSagaOperation) driver.Operation {
 	return op
 }
 
-// RequestOperation records a request for action on saga id.
-func (s *executor) RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string) (driver.Operation, error) {
+// RequestOperation records a request for action on saga id, with params
+// (JSON, or nil).
+func (s *executor) RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string, params []byte) (driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return driver.Operation{}, err
 	}
 	r, err := s.queries.SagaOperationInsert(ctx, db, &dbsqlc.SagaOperationInsertParams{
-		SagaID: id, Action: action, Actor: actor, Reason: reason,
+		SagaID: id, Action: action, Actor: actor, Reason: reason, Params: params,
 	})
 	if err != nil {
 		return driver.Operation{}, fmt.Errorf("request %s of saga %s: %w", action, id, err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -83,9 +85,17 @@ func outboxColumns(msgs []message.Message, now time.Time) (*outboxCols, error) {
 			return nil, fmt.Errorf("message %d (type %q): %w", i, m.Type, err)
 		}
 		headers := []byte("{}")
-		if len(m.Headers) > 0 {
+		if len(m.Headers) > 0 || m.Run > 0 {
+			h := m.Headers
+			if m.Run > 0 {
+				h = maps.Clone(h)
+				if h == nil {
+					h = make(map[string]string, 1)
+				}
+				h[runHeader] = strconv.Itoa(m.Run)
+			}
 			var err error
-			if headers, err = json.Marshal(m.Headers); err != nil {
+			if headers, err = json.Marshal(h); err != nil {
 				return nil, fmt.Errorf("encode headers of message %s: %w", m.MessageID, err)
 			}
 		}
@@ -146,10 +156,23 @@ func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts)
 const claimPlan = "select set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true), " +
 	"set_config('enable_seqscan', 'off', true), set_config('statement_timeout', '30s', true)"
 
+// runHeader is the key under which the outbox keeps a message's Run among
+// its headers (the reserved prefix keeps it apart from the user's), so that
+// a restarted saga's messages need no column of their own.
+const runHeader = message.ReservedHeaderPrefix + "run"
+
 func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 	var headers map[string]string
 	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
 		_ = json.Unmarshal(r.Headers, &headers) // written by outboxColumns from a map[string]string
+	}
+	run := 0
+	if v, ok := headers[runHeader]; ok {
+		run, _ = strconv.Atoi(v)
+		delete(headers, runHeader)
+		if len(headers) == 0 {
+			headers = nil
+		}
 	}
 	return message.Message{
 		Envelope: message.Envelope{
@@ -163,6 +186,7 @@ func outboxMessage(r *dbsqlc.SagaboxOutbox) message.Message {
 			Step:          r.Step,
 			StepIndex:     int(r.StepIndex),
 			Attempt:       int(r.Attempt),
+			Run:           run,
 			ReplyTo:       r.ReplyTo,
 			CorrelationID: r.CorrelationID,
 			CreatedAt:     r.CreatedAt,

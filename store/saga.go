@@ -19,7 +19,7 @@ import (
 func sagaRecord(r *dbsqlc.SagaboxSaga) driver.SagaRecord {
 	rec := driver.SagaRecord{
 		ID: r.ID, Type: r.SagaType, Version: int(r.Version), Status: r.Status,
-		Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep), Phase: r.Phase,
+		Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep), Phase: r.Phase, Run: int(r.Run),
 		Revision: r.Revision, Attempts: int(r.Attempts), LastError: r.LastError,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, TraceParent: r.Traceparent, TraceState: r.Tracestate,
 	}
@@ -190,7 +190,7 @@ func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
 	rec := driver.SagaRecord{
 		ID: r.ID.UUID, Type: deref(r.SagaType), Version: int(r.Version.Int32), Status: deref(r.Status),
 		StartKey: deref(r.StartKey), Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep.Int32),
-		Phase: deref(r.Phase), Revision: r.Revision.Int64, Attempts: int(r.Attempts.Int32), LastError: deref(r.LastError),
+		Run: int(r.Run.Int32), Phase: deref(r.Phase), Revision: r.Revision.Int64, Attempts: int(r.Attempts.Int32), LastError: deref(r.LastError),
 		TraceParent: deref(r.Traceparent), TraceState: deref(r.Tracestate),
 	}
 	if r.Deadline != nil {
@@ -303,6 +303,8 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 			p.ID = append(p.ID, r.ID)
 			p.Revision = append(p.Revision, r.Revision)
 			p.Status = append(p.Status, r.Status)
+			p.Version = append(p.Version, int32(r.Version))
+			p.Run = append(p.Run, int32(r.Run))
 			p.Data = append(p.Data, r.Data)
 			p.Steps = append(p.Steps, r.Steps)
 			p.CurrentStep = append(p.CurrentStep, int32(r.CurrentStep))
@@ -324,7 +326,7 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 	}
 	p.ID, p.Revision, p.Status, p.Data, p.Steps = nonNil(p.ID), nonNil(p.Revision), nonNil(p.Status), nonNil(p.Data), nonNil(p.Steps)
 	p.CurrentStep, p.Phase, p.Deadline, p.Attempts = nonNil(p.CurrentStep), nonNil(p.Phase), nonNil(p.Deadline), nonNil(p.Attempts)
-	p.LastError, p.FinishedAt = nonNil(p.LastError), nonNil(p.FinishedAt)
+	p.LastError, p.FinishedAt, p.Version, p.Run = nonNil(p.LastError), nonNil(p.FinishedAt), nonNil(p.Version), nonNil(p.Run)
 	p.HSagaID, p.HAt, p.HEvent, p.HStep, p.HStepIndex = nonNil(h.sagaID), nonNil(h.at), nonNil(h.event), nonNil(h.step), nonNil(h.stepIndex)
 	p.HPhase, p.HAttempt, p.HDetail, p.HActor, p.HMessageID = nonNil(h.phase), nonNil(h.attempt), nonNil(h.detail), nonNil(h.actor), nonNil(h.messageID)
 	p.OMessageID, p.OOrderingKey, p.OKind, p.OType, p.ORoutingKey = o.messageID, o.orderingKey, o.kind, o.typ, o.routingKey

@@ -241,7 +241,7 @@ func TestOperationRequests(t *testing.T) {
 	s := dbtest.Store(t)
 	ctx := context.Background()
 	id := uuid.New()
-	op, err := s.RequestOperation(ctx, id, "retry", "alice", "payment fixed")
+	op, err := s.RequestOperation(ctx, id, "retry", "alice", "payment fixed", nil)
 	require.NoError(t, err)
 	require.True(t, op.AppliedAt.IsZero())
 
@@ -265,7 +265,7 @@ func TestOperationRequests(t *testing.T) {
 	require.False(t, got.AppliedAt.IsZero())
 	require.Equal(t, "saga is completed", got.Error)
 
-	_, err = s.RequestOperation(ctx, id, "delete", "x", "y")
+	_, err = s.RequestOperation(ctx, id, "delete", "x", "y", nil)
 	require.Error(t, err, "only retry and abort are actions")
 	_, err = s.Operation(ctx, 999999)
 	require.ErrorIs(t, err, message.ErrNotFound)

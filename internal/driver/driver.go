@@ -276,8 +276,9 @@ type Executor interface {
 	// is before before.
 	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
 
-	// RequestOperation records a request for action on saga id.
-	RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string) (Operation, error)
+	// RequestOperation records a request for action on saga id, with the
+	// action's params (JSON; nil for none).
+	RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string, params []byte) (Operation, error)
 	// Operation returns request id, or an error wrapping
 	// message.ErrNotFound.
 	Operation(ctx context.Context, id int64) (Operation, error)

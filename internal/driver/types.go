@@ -134,8 +134,12 @@ type Attempt struct {
 type Operation struct {
 	ID     int64
 	SagaID uuid.UUID
-	// Action is "retry", "cancel" ("abort", its former name) or "terminate".
-	Action      string
+	// Action is "retry", "cancel" ("abort", its former name), "terminate"
+	// or "restart".
+	Action string
+	// Params are the action's parameters as JSON: a restart's
+	// RestartParams; nil for the other actions.
+	Params      []byte
 	Actor       string
 	Reason      string
 	RequestedAt time.Time
@@ -167,6 +171,8 @@ type SagaRecord struct {
 	Steps       []byte
 	CurrentStep int
 	Phase       string
+	// Run counts the operator's restarts (saga.Instance.Run).
+	Run int
 	// Revision counts applied transitions.
 	Revision int64
 	// Deadline is the earliest pending deadline; zero when none.
@@ -391,7 +397,9 @@ type DeliveryEnd struct {
 
 // BarrierRecord is one barrier mark as stored, for inspection.
 type BarrierRecord struct {
-	SagaID    uuid.UUID
+	SagaID uuid.UUID
+	// Run is the saga's run (message.Envelope.Run) the mark belongs to.
+	Run       int
 	Step      string
 	Phase     message.Phase
 	MessageID uuid.UUID

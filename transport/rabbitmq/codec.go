@@ -28,6 +28,7 @@ const (
 	HeaderStep        = "x-sagabox-step"
 	HeaderStepIndex   = "x-sagabox-step-index"
 	HeaderAttempt     = "x-sagabox-attempt"
+	HeaderRun         = "x-sagabox-run"
 	HeaderCreatedAt   = "x-sagabox-created-at"
 	HeaderTraceParent = "traceparent"
 	HeaderTraceState  = "tracestate"
@@ -71,6 +72,9 @@ func EncodeMessage(m message.Message) (amqp.Publishing, error) {
 	}
 	if m.SagaID != uuid.Nil {
 		h[HeaderSagaID] = m.SagaID.String()
+	}
+	if m.Run > 0 {
+		h[HeaderRun] = int64(m.Run)
 	}
 	setString(h, HeaderSagaType, m.SagaType)
 	setString(h, HeaderStep, m.Step)
@@ -166,6 +170,7 @@ func DecodeDelivery(d amqp.Delivery) (*transport.Delivery, error) {
 	env.Step, _ = h.string(HeaderStep)
 	env.StepIndex, _ = h.int(HeaderStepIndex)
 	env.Attempt, _ = h.int(HeaderAttempt)
+	env.Run, _ = h.int(HeaderRun)
 	env.TraceParent, _ = h.string(HeaderTraceParent)
 	env.TraceState, _ = h.string(HeaderTraceState)
 	if rk, ok := h.string(HeaderRoutingKey); ok {

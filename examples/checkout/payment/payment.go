@@ -180,7 +180,7 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, req *participant.
 // action's idempotency key; a charge the provider never made refunds
 // nothing.
 func (s *Service) refund(ctx context.Context, req *participant.OutsideRequest[contract.RefundPayment]) error {
-	chargeKey := participant.IdempotencyKey(req.SagaID, req.Step, message.PhaseAction)
+	chargeKey := participant.IdempotencyKey(req.SagaID, req.Run, req.Step, message.PhaseAction)
 	_, _, err := s.call(ctx, "/refund", req.IdempotencyKey, providerRequest{ChargeKey: chargeKey})
 	return err
 }

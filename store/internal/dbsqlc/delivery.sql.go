@@ -14,12 +14,13 @@ import (
 
 const barrierDropStarted = `-- name: BarrierDropStarted :exec
 DELETE FROM /* TEMPLATE: schema */sagabox_barrier
-WHERE saga_id = $1::uuid AND step = $2::text AND phase = $3::text
-  AND outcome = 'started' AND message_id = $4::uuid
+WHERE saga_id = $1::uuid AND run = $2::integer AND step = $3::text AND phase = $4::text
+  AND outcome = 'started' AND message_id = $5::uuid
 `
 
 type BarrierDropStartedParams struct {
 	SagaID    uuid.UUID
+	Run       int32
 	Step      string
 	Phase     string
 	MessageID uuid.UUID
@@ -30,6 +31,7 @@ type BarrierDropStartedParams struct {
 func (q *Queries) BarrierDropStarted(ctx context.Context, db DBTX, arg *BarrierDropStartedParams) error {
 	_, err := db.Exec(ctx, barrierDropStarted,
 		arg.SagaID,
+		arg.Run,
 		arg.Step,
 		arg.Phase,
 		arg.MessageID,
@@ -38,19 +40,25 @@ func (q *Queries) BarrierDropStarted(ctx context.Context, db DBTX, arg *BarrierD
 }
 
 const barrierGet = `-- name: BarrierGet :one
-SELECT saga_id, step, phase, message_id, outcome, reply_kind, reply_payload, created_at FROM /* TEMPLATE: schema */sagabox_barrier
-WHERE saga_id = $1::uuid AND step = $2::text AND phase = $3::text
+SELECT saga_id, step, phase, message_id, outcome, reply_kind, reply_payload, created_at, run FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE saga_id = $1::uuid AND run = $2::integer AND step = $3::text AND phase = $4::text
 `
 
 type BarrierGetParams struct {
 	SagaID uuid.UUID
+	Run    int32
 	Step   string
 	Phase  string
 }
 
-// The mark of (saga, step, phase), for a delivery given up on.
+// The mark of (saga, run, step, phase), for a delivery given up on.
 func (q *Queries) BarrierGet(ctx context.Context, db DBTX, arg *BarrierGetParams) (*SagaboxBarrier, error) {
-	row := db.QueryRow(ctx, barrierGet, arg.SagaID, arg.Step, arg.Phase)
+	row := db.QueryRow(ctx, barrierGet,
+		arg.SagaID,
+		arg.Run,
+		arg.Step,
+		arg.Phase,
+	)
 	var i SagaboxBarrier
 	err := row.Scan(
 		&i.SagaID,
@@ -61,20 +69,22 @@ func (q *Queries) BarrierGet(ctx context.Context, db DBTX, arg *BarrierGetParams
 		&i.ReplyKind,
 		&i.ReplyPayload,
 		&i.CreatedAt,
+		&i.Run,
 	)
 	return &i, err
 }
 
 const barrierInsert = `-- name: BarrierInsert :execrows
-INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-VALUES ($1::uuid, $2::text, $3::text, $4::uuid, $5::text, $6::text, $7::bytea)
-ON CONFLICT (saga_id, step, phase) DO UPDATE
+INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome, reply_kind, reply_payload)
+VALUES ($1::uuid, $2::integer, $3::text, $4::text, $5::uuid, $6::text, $7::text, $8::bytea)
+ON CONFLICT (saga_id, run, step, phase) DO UPDATE
 SET outcome = excluded.outcome, reply_kind = excluded.reply_kind, reply_payload = excluded.reply_payload
 WHERE b.outcome = 'started' AND b.message_id = excluded.message_id
 `
 
 type BarrierInsertParams struct {
 	SagaID       uuid.UUID
+	Run          int32
 	Step         string
 	Phase        string
 	MessageID    uuid.UUID
@@ -83,13 +93,14 @@ type BarrierInsertParams struct {
 	ReplyPayload []byte
 }
 
-// Leaves a mark of (saga, step, phase) with its final outcome and reply, for a
+// Leaves a mark of (saga, run, step, phase) with its final outcome and reply, for a
 // delivery given up on, or completes the 'started' mark the same message left
 // (an outside call given up on). Zero rows means another mark was there
 // already.
 func (q *Queries) BarrierInsert(ctx context.Context, db DBTX, arg *BarrierInsertParams) (int64, error) {
 	result, err := db.Exec(ctx, barrierInsert,
 		arg.SagaID,
+		arg.Run,
 		arg.Step,
 		arg.Phase,
 		arg.MessageID,
@@ -104,9 +115,9 @@ func (q *Queries) BarrierInsert(ctx context.Context, db DBTX, arg *BarrierInsert
 }
 
 const barrierListBySaga = `-- name: BarrierListBySaga :many
-SELECT saga_id, step, phase, message_id, outcome, reply_kind, reply_payload, created_at FROM /* TEMPLATE: schema */sagabox_barrier
+SELECT saga_id, step, phase, message_id, outcome, reply_kind, reply_payload, created_at, run FROM /* TEMPLATE: schema */sagabox_barrier
 WHERE saga_id = $1::uuid
-ORDER BY created_at, step, phase
+ORDER BY created_at, run, step, phase
 `
 
 // The marks saga @saga_id left at this participant (its primary key's
@@ -130,6 +141,7 @@ func (q *Queries) BarrierListBySaga(ctx context.Context, db DBTX, sagaID uuid.UU
 			&i.ReplyKind,
 			&i.ReplyPayload,
 			&i.CreatedAt,
+			&i.Run,
 		); err != nil {
 			return nil, err
 		}
@@ -152,11 +164,11 @@ WITH inbox AS (
         attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
     RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome)
-    SELECT $3::uuid, $4::text, 'action', $1::uuid,
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome)
+    SELECT $3::uuid, $6::integer, $4::text, 'action', $1::uuid,
            CASE WHEN $5::boolean THEN 'started' ELSE 'applied' END
     FROM inbox WHERE inbox.fresh
-    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    ON CONFLICT (saga_id, run, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 )
 SELECT inbox.fresh::boolean AS fresh,
@@ -175,6 +187,7 @@ type DeliveryBeginActionParams struct {
 	SagaID    uuid.UUID
 	Step      string
 	Started   bool
+	Run       int32
 }
 
 type DeliveryBeginActionRow struct {
@@ -189,7 +202,7 @@ type DeliveryBeginActionRow struct {
 
 // Begins the delivery of a step's action: records the message in the inbox
 // (as InboxRecord) and, for a message seen for the first time, leaves
-// the action's barrier mark of (saga, step). marked is false when an earlier
+// the action's barrier mark of (saga, run, step). marked is false when an earlier
 // message of the step left the mark (a re-send after a timeout, or the mark a
 // compensation left first); outcome and reply are then that mark's. A
 // concurrent action or compensation of the same step waits here for the
@@ -205,6 +218,7 @@ func (q *Queries) DeliveryBeginAction(ctx context.Context, db DBTX, arg *Deliver
 		arg.SagaID,
 		arg.Step,
 		arg.Started,
+		arg.Run,
 	)
 	var i DeliveryBeginActionRow
 	err := row.Scan(
@@ -230,17 +244,17 @@ WITH inbox AS (
         attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
     RETURNING (xmax = 0) AS fresh, i.state, i.attempt
 ), mark AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT $3::uuid, $4::text, 'compensation', $1::uuid,
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT $3::uuid, $6::integer, $4::text, 'compensation', $1::uuid,
            CASE WHEN $5::boolean THEN 'started' ELSE 'applied' END, 'reply-success', '{}'::bytea
     FROM inbox WHERE inbox.fresh
-    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    ON CONFLICT (saga_id, run, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
 ), action AS (
-    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
-    SELECT $3::uuid, $4::text, 'action', $1::uuid, 'blocked', 'reply-failure', $6::bytea
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, run, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT $3::uuid, $6::integer, $4::text, 'action', $1::uuid, 'blocked', 'reply-failure', $7::bytea
     FROM mark WHERE mark.inserted
-    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    ON CONFLICT (saga_id, run, step, phase) DO UPDATE SET outcome = b.outcome
     RETURNING (xmax = 0) AS inserted, b.outcome
 )
 SELECT inbox.fresh::boolean AS fresh,
@@ -261,6 +275,7 @@ type DeliveryBeginCompensationParams struct {
 	SagaID       uuid.UUID
 	Step         string
 	Started      bool
+	Run          int32
 	BlockedReply []byte
 }
 
@@ -290,6 +305,7 @@ func (q *Queries) DeliveryBeginCompensation(ctx context.Context, db DBTX, arg *D
 		arg.SagaID,
 		arg.Step,
 		arg.Started,
+		arg.Run,
 		arg.BlockedReply,
 	)
 	var i DeliveryBeginCompensationRow
@@ -311,11 +327,11 @@ const deliveryFinish = `-- name: DeliveryFinish :exec
 WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
     SET outcome = $18::text, reply_kind = $19::text, reply_payload = $20::bytea
-    WHERE $21::boolean AND saga_id = $22::uuid AND step = $23::text AND phase = $24::text
+    WHERE $21::boolean AND saga_id = $22::uuid AND run = $23::integer AND step = $24::text AND phase = $25::text
 ), done AS (
     UPDATE /* TEMPLATE: schema */sagabox_inbox
     SET state = 'done'
-    WHERE $25::boolean AND message_id = $26::uuid AND state = 'started'
+    WHERE $26::boolean AND message_id = $27::uuid AND state = 'started'
 )
 INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
     message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -365,6 +381,7 @@ type DeliveryFinishParams struct {
 	ReplyPayload   []byte
 	SetMark        bool
 	SagaID         uuid.UUID
+	Run            int32
 	Step           string
 	Phase          string
 	SettleInbox    bool
@@ -400,6 +417,7 @@ func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFini
 		arg.ReplyPayload,
 		arg.SetMark,
 		arg.SagaID,
+		arg.Run,
 		arg.Step,
 		arg.Phase,
 		arg.SettleInbox,

@@ -12,8 +12,8 @@ import (
 
 const barrierDeleteBefore = `-- name: BarrierDeleteBefore :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_barrier
-WHERE (saga_id, step, phase) IN (
-    SELECT saga_id, step, phase FROM /* TEMPLATE: schema */sagabox_barrier
+WHERE (saga_id, run, step, phase) IN (
+    SELECT saga_id, run, step, phase FROM /* TEMPLATE: schema */sagabox_barrier
     WHERE created_at < $1::timestamptz
     ORDER BY created_at
     LIMIT $2::integer

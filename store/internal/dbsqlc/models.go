@@ -19,6 +19,7 @@ type SagaboxBarrier struct {
 	ReplyKind    string
 	ReplyPayload []byte
 	CreatedAt    time.Time
+	Run          int32
 }
 
 type SagaboxDeadLetterV struct {
@@ -164,6 +165,7 @@ type SagaboxSaga struct {
 	AdmittedAt       *time.Time
 	StartDataHash    []byte
 	StartKeyReleased bool
+	Run              int32
 }
 
 type SagaboxSagaEvent struct {
@@ -217,6 +219,7 @@ type SagaboxSagaOperation struct {
 	Error       string
 	WithdrawnAt *time.Time
 	WithdrawnBy string
+	Params      []byte
 }
 
 type SagaboxSagaQueuedV struct {
@@ -237,6 +240,7 @@ type SagaboxSagaStepV struct {
 	StartedAt  time.Time
 	FinishedAt time.Time
 	LastError  interface{}
+	StepGroup  interface{}
 }
 
 type SagaboxSagaV struct {
@@ -259,4 +263,5 @@ type SagaboxSagaV struct {
 	ConcurrencyKey       *string
 	AdmittedAt           *time.Time
 	AdmissionWaitSeconds float64
+	Run                  int32
 }

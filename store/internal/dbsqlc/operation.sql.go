@@ -13,7 +13,7 @@ import (
 )
 
 const sagaOperationClaim = `-- name: SagaOperationClaim :one
-SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error, o.withdrawn_at, o.withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation o
+SELECT o.id, o.saga_id, o.action, o.actor, o.reason, o.requested_at, o.applied_at, o.error, o.withdrawn_at, o.withdrawn_by, o.params FROM /* TEMPLATE: schema */sagabox_saga_operation o
 LEFT JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
 WHERE o.applied_at IS NULL AND o.withdrawn_at IS NULL
   AND (s.id IS NULL OR (s.saga_type, s.version) IN (
@@ -48,6 +48,7 @@ func (q *Queries) SagaOperationClaim(ctx context.Context, db DBTX, arg *SagaOper
 		&i.Error,
 		&i.WithdrawnAt,
 		&i.WithdrawnBy,
+		&i.Params,
 	)
 	return &i, err
 }
@@ -66,7 +67,7 @@ func (q *Queries) SagaOperationCountPending(ctx context.Context, db DBTX) (int64
 }
 
 const sagaOperationGet = `-- name: SagaOperationGet :one
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = $1::bigint
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by, params FROM /* TEMPLATE: schema */sagabox_saga_operation WHERE id = $1::bigint
 `
 
 func (q *Queries) SagaOperationGet(ctx context.Context, db DBTX, id int64) (*SagaboxSagaOperation, error) {
@@ -83,15 +84,16 @@ func (q *Queries) SagaOperationGet(ctx context.Context, db DBTX, id int64) (*Sag
 		&i.Error,
 		&i.WithdrawnAt,
 		&i.WithdrawnBy,
+		&i.Params,
 	)
 	return &i, err
 }
 
 const sagaOperationInsert = `-- name: SagaOperationInsert :one
 
-INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason)
-VALUES ($1::uuid, $2::text, $3::text, $4::text)
-RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by
+INSERT INTO /* TEMPLATE: schema */sagabox_saga_operation (saga_id, action, actor, reason, params)
+VALUES ($1::uuid, $2::text, $3::text, $4::text, $5::jsonb)
+RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by, params
 `
 
 type SagaOperationInsertParams struct {
@@ -99,6 +101,7 @@ type SagaOperationInsertParams struct {
 	Action string
 	Actor  string
 	Reason string
+	Params []byte
 }
 
 // Operator actions requested from outside an orchestrator (the sagabox CLI),
@@ -110,6 +113,7 @@ func (q *Queries) SagaOperationInsert(ctx context.Context, db DBTX, arg *SagaOpe
 		arg.Action,
 		arg.Actor,
 		arg.Reason,
+		arg.Params,
 	)
 	var i SagaboxSagaOperation
 	err := row.Scan(
@@ -123,12 +127,13 @@ func (q *Queries) SagaOperationInsert(ctx context.Context, db DBTX, arg *SagaOpe
 		&i.Error,
 		&i.WithdrawnAt,
 		&i.WithdrawnBy,
+		&i.Params,
 	)
 	return &i, err
 }
 
 const sagaOperationListPending = `-- name: SagaOperationListPending :many
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by, params FROM /* TEMPLATE: schema */sagabox_saga_operation
 WHERE applied_at IS NULL AND withdrawn_at IS NULL
 ORDER BY id
 LIMIT $1::integer
@@ -155,6 +160,7 @@ func (q *Queries) SagaOperationListPending(ctx context.Context, db DBTX, maxRows
 			&i.Error,
 			&i.WithdrawnAt,
 			&i.WithdrawnBy,
+			&i.Params,
 		); err != nil {
 			return nil, err
 		}
@@ -167,7 +173,7 @@ func (q *Queries) SagaOperationListPending(ctx context.Context, db DBTX, maxRows
 }
 
 const sagaOperationListPendingAfter = `-- name: SagaOperationListPendingAfter :many
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by, params FROM /* TEMPLATE: schema */sagabox_saga_operation
 WHERE applied_at IS NULL AND withdrawn_at IS NULL AND id > $1::bigint
 ORDER BY id
 LIMIT $2::integer
@@ -200,6 +206,7 @@ func (q *Queries) SagaOperationListPendingAfter(ctx context.Context, db DBTX, ar
 			&i.Error,
 			&i.WithdrawnAt,
 			&i.WithdrawnBy,
+			&i.Params,
 		); err != nil {
 			return nil, err
 		}
@@ -212,7 +219,7 @@ func (q *Queries) SagaOperationListPendingAfter(ctx context.Context, db DBTX, ar
 }
 
 const sagaOperationListRecent = `-- name: SagaOperationListRecent :many
-SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by FROM /* TEMPLATE: schema */sagabox_saga_operation
+SELECT id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by, params FROM /* TEMPLATE: schema */sagabox_saga_operation
 ORDER BY id DESC
 LIMIT $1::integer
 `
@@ -238,6 +245,7 @@ func (q *Queries) SagaOperationListRecent(ctx context.Context, db DBTX, maxRows 
 			&i.Error,
 			&i.WithdrawnAt,
 			&i.WithdrawnBy,
+			&i.Params,
 		); err != nil {
 			return nil, err
 		}
@@ -270,7 +278,7 @@ const sagaOperationWithdraw = `-- name: SagaOperationWithdraw :one
 UPDATE /* TEMPLATE: schema */sagabox_saga_operation
 SET withdrawn_at = now(), withdrawn_by = $1::text
 WHERE id = $2::bigint AND applied_at IS NULL AND withdrawn_at IS NULL
-RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by
+RETURNING id, saga_id, action, actor, reason, requested_at, applied_at, error, withdrawn_at, withdrawn_by, params
 `
 
 type SagaOperationWithdrawParams struct {
@@ -295,6 +303,7 @@ func (q *Queries) SagaOperationWithdraw(ctx context.Context, db DBTX, arg *SagaO
 		&i.Error,
 		&i.WithdrawnAt,
 		&i.WithdrawnBy,
+		&i.Params,
 	)
 	return &i, err
 }

@@ -70,7 +70,7 @@ func (q *Queries) SagaAdmission(ctx context.Context, db DBTX, arg *SagaAdmission
 }
 
 const sagaClaimDue = `-- name: SagaClaimDue :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released, s.run FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= $1::timestamptz
   AND s.deadline IS NOT NULL
   AND s.status IN ('running', 'compensating')
@@ -139,6 +139,7 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 			&i.AdmittedAt,
 			&i.StartDataHash,
 			&i.StartKeyReleased,
+			&i.Run,
 		); err != nil {
 			return nil, err
 		}
@@ -151,7 +152,7 @@ func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDuePa
 }
 
 const sagaClaimQueued = `-- name: SagaClaimQueued :many
-SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s
+SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released, s.run FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.saga_type = $1::text
   AND s.status = 'queued'
   AND s.version = ANY($2::integer[])
@@ -208,6 +209,7 @@ func (q *Queries) SagaClaimQueued(ctx context.Context, db DBTX, arg *SagaClaimQu
 			&i.AdmittedAt,
 			&i.StartDataHash,
 			&i.StartKeyReleased,
+			&i.Run,
 		); err != nil {
 			return nil, err
 		}
@@ -220,7 +222,7 @@ func (q *Queries) SagaClaimQueued(ctx context.Context, db DBTX, arg *SagaClaimQu
 }
 
 const sagaGet = `-- name: SagaGet :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released, run FROM /* TEMPLATE: schema */sagabox_saga WHERE id = $1::uuid
 `
 
 func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxSaga, error) {
@@ -249,12 +251,13 @@ func (q *Queries) SagaGet(ctx context.Context, db DBTX, id uuid.UUID) (*SagaboxS
 		&i.AdmittedAt,
 		&i.StartDataHash,
 		&i.StartKeyReleased,
+		&i.Run,
 	)
 	return &i, err
 }
 
 const sagaGetByStartKey = `-- name: SagaGetByStartKey :one
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released, run FROM /* TEMPLATE: schema */sagabox_saga
 WHERE saga_type = $1::text AND start_key = $2::text AND NOT start_key_released
 `
 
@@ -290,6 +293,7 @@ func (q *Queries) SagaGetByStartKey(ctx context.Context, db DBTX, arg *SagaGetBy
 		&i.AdmittedAt,
 		&i.StartDataHash,
 		&i.StartKeyReleased,
+		&i.Run,
 	)
 	return &i, err
 }
@@ -366,7 +370,7 @@ func (q *Queries) SagaKeysRunning(ctx context.Context, db DBTX, arg *SagaKeysRun
 }
 
 const sagaList = `-- name: SagaList :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released, run FROM /* TEMPLATE: schema */sagabox_saga
 WHERE ($1::text IS NULL OR saga_type = $1::text)
   AND ($2::integer IS NULL OR version = $2::integer)
   AND (cardinality($3::text[]) = 0 OR status = ANY($3::text[]))
@@ -443,6 +447,7 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 			&i.AdmittedAt,
 			&i.StartDataHash,
 			&i.StartKeyReleased,
+			&i.Run,
 		); err != nil {
 			return nil, err
 		}
@@ -455,7 +460,7 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 }
 
 const sagaLock = `-- name: SagaLock :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released FROM /* TEMPLATE: schema */sagabox_saga
+SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released, run FROM /* TEMPLATE: schema */sagabox_saga
 WHERE id = ANY($1::uuid[])
 ORDER BY id
 FOR UPDATE
@@ -495,6 +500,7 @@ func (q *Queries) SagaLock(ctx context.Context, db DBTX, ids []uuid.UUID) ([]*Sa
 			&i.AdmittedAt,
 			&i.StartDataHash,
 			&i.StartKeyReleased,
+			&i.Run,
 		); err != nil {
 			return nil, err
 		}
@@ -572,13 +578,13 @@ WITH inbox AS (
     -- One primary-key lookup per saga, in id order, whatever the planner
     -- believes of the table's size: a join could scan the whole table when
     -- its statistics are missing or stale (a fresh deployment, a burst).
-    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.concurrency_key, l.admitted_at, l.start_data_hash, l.start_key_released
+    SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.concurrency_key, l.admitted_at, l.start_data_hash, l.start_key_released, l.run
     FROM (SELECT DISTINCT inbox.saga_id FROM inbox WHERE inbox.fresh ORDER BY inbox.saga_id) AS k,
          LATERAL (
-             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
+             SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released, s.run FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.saga_id FOR UPDATE
          ) AS l
 )
-SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate, locked.concurrency_key, locked.admitted_at, locked.start_data_hash, locked.start_key_released
+SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.id, locked.saga_type, locked.version, locked.status, locked.start_key, locked.data, locked.steps, locked.current_step, locked.phase, locked.revision, locked.deadline, locked.attempts, locked.last_error, locked.created_at, locked.updated_at, locked.finished_at, locked.traceparent, locked.tracestate, locked.concurrency_key, locked.admitted_at, locked.start_data_hash, locked.start_key_released, locked.run
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh
 `
 
@@ -615,6 +621,7 @@ type SagaReceiveRow struct {
 	AdmittedAt       *time.Time
 	StartDataHash    []byte
 	StartKeyReleased pgtype.Bool
+	Run              pgtype.Int4
 }
 
 // Receives replies: records each in the inbox (a duplicate counts itself
@@ -661,6 +668,7 @@ func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceivePara
 			&i.AdmittedAt,
 			&i.StartDataHash,
 			&i.StartKeyReleased,
+			&i.Run,
 		); err != nil {
 			return nil, err
 		}
@@ -996,6 +1004,8 @@ const sagaWrite = `-- name: SagaWrite :one
 WITH updated AS (
     UPDATE /* TEMPLATE: schema */sagabox_saga AS s
     SET status = u.status,
+        version = u.version,
+        run = u.run,
         data = u.data,
         steps = u.steps,
         current_step = u.current_step,
@@ -1013,14 +1023,16 @@ WITH updated AS (
         SELECT unnest($1::uuid[]) AS id,
                unnest($3::bigint[]) AS revision,
                unnest($4::text[]) AS status,
-               unnest($5::jsonb[]) AS data,
-               unnest($6::jsonb[]) AS steps,
-               unnest($7::integer[]) AS current_step,
-               unnest($8::text[]) AS phase,
-               unnest($9::timestamptz[]) AS deadline,
-               unnest($10::integer[]) AS attempts,
-               unnest($11::text[]) AS last_error,
-               unnest($12::timestamptz[]) AS finished_at
+               unnest($5::integer[]) AS version,
+               unnest($6::integer[]) AS run,
+               unnest($7::jsonb[]) AS data,
+               unnest($8::jsonb[]) AS steps,
+               unnest($9::integer[]) AS current_step,
+               unnest($10::text[]) AS phase,
+               unnest($11::timestamptz[]) AS deadline,
+               unnest($12::integer[]) AS attempts,
+               unnest($13::text[]) AS last_error,
+               unnest($14::timestamptz[]) AS finished_at
     ) AS u
     -- s.id = ANY(@id) lets the planner find the rows by primary key even
     -- when it misjudges the table's size (no statistics yet).
@@ -1030,39 +1042,39 @@ WITH updated AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_saga_history (
         saga_id, at, event, step, step_index, phase, attempt, detail, actor, message_id
     )
-    SELECT unnest($13::uuid[]),
-           unnest($14::timestamptz[]),
-           unnest($15::text[]),
-           unnest($16::text[]),
-           unnest($17::integer[]),
+    SELECT unnest($15::uuid[]),
+           unnest($16::timestamptz[]),
+           unnest($17::text[]),
            unnest($18::text[]),
            unnest($19::integer[]),
            unnest($20::text[]),
-           unnest($21::text[]),
-           nullif(unnest($22::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+           unnest($21::integer[]),
+           unnest($22::text[]),
+           unnest($23::text[]),
+           nullif(unnest($24::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
         step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
         headers, payload, created_at
     )
-    SELECT unnest($23::uuid[]),
-           unnest($24::text[]),
-           unnest($25::text[]),
+    SELECT unnest($25::uuid[]),
            unnest($26::text[]),
            unnest($27::text[]),
-           unnest($28::uuid[]),
+           unnest($28::text[]),
            unnest($29::text[]),
-           unnest($30::text[]),
-           unnest($31::integer[]),
-           unnest($32::integer[]),
-           unnest($33::text[]),
-           unnest($34::text[]),
+           unnest($30::uuid[]),
+           unnest($31::text[]),
+           unnest($32::text[]),
+           unnest($33::integer[]),
+           unnest($34::integer[]),
            unnest($35::text[]),
            unnest($36::text[]),
-           unnest($37::jsonb[]),
-           unnest($38::bytea[]),
-           unnest($39::timestamptz[])
+           unnest($37::text[]),
+           unnest($38::text[]),
+           unnest($39::jsonb[]),
+           unnest($40::bytea[]),
+           unnest($41::timestamptz[])
 )
 SELECT /* TEMPLATE: schema */sagabox_check(
     (SELECT count(*) FROM updated) = cardinality($1::uuid[]),
@@ -1076,6 +1088,8 @@ type SagaWriteParams struct {
 	Now            time.Time
 	Revision       []int64
 	Status         []string
+	Version        []int32
+	Run            []int32
 	Data           [][]byte
 	Steps          [][]byte
 	CurrentStep    []int32
@@ -1124,6 +1138,8 @@ func (q *Queries) SagaWrite(ctx context.Context, db DBTX, arg *SagaWriteParams) 
 		arg.Now,
 		arg.Revision,
 		arg.Status,
+		arg.Version,
+		arg.Run,
 		arg.Data,
 		arg.Steps,
 		arg.CurrentStep,

@@ -23,21 +23,30 @@ func (a *app) sagaBulkCommand() *cobra.Command {
 	var keyPrefix, actor, reason string
 	var limit int
 	var yes bool
+	var restart restartFlags
 	cmd := &cobra.Command{
-		Use:   "bulk {retry|cancel|terminate} --reason TEXT [filters] [--yes]",
-		Short: "Retry, cancel or terminate every saga a filter selects (a dry run unless --yes)",
+		Use:   "bulk {retry|cancel|terminate|restart} --reason TEXT [filters] [--yes]",
+		Short: "Retry, cancel, terminate or restart every saga a filter selects (a dry run unless --yes)",
 		Long: "Selects sagas by type, status, version, idleness and start-key prefix and records an\n" +
 			"operator request for each one whose status the action applies to, as `saga retry`,\n" +
-			"`saga cancel` and `saga terminate` do for one saga. Without --yes it only prints how many\n" +
+			"`saga cancel`, `saga terminate` and `saga restart` (with its --from, --to-version and\n" +
+			"--data) do for one saga. Without --yes it only prints how many\n" +
 			"sagas it would act on and the first ids. The requests are applied by a running\n" +
 			"orchestrator; follow them with `sagabox ops list`, withdraw them with `sagabox ops cancel`.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			action := args[0]
 			switch action {
-			case "retry", "cancel", "terminate":
+			case "retry", "cancel", "terminate", "restart":
 			default:
-				return withCode(ExitUsage, fmt.Errorf("action %q: want retry, cancel or terminate", action))
+				return withCode(ExitUsage, fmt.Errorf("action %q: want retry, cancel, terminate or restart", action))
+			}
+			var params []byte
+			if action == "restart" {
+				var err error
+				if params, err = restart.params(); err != nil {
+					return err
+				}
 			}
 			if strings.TrimSpace(reason) == "" {
 				return withCode(ExitUsage, errors.New("--reason is required: it is recorded in each saga's history"))
@@ -101,7 +110,7 @@ func (a *app) sagaBulkCommand() *cobra.Command {
 			}
 			if yes {
 				for _, s := range selected {
-					op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason)
+					op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason, params)
 					if err != nil {
 						return fmt.Errorf("%s of saga %s (after %d requests): %w", action, s.ID, len(out.Requests), err)
 					}
@@ -138,5 +147,6 @@ func (a *app) sagaBulkCommand() *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in each saga's history; required)")
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who (recorded in each saga's history)")
 	cmd.Flags().BoolVar(&yes, "yes", false, "record the requests (without it: a dry run)")
+	restart.register(cmd)
 	return withJSON(cmd)
 }

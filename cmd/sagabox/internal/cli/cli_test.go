@@ -19,6 +19,7 @@ import (
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
 	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/store"
 )
 
@@ -401,4 +402,48 @@ func TestSagaBulkDryRunThenRequests(t *testing.T) {
 		ids = append(ids, op.SagaID)
 	}
 	require.ElementsMatch(t, running, ids)
+}
+
+// A bulk restart selects failed and compensated sagas only, and records
+// its step, version and data as the request's params, which the
+// orchestrator reads as orchestrator.RestartOpts. Bad restart flags are
+// usage errors.
+func TestSagaBulkRestartRecordsParams(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Store(t)
+	schema := db.Store.Schema()
+	compensated := sagaIn(t, db, "compensated", -1, `[{"name":"reserve","status":"compensated","attempt":1}]`, "declined", "restart-1")
+	sagaIn(t, db, "running", 1, twoSteps, "", "restart-2")
+
+	for _, args := range [][]string{
+		{"saga", "restart", compensated.String(), "--reason", "x"},
+		{"saga", "restart", compensated.String(), "--reason", "x", "--from", "reserve", "--data", "{not json"},
+		{"saga", "restart", compensated.String(), "--reason", "x", "--from", "reserve", "--to-version", "-2"},
+		{"saga", "bulk", "restart", "--type", "checkout", "--reason", "x"},
+	} {
+		r := run(t, append([]string{"--schema", schema}, args...)...)
+		require.Equal(t, cli.ExitUsage, r.code, "%v: %s", args, r.stderr)
+	}
+	r := run(t, "--schema", schema, "saga", "restart", sagaIn(t, db, "completed", -1, `[{"name":"reserve","status":"succeeded","attempt":1}]`, "", "").String(),
+		"--from", "reserve", "--reason", "x", "--wait", "1h")
+	require.Equal(t, cli.ExitRefused, r.code, r.stderr)
+	require.Contains(t, r.stderr, "only a failed or compensated saga can be restarted, this one is completed")
+
+	r = run(t, "--schema", schema, "--json", "saga", "bulk", "restart", "--type", "checkout", "--key-prefix", "restart-",
+		"--from", "reserve", "--to-version", "2", "--data", `{"order":"o-2"}`, "--reason", "supplier back", "--yes", "--actor", "ops")
+	require.Equal(t, cli.ExitOK, r.code, r.stderr)
+	var out view.Bulk
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	require.Equal(t, 2, out.Matched)
+	require.Equal(t, 1, out.Applicable, "a running saga cannot be restarted")
+	ops, err := db.Operations(context.Background(), false, 10)
+	require.NoError(t, err)
+	require.Len(t, ops, 1)
+	require.Equal(t, "restart", ops[0].Action)
+	require.Equal(t, compensated, ops[0].SagaID)
+	var params orchestrator.RestartOpts
+	require.NoError(t, json.Unmarshal(ops[0].Params, &params))
+	require.Equal(t, "reserve", params.From)
+	require.Equal(t, 2, params.Version)
+	require.JSONEq(t, `{"order":"o-2"}`, string(params.Data), "jsonb keeps the data, not its spacing")
 }

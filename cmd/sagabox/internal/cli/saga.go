@@ -26,9 +26,9 @@ import (
 const ExitPending = 5
 
 func (a *app) sagaCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry, cancel and terminate sagas"}
+	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry, cancel, terminate and restart sagas"}
 	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("cancel"),
-		a.sagaActionCommand("terminate"), a.sagaBulkCommand())
+		a.sagaActionCommand("terminate"), a.sagaActionCommand("restart"), a.sagaBulkCommand())
 	return cmd
 }
 
@@ -177,6 +177,9 @@ func (a *app) sagaShowCommand() *cobra.Command {
 				fmt.Fprintf(w, "saga\t%s\n", s.ID)
 				fmt.Fprintf(w, "type\t%s v%d\n", s.Type, s.Version)
 				fmt.Fprintf(w, "status\t%s (%s phase)\n", s.Status, s.Phase)
+				if s.Run > 0 {
+					fmt.Fprintf(w, "run\t%d (restarted %d time(s))\n", s.Run, s.Run)
+				}
 				if s.StartKey != "" {
 					fmt.Fprintf(w, "start key\t%s\n", s.StartKey)
 				}
@@ -190,13 +193,17 @@ func (a *app) sagaShowCommand() *cobra.Command {
 				}
 				data, _ := json.MarshalIndent(json.RawMessage(s.Data), "", "  ")
 				fmt.Fprintf(w, "\ndata:\n%s\n", data)
-				fmt.Fprintln(w, "\nSTEP\tSTATUS\tATTEMPT\tLAST ERROR")
+				fmt.Fprintln(w, "\nSTEP\tGROUP\tSTATUS\tATTEMPT\tLAST ERROR")
+				current := ""
+				if s.CurrentStep >= 0 && s.CurrentStep < len(s.Steps) {
+					current = s.Steps[s.CurrentStep].Group
+				}
 				for i, st := range s.Steps {
 					marker := " "
-					if i == s.CurrentStep {
-						marker = "*"
+					if i == s.CurrentStep || (current != "" && st.Group == current) {
+						marker = "*" // the step in flight, or every branch of the group in flight
 					}
-					fmt.Fprintf(w, "%s %s\t%s\t%d\t%s\n", marker, st.Name, st.Status, st.Attempt, dash(st.LastError))
+					fmt.Fprintf(w, "%s %s\t%s\t%s\t%d\t%s\n", marker, st.Name, dash(st.Group), st.Status, st.Attempt, dash(st.LastError))
 				}
 				fmt.Fprintln(w, "\nTIME\tSTEP\tEVENT\tATTEMPT\tDETAIL")
 				for _, h := range hist {
@@ -235,8 +242,55 @@ func applicable(action string, s *orchestrator.Saga) string {
 		default:
 			return fmt.Sprintf("a %s saga has nothing to retry", s.Status)
 		}
+	case "restart":
+		if s.Status != saga.StatusFailed && s.Status != saga.StatusCompensated {
+			return fmt.Sprintf("only a failed or compensated saga can be restarted, this one is %s", s.Status)
+		}
 	}
 	return ""
+}
+
+// restartFlags are the flags of a restart, single or bulk.
+type restartFlags struct {
+	from, data string
+	version    int
+}
+
+func (f *restartFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.from, "from", "", "the step (or parallel group) to run the saga again from (required)")
+	cmd.Flags().IntVar(&f.version, "to-version", 0, "run the saga on this newer version of its definition (default: its own)")
+	cmd.Flags().StringVar(&f.data, "data", "", "replace the saga's data with this JSON, or @FILE to read it from a file (default: the data as stored)")
+}
+
+// params returns the JSON params of a restart request, checked as far as
+// the CLI can (the orchestrator checks the step and the data's type).
+func (f *restartFlags) params() ([]byte, error) {
+	if strings.TrimSpace(f.from) == "" {
+		return nil, withCode(ExitUsage, errors.New("--from is required: the step to run the saga again from"))
+	}
+	if f.version < 0 {
+		return nil, withCode(ExitUsage, fmt.Errorf("--to-version %d: want a positive version", f.version))
+	}
+	opts := orchestrator.RestartOpts{From: f.from, Version: f.version}
+	if f.data != "" {
+		data := []byte(f.data)
+		if name, ok := strings.CutPrefix(f.data, "@"); ok {
+			b, err := os.ReadFile(name)
+			if err != nil {
+				return nil, withCode(ExitUsage, fmt.Errorf("--data: %w", err))
+			}
+			data = b
+		}
+		if !json.Valid(data) {
+			return nil, withCode(ExitUsage, errors.New("--data is not valid JSON"))
+		}
+		opts.Data = data
+	}
+	b, err := json.Marshal(opts)
+	if err != nil {
+		return nil, fmt.Errorf("encode restart params: %w", err)
+	}
+	return b, nil
 }
 
 func (a *app) sagaActionCommand(action string) *cobra.Command {
@@ -247,13 +301,19 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 		"retry":     "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
 		"cancel":    "Cancel a running saga: compensate its current step and the completed ones (ends compensated)",
 		"terminate": "Stop a running, compensating or failed saga at once, compensating nothing (ends terminated)",
+		"restart":   "Run a failed or compensated saga again from a step (--from), optionally on a newer version or with new data",
 	}[action]
+	var restart restartFlags
+	use := action + " {SAGA_ID | --key START_KEY} --reason TEXT"
+	if action == "restart" {
+		use += " --from STEP"
+	}
 	var aliases []string
 	if action == "cancel" {
 		aliases = []string{"abort"} // its former name
 	}
 	cmd := &cobra.Command{
-		Use:     action + " {SAGA_ID | --key START_KEY} --reason TEXT",
+		Use:     use,
 		Aliases: aliases,
 		Short:   short,
 		Long: short + ".\n\nThe request is recorded in the database and applied by a running orchestrator of the\n" +
@@ -272,6 +332,13 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			if wait < 0 {
 				return withCode(ExitUsage, fmt.Errorf("--wait %s: want 0 or more", wait))
 			}
+			var params []byte
+			if action == "restart" {
+				var err error
+				if params, err = restart.params(); err != nil {
+					return err
+				}
+			}
 			ctx := cmd.Context()
 			c, st, closeDB, err := a.client(ctx)
 			if err != nil {
@@ -285,7 +352,7 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			if why := applicable(action, s); why != "" {
 				return withCode(ExitRefused, fmt.Errorf("%s of saga %s refused: %s", action, s.ID, why))
 			}
-			op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason)
+			op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason, params)
 			if err != nil {
 				return err
 			}
@@ -335,6 +402,9 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 	cmd.Flags().BoolVar(&keep, "keep", false, "leave the request queued when --wait expires (it is applied when an orchestrator runs)")
 	cmd.Flags().StringVar(&key, "key", "", "the saga's start key instead of its id")
 	cmd.Flags().StringVar(&sagaType, "type", "", "with --key: the saga's type, when sagas of several types share the key")
+	if action == "restart" {
+		restart.register(cmd)
+	}
 	return withJSON(cmd)
 }
 

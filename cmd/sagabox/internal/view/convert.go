@@ -11,7 +11,7 @@ import (
 // SagaOf returns s as a listing row: without data, steps and history.
 func SagaOf(s *orchestrator.Saga) Saga {
 	v := Saga{
-		ID: s.ID, Type: s.Type, Version: s.Version, Status: string(s.Status), Phase: string(s.Phase),
+		ID: s.ID, Type: s.Type, Version: s.Version, Status: string(s.Status), Phase: string(s.Phase), Run: s.Run,
 		CurrentStepIndex: -1, StartKey: s.StartKey, LastError: s.LastError, Deadline: utc(s.Deadline),
 		Revision: s.Revision, CreatedAt: utc(s.CreatedAt), UpdatedAt: utc(s.UpdatedAt), FinishedAt: utc(s.FinishedAt),
 	}
@@ -31,6 +31,7 @@ func SagaDetailOf(s *orchestrator.Saga, hist []saga.HistoryEntry) Saga {
 		v.Steps[i] = Step{
 			Index: i, Name: st.Name, Status: string(st.Status), Attempt: st.Attempt, CompensationAttempt: st.CompensationAttempt,
 			Deadline: utc(st.Deadline), StartedAt: utc(st.StartedAt), FinishedAt: utc(st.FinishedAt), LastError: st.LastError,
+			Group: st.Group,
 		}
 	}
 	v.History = make([]HistoryEntry, len(hist))

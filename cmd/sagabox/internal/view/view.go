@@ -30,6 +30,9 @@ type Saga struct {
 	Version int       `json:"version"`
 	Status  string    `json:"status"`
 	Phase   string    `json:"phase"`
+	// Run counts the operator's restarts; left out for a saga never
+	// restarted.
+	Run int `json:"run,omitempty"`
 	// CurrentStep names the step in flight (or, in a failed saga, the step
 	// whose compensation failed); left out when no step is current.
 	CurrentStep string `json:"current_step,omitempty"`
@@ -59,6 +62,9 @@ type Step struct {
 	StartedAt           time.Time `json:"started_at,omitzero"`
 	FinishedAt          time.Time `json:"finished_at,omitzero"`
 	LastError           string    `json:"last_error,omitempty"`
+	// Group is the parallel group the step is a branch of; left out for a
+	// step that runs alone.
+	Group string `json:"group,omitempty"`
 }
 
 // HistoryEntry is one entry of a saga's history.
