@@ -262,7 +262,7 @@ func (a *app) run(ctx context.Context) error {
 		case "payment":
 			var c *participant.Client
 			var provider *payment.Provider
-			if provider, err = payment.StartProvider(ctx, a.pool, a.payment, payment.ProviderConfig{WebhookURLs: a.webhookURLs()}); err != nil {
+			if provider, err = payment.StartProvider(ctx, a.pool, a.payment, payment.ProviderConfig{WebhookURLs: a.webhookURLs(), Logger: a.log}); err != nil {
 				break
 			}
 			defer func() { _ = provider.Close() }()

@@ -395,6 +395,7 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 	recorded := q(`SELECT coalesce(sum(payment_confirmations), 0) FROM {orders}.orders WHERE id = ANY($1)`, all)
 	check(made == recorded, "the provider confirmed %d charges, the orders service recorded %d confirmations", made, recorded)
 	sends := q(`SELECT coalesce(sum(sends), 0) FROM {payment}.provider_webhook WHERE reference = ANY($1)`, all)
+	early := q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_event_outcome = 'kept'`, all)
 	onHold := q(`SELECT balance_cents FROM {payment}.account WHERE customer = $1`, p.held)
 	check(onHold == p.heldBalanceCents, "%s, whose charges are never confirmed, has %d cents, not the %d seeded", p.held, onHold, p.heldBalanceCents)
 
@@ -403,8 +404,8 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 		return errors.New("business invariants violated")
 	}
 	hooks := a.orders.WebhookStats()
-	fmt.Fprintf(a.out, "\npayment confirmations: the provider confirmed %d charges in %d webhook calls (%d recognised as redeliveries here); %d recorded, one per confirmed charge\n",
-		made, sends, hooks.Duplicates, recorded)
+	fmt.Fprintf(a.out, "\npayment confirmations: the provider confirmed %d charges in %d webhook calls (%d recognised as redeliveries here); %d recorded, one per confirmed charge; %d came before their saga waited for them and were kept\n",
+		made, sends, hooks.Duplicates, recorded, early)
 	fmt.Fprintf(a.out, "loyalty: %d points awarded for %d completed orders; %d awards revoked for compensated orders\n",
 		points, len(completed), revoked)
 	fmt.Fprintf(a.out, "\ninvariants: OK (stock held = stock of completed orders = %d; every compensated order released, refunded and its points revoked; %d shipments for %d completed orders)\n",

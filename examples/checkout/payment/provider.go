@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -44,6 +45,7 @@ type Provider struct {
 	client *http.Client
 	wake   chan struct{}
 	stop   context.CancelFunc
+	log    *slog.Logger
 
 	mu    sync.Mutex
 	calls map[string]int
@@ -60,6 +62,9 @@ type ProviderConfig struct {
 	// one answers 2xx (several: instances of the orders service). None: the
 	// confirmations are kept undelivered.
 	WebhookURLs []string
+	// Logger receives the webhook calls that keep failing. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // ProviderStats counts a provider's calls.
@@ -82,7 +87,12 @@ func StartProvider(ctx context.Context, pool *pgxpool.Pool, s *Service, cfg Prov
 	p := &Provider{
 		s: s, pool: pool, url: "http://" + ln.Addr().String(), done: make(chan struct{}), calls: map[string]int{},
 		hooks: cfg.WebhookURLs, client: &http.Client{Timeout: 5 * time.Second}, wake: make(chan struct{}, 1),
+		log: cfg.Logger,
 	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	p.log = p.log.With("component", "payment-provider")
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /charge", p.charge)
 	mux.HandleFunc("POST /refund", p.refund)
@@ -371,6 +381,11 @@ func (p *Provider) deliverOne(ctx context.Context, d dueWebhook) {
 	sent := 0
 	for range times {
 		if err := p.post(ctx, d); err != nil {
+			// A short outage (a restart of the orders service or the
+			// database) is expected; a call that keeps failing is not.
+			if d.attempts >= 5 && ctx.Err() == nil {
+				p.log.Warn("payment webhook call failed; calling again later", "event_id", d.hook.ID, "attempt", d.attempts, "err", err)
+			}
 			break
 		}
 		sent++
