@@ -2,8 +2,10 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -23,15 +25,35 @@ func IsRetryable(err error) bool {
 	return false
 }
 
+// errConnectionLost marks the error of a statement whose connection pgx
+// closed under it: the server went away mid-statement (killed, restarted,
+// the network failed), whatever pgx reported (often a bare unexpected EOF).
+var errConnectionLost = errors.New("database connection lost")
+
+// lostConn returns err, the error of a statement on conn, marked with
+// errConnectionLost when pgx closed conn: the statement did not fail, its
+// connection did.
+func lostConn(conn *pgx.Conn, err error) error {
+	if err == nil || conn == nil || !conn.IsClosed() || errors.Is(err, errConnectionLost) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errConnectionLost, err)
+}
+
 // IsConnectionError reports whether err says the database could not be
 // reached or the connection was lost (a restart, a network fault), as
 // opposed to an error of the statement itself. Receivers retry such errors
 // without counting them against a message's attempts. Only pgx's own errors
 // count (a handler's network errors do not), classified by type and
-// SQLSTATE, never by message text.
+// SQLSTATE, never by message text; and the errors of statements of the
+// store's transactions (a handler's transaction included) whose connection
+// pgx closed under them.
 func IsConnectionError(err error) bool {
 	if err == nil {
 		return false
+	}
+	if errors.Is(err, errConnectionLost) {
+		return true
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

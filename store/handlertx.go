@@ -51,22 +51,45 @@ func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 	if h.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	return h.Tx.Exec(ctx, sql, args...)
+	tag, err := h.Tx.Exec(ctx, sql, args...)
+	return tag, h.t.lost(err)
 }
 
 func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if h.closed {
 		return nil, pgx.ErrTxClosed
 	}
-	return h.Tx.Query(ctx, sql, args...)
+	rows, err := h.Tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, h.t.lost(err)
+	}
+	return &handlerRows{Rows: rows, t: h.t}, nil
 }
 
 func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if h.closed {
 		return errRow{pgx.ErrTxClosed}
 	}
-	return h.Tx.QueryRow(ctx, sql, args...)
+	return handlerRow{row: h.Tx.QueryRow(ctx, sql, args...), t: h.t}
 }
+
+// handlerRows and handlerRow mark their errors as a lost connection when
+// pgx closed the delivery's connection under them, so that a handler that
+// returns (or wraps) them has its delivery retried without counting an
+// attempt.
+type handlerRows struct {
+	pgx.Rows
+	t *engineTx
+}
+
+func (r *handlerRows) Err() error { return r.t.lost(r.Rows.Err()) }
+
+type handlerRow struct {
+	row pgx.Row
+	t   *engineTx
+}
+
+func (r handlerRow) Scan(dest ...any) error { return r.t.lost(r.row.Scan(dest...)) }
 
 func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if h.closed {

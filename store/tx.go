@@ -137,9 +137,18 @@ func (t *engineTx) Commit(ctx context.Context) error {
 	br := t.conn.SendBatch(ctx, b)
 	if err := t.readPending(br, pending); err != nil {
 		_ = br.Close()
+		return t.lost(err)
+	}
+	return t.lost((&pipe{t: t, commit: true}).end(br, nil))
+}
+
+// lost returns err marked as a lost connection when pgx closed t's
+// connection under the statement that failed (see IsConnectionError).
+func (t *engineTx) lost(err error) error {
+	if err == nil || t.conn == nil {
 		return err
 	}
-	return (&pipe{t: t, commit: true}).end(br, nil)
+	return lostConn(t.conn.Conn(), err)
 }
 
 // readPending reads the results of the pending statements sent at the head
@@ -310,21 +319,21 @@ func (p *pipe) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comman
 	}
 	br, err := p.send(ctx, sql, args)
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return pgconn.CommandTag{}, p.t.lost(err)
 	}
 	tag, err := br.Exec()
-	return tag, p.end(br, err)
+	return tag, p.t.lost(p.end(br, err))
 }
 
 // Query implements dbsqlc.DBTX.
 func (p *pipe) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	br, err := p.send(ctx, sql, args)
 	if err != nil {
-		return nil, err
+		return nil, p.t.lost(err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, p.end(br, err)
+		return nil, p.t.lost(p.end(br, err))
 	}
 	return &pipeRows{Rows: rows, p: p, br: br}, nil
 }
@@ -354,12 +363,12 @@ func (r *pipeRows) Close() {
 	}
 	r.closed = true
 	r.Rows.Close()
-	r.err = r.p.end(r.br, r.Rows.Err())
+	r.err = r.p.t.lost(r.p.end(r.br, r.Rows.Err()))
 }
 
 func (r *pipeRows) Err() error {
 	if !r.closed {
-		return r.Rows.Err()
+		return r.p.t.lost(r.Rows.Err())
 	}
 	return r.err
 }
