@@ -1,7 +1,8 @@
 // Package loyalty is the checkout example's loyalty-points service: it
 // awards a customer points for an order (loyalty.award) and takes them back
 // when the checkout is compensated (loyalty.revoke). It runs in parallel
-// with shipping. Its tables live in its own schema.
+// with shipping, and never says no: a member is enrolled by its first
+// award. Its tables live in its own schema.
 package loyalty
 
 import (
@@ -40,8 +41,7 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	_, err := pool.Exec(ctx, s.sql(`
 		CREATE TABLE IF NOT EXISTS loyalty.member (
 			customer text PRIMARY KEY,
-			points   bigint NOT NULL DEFAULT 0 CHECK (points >= 0),
-			frozen   boolean NOT NULL DEFAULT false
+			points   bigint NOT NULL DEFAULT 0 CHECK (points >= 0)
 		);
 		CREATE TABLE IF NOT EXISTS loyalty.award (
 			order_id   text PRIMARY KEY,
@@ -56,14 +56,6 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Freeze freezes a customer's loyalty account: awarding it points is
-// rejected.
-func (s *Service) Freeze(ctx context.Context, pool *pgxpool.Pool, customer string) error {
-	_, err := pool.Exec(ctx, s.sql(`INSERT INTO loyalty.member (customer, frozen) VALUES ($1, true)
-		ON CONFLICT (customer) DO UPDATE SET frozen = true`), customer)
-	return err
-}
-
 // Register installs the service's handlers on c.
 func (s *Service) Register(c *participant.Client) {
 	participant.HandleCommand(c, contract.Award, s.award)
@@ -72,14 +64,9 @@ func (s *Service) Register(c *participant.Client) {
 
 func (s *Service) award(ctx context.Context, tx pgx.Tx, req *participant.Request[contract.AwardPoints]) (contract.PointsAwarded, error) {
 	var balance int64
-	var frozen bool
 	err := tx.QueryRow(ctx, s.sql(`INSERT INTO loyalty.member (customer, points) VALUES ($1, $2)
-		ON CONFLICT (customer) DO UPDATE SET points = loyalty.member.points + EXCLUDED.points WHERE NOT loyalty.member.frozen
-		RETURNING points, frozen`), req.Data.Customer, req.Data.Points).Scan(&balance, &frozen)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return contract.PointsAwarded{}, participant.RejectWithCode("loyalty_frozen",
-			fmt.Errorf("the loyalty account of %s is frozen", req.Data.Customer))
-	}
+		ON CONFLICT (customer) DO UPDATE SET points = loyalty.member.points + EXCLUDED.points
+		RETURNING points`), req.Data.Customer, req.Data.Points).Scan(&balance)
 	if err != nil {
 		return contract.PointsAwarded{}, err
 	}
