@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/examples/checkout/loyalty"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/examples/checkout/payment"
 	"github.com/sagabox/sagabox/examples/checkout/shipping"
@@ -37,6 +40,10 @@ type app struct {
 	inventory *inventory.Service
 	payment   *payment.Service
 	shipping  *shipping.Service
+	loyalty   *loyalty.Service
+
+	// webhookURL is the orders service's webhook, once it serves it.
+	webhookURL string
 }
 
 const (
@@ -47,10 +54,11 @@ const (
 func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*app, error) {
 	a := &app{
 		o: o, out: out, log: log,
-		orders:    orders.New(o.schemaPrefix + contract.ServiceOrders),
+		orders:    orders.New(orders.Config{Schema: o.schemaPrefix + contract.ServiceOrders, ConfirmTimeout: o.confirmTimeout}),
 		inventory: inventory.New(o.schemaPrefix + contract.ServiceInventory),
 		payment:   payment.New(o.schemaPrefix + contract.ServicePayment),
 		shipping:  shipping.New(o.schemaPrefix + contract.ServiceShipping),
+		loyalty:   loyalty.New(o.schemaPrefix + contract.ServiceLoyalty),
 	}
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
@@ -124,6 +132,7 @@ func (a *app) setup(ctx context.Context) error {
 		"inventory": {a.inventory.Schema(), []store.Line{store.LineMessaging}, a.inventory.Setup},
 		"payment":   {a.payment.Schema(), []store.Line{store.LineMessaging}, a.payment.Setup},
 		"shipping":  {a.shipping.Schema(), []store.Line{store.LineMessaging}, a.shipping.Setup},
+		"loyalty":   {a.loyalty.Schema(), []store.Line{store.LineMessaging}, a.loyalty.Setup},
 	}
 	for _, name := range a.services() {
 		svc := all[name]
@@ -148,7 +157,7 @@ func (a *app) setup(ctx context.Context) error {
 
 func (a *app) services() []string {
 	if a.o.service == "all" {
-		return []string{"orders", "inventory", "payment", "shipping"}
+		return []string{"orders", "inventory", "payment", "shipping", "loyalty"}
 	}
 	return []string{a.o.service}
 }
@@ -176,6 +185,48 @@ func (a *app) orchestrator() (*orchestrator.Client, error) {
 	})
 }
 
+// serveWebhook serves the orders service's payment webhook (-webhook-addr)
+// until the returned function is called.
+func (a *app) serveWebhook(ctx context.Context, orch *orchestrator.Client) (func(), error) {
+	addr := a.o.webhookAddr
+	if addr == "" {
+		addr = defaultWebhookAddr
+		if a.o.service == "all" {
+			addr = "127.0.0.1:0"
+		}
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve the payment webhook (-webhook-addr): %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(orders.WebhookPath, a.orders.Webhook(a.pool, orch, a.obs.tracerProvider))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	a.webhookURL = "http://" + ln.Addr().String() + orders.WebhookPath
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
+
+// webhookURLs are where the payment provider sends its confirmations.
+func (a *app) webhookURLs() []string {
+	switch {
+	case a.o.webhookURL != "":
+		return strings.Split(a.o.webhookURL, ",")
+	case a.webhookURL != "":
+		return []string{a.webhookURL}
+	}
+	return []string{defaultWebhookURL}
+}
+
 // runner is anything with a blocking Run.
 type runner interface{ Run(context.Context) error }
 
@@ -197,6 +248,10 @@ func (a *app) run(ctx context.Context) error {
 			}
 			if err == nil {
 				runners = append(runners, orch)
+				var stopWebhook func()
+				if stopWebhook, err = a.serveWebhook(ctx, orch); err == nil {
+					defer stopWebhook()
+				}
 			}
 		case "inventory":
 			var c *participant.Client
@@ -207,7 +262,7 @@ func (a *app) run(ctx context.Context) error {
 		case "payment":
 			var c *participant.Client
 			var provider *payment.Provider
-			if provider, err = payment.StartProvider(ctx, a.pool, a.payment); err != nil {
+			if provider, err = payment.StartProvider(ctx, a.pool, a.payment, payment.ProviderConfig{WebhookURLs: a.webhookURLs(), Logger: a.log}); err != nil {
 				break
 			}
 			defer func() { _ = provider.Close() }()
@@ -219,6 +274,11 @@ func (a *app) run(ctx context.Context) error {
 		case "shipping":
 			var c *participant.Client
 			if c, err = a.participant(name, a.shipping.Register, a.shipping.Schema()); err == nil {
+				runners = append(runners, c)
+			}
+		case "loyalty":
+			var c *participant.Client
+			if c, err = a.participant(name, a.loyalty.Register, a.loyalty.Schema()); err == nil {
 				runners = append(runners, c)
 			}
 		}

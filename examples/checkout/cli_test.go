@@ -124,9 +124,12 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	// show: data, steps and timeline.
 	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated}, db...)...)
 	require.Equal(t, exitOK, code)
-	for _, want := range []string{"checkout v1", "compensated", "reserve-stock", "step-rejected", "TIME", `"order_id"`} {
+	for _, want := range []string{"checkout v1", "compensated", "reserve-stock", "TIME", `"order_id"`} {
 		require.Contains(t, stdout, want)
 	}
+	// Rejected by inventory or payment, or the provider's confirmation did
+	// not come in time.
+	require.Regexp(t, `step-rejected|timed-out`, stdout)
 	code, stdout, _ = sagabox(t, append([]string{"saga", "show", compensated, "--json"}, db...)...)
 	require.Equal(t, exitOK, code)
 	var shown struct {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagabox/sagabox/examples/checkout/contract"
+	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
@@ -27,8 +29,8 @@ func (t tally) terminal() int { return t.completed + t.compensated + t.failed }
 // drive places the plan's orders, waits for their sagas to end, and prints
 // the summary, two timelines and the invariant check.
 func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, errs <-chan error) error {
-	fmt.Fprintf(a.out, "checkout: run %s: placing %d orders (%d should complete, %d should be compensated)\n",
-		p.runID, len(p.orders), p.completedExpected, len(p.orders)-p.completedExpected)
+	fmt.Fprintf(a.out, "checkout: run %s: placing %d orders (%d should complete, %d should be compensated, %d of them after waiting %s for a payment confirmation that never comes)\n",
+		p.runID, len(p.orders), p.completedExpected, len(p.orders)-p.completedExpected, p.unconfirmed, a.orders.ConfirmTimeout())
 	start := time.Now()
 	ids, err := a.place(ctx, orch, p)
 	if err != nil {
@@ -79,7 +81,7 @@ func (a *app) drive(ctx context.Context, orch *orchestrator.Client, p *plan, err
 	if err := a.retryTransient(ctx, "read flow control figures", func(ctx context.Context) error { return a.flow(ctx, ids) }); err != nil {
 		return err
 	}
-	if err := a.timelines(ctx, orch, ids, status); err != nil {
+	if err := a.timelines(ctx, orch, p, ids, status); err != nil {
 		return err
 	}
 	if a.o.trace {
@@ -223,9 +225,10 @@ func (a *app) refresh(ctx context.Context, _ *orchestrator.Client, ids []uuid.UU
 
 // flow prints how the run's sagas fared under flow control: how many waited
 // for admission and how long, how long they took from start to end, and how
-// many step time-outs fired.
+// many step time-outs fired (those of the payment confirmation apart: some
+// are planned).
 func (a *app) flow(ctx context.Context, ids []uuid.UUID) error {
-	var queued, timeouts int
+	var queued, timeouts, unconfirmed int
 	var waitP50, waitP99, waitMax, p50, p99 float64
 	err := a.pool.QueryRow(ctx, a.orders.SQL(`
 		SELECT count(*) FILTER (WHERE admitted_at > created_at),
@@ -234,13 +237,14 @@ func (a *app) flow(ctx context.Context, ids []uuid.UUID) error {
 		       coalesce(max(admission_wait_seconds), 0),
 		       coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY age_seconds), 0),
 		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY age_seconds), 0),
-		       (SELECT count(*) FROM orders.sagabox_saga_history_v WHERE saga_id = ANY($1) AND event = 'timed-out')
-		FROM orders.sagabox_saga_v WHERE id = ANY($1)`), ids).Scan(&queued, &waitP50, &waitP99, &waitMax, &p50, &p99, &timeouts)
+		       (SELECT count(*) FROM orders.sagabox_saga_history_v WHERE saga_id = ANY($1) AND event = 'timed-out' AND step <> $2),
+		       (SELECT count(*) FROM orders.sagabox_saga_history_v WHERE saga_id = ANY($1) AND event = 'timed-out' AND step = $2)
+		FROM orders.sagabox_saga_v WHERE id = ANY($1)`), ids, orders.StepAwaitConfirmation).Scan(&queued, &waitP50, &waitP99, &waitMax, &p50, &p99, &timeouts, &unconfirmed)
 	if err != nil {
 		return fmt.Errorf("read flow control figures: %w", err)
 	}
-	fmt.Fprintf(a.out, "flow control: %d of %d sagas waited for admission (wait p50 %.2fs, p99 %.2fs, max %.2fs); start to end p50 %.2fs, p99 %.2fs; step time-outs: %d\n",
-		queued, len(ids), waitP50, waitP99, waitMax, p50, p99, timeouts)
+	fmt.Fprintf(a.out, "flow control: %d of %d sagas waited for admission (wait p50 %.2fs, p99 %.2fs, max %.2fs); start to end p50 %.2fs, p99 %.2fs; payment confirmations timed out: %d; step time-outs: %d\n",
+		queued, len(ids), waitP50, waitP99, waitMax, p50, p99, unconfirmed, timeouts)
 	return nil
 }
 
@@ -249,18 +253,23 @@ func (a *app) summary(t tally, n int) {
 		n, t.completed, t.compensated, t.failed, t.running)
 }
 
-// timelines prints the history of the first completed and the first
-// compensated saga.
-func (a *app) timelines(ctx context.Context, orch *orchestrator.Client, ids []uuid.UUID, status []saga.Status) error {
-	for _, want := range []saga.Status{saga.StatusCompleted, saga.StatusCompensated} {
-		for i, id := range ids {
-			if status[i] != want {
-				continue
-			}
-			if err := a.timeline(ctx, orch, id, want); err != nil {
-				return err
-			}
-			break
+// timelines prints the history of the first completed saga, the first
+// compensated by a rejection of inventory or payment, the first whose
+// payment confirmation timed out, and the first rejected by shipping (its
+// parallel group unwound).
+func (a *app) timelines(ctx context.Context, orch *orchestrator.Client, p *plan, ids []uuid.UUID, status []saga.Status) error {
+	shown := map[outcome]bool{}
+	for i, id := range ids {
+		kind := p.expected[i]
+		if kind == expectNoStock {
+			kind = expectNoFunds // one timeline for both rejections
+		}
+		if shown[kind] || !status[i].Terminal() {
+			continue
+		}
+		shown[kind] = true
+		if err := a.timeline(ctx, orch, id, status[i]); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -280,7 +289,7 @@ func (a *app) timeline(ctx context.Context, orch *orchestrator.Client, id uuid.U
 		return err
 	}
 	fmt.Fprintf(a.out, "\ntimeline of a %s saga %s (order %s):\n", status, id, data.OrderID)
-	fmt.Fprintf(a.out, "  %-9s  %-16s  %-20s  %s\n", "TIME", "STEP", "EVENT", "DETAIL")
+	fmt.Fprintf(a.out, "  %-9s  %-26s  %-20s  %s\n", "TIME", "STEP", "EVENT", "DETAIL")
 	for _, h := range hist {
 		step := h.Step
 		if step == "" {
@@ -290,26 +299,30 @@ func (a *app) timeline(ctx context.Context, orch *orchestrator.Client, id uuid.U
 		if h.Attempt > 1 {
 			detail = strings.TrimSpace(fmt.Sprintf("%s (attempt %d)", detail, h.Attempt))
 		}
-		fmt.Fprintf(a.out, "  +%-8s  %-16s  %-20s  %s\n", h.At.Sub(s.CreatedAt).Round(100*time.Microsecond), step, h.Event, detail)
+		fmt.Fprintf(a.out, "  +%-8s  %-26s  %-20s  %s\n", h.At.Sub(s.CreatedAt).Round(100*time.Microsecond), step, h.Event, detail)
 	}
 	return nil
 }
 
 // checkInvariants audits the business state of every service for this run's
-// orders. It reads all four schemas on purpose: it is the example's auditor,
+// orders. It reads all five schemas on purpose: it is the example's auditor,
 // not a service (services never read each other's tables).
 func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status) error {
-	var completed, compensated []string
+	var completed, compensated, undeliverable []string
 	completedQty := 0
-	var completedAmount int64
+	var completedAmount, completedPoints int64
 	for i, o := range p.orders {
 		switch status[i] {
 		case saga.StatusCompleted:
 			completed = append(completed, o.ID)
 			completedQty += o.Qty
 			completedAmount += o.AmountCents
+			completedPoints += contract.PointsFor(o.AmountCents)
 		case saga.StatusCompensated:
 			compensated = append(compensated, o.ID)
+			if p.expected[i] == expectUndeliverable {
+				undeliverable = append(undeliverable, o.ID)
+			}
 		}
 	}
 	all := append(append([]string{}, completed...), compensated...)
@@ -324,6 +337,7 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 		query = strings.NewReplacer(
 			"{orders}", quoteIdent(a.orders.Schema()), "{inventory}", quoteIdent(a.inventory.Schema()),
 			"{payment}", quoteIdent(a.payment.Schema()), "{shipping}", quoteIdent(a.shipping.Schema()),
+			"{loyalty}", quoteIdent(a.loyalty.Schema()),
 		).Replace(query)
 		if err := a.pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
 			problems = append(problems, fmt.Sprintf("query failed: %v", err))
@@ -344,20 +358,57 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 	check(q(`SELECT count(*) FROM {payment}.charge WHERE order_id = ANY($1) AND NOT refunded`, compensated) == 0,
 		"a compensated order's charge was not refunded")
 
-	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1)`, completed) == int64(len(completed)),
+	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1) AND NOT cancelled`, completed) == int64(len(completed)),
 		"not every completed order was shipped")
-	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1)`, compensated) == 0,
+	check(q(`SELECT count(*) FROM {shipping}.shipment WHERE order_id = ANY($1) AND NOT cancelled`, compensated) == 0,
 		"a compensated order was shipped")
+
+	// Loyalty: the points of the completed orders are awarded, once; a
+	// compensated order's points (shipping rejected it) are revoked.
+	points := q(`SELECT coalesce(sum(points), 0) FROM {loyalty}.award WHERE order_id = ANY($1) AND NOT revoked`, all)
+	check(points == completedPoints, "%d loyalty points awarded, but completed orders earn %d", points, completedPoints)
+	check(q(`SELECT count(*) FROM {loyalty}.award WHERE order_id = ANY($1) AND NOT revoked`, completed) == int64(len(completed)),
+		"not every completed order earned its points")
+	check(q(`SELECT count(*) FROM {loyalty}.award WHERE order_id = ANY($1) AND NOT revoked`, compensated) == 0,
+		"a compensated order kept its loyalty points")
+	members := q(`SELECT coalesce(sum(points), 0) FROM {loyalty}.member WHERE customer = ANY($1)`, []string{p.rich, p.broke, p.held})
+	check(members == completedPoints, "the run's customers hold %d points, but completed orders earn %d", members, completedPoints)
+	revoked := q(`SELECT count(*) FROM {loyalty}.award WHERE order_id = ANY($1) AND revoked`, compensated)
 	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND status = 'confirmed'`, completed) == int64(len(completed)),
 		"not every completed order is confirmed")
 	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND status = 'confirmed'`, compensated) == 0,
 		"a compensated order is confirmed")
 
+	// The provider's confirmations: one recorded per confirmed charge
+	// (completed orders, and those shipping rejected after it) however often
+	// its webhook came, none for another order (declined, or on hold:
+	// refunded after the wait timed out), and as many recorded as the
+	// provider made.
+	confirmed := append(append([]string{}, completed...), undeliverable...)
+	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_confirmations = 1`, confirmed) == int64(len(confirmed)),
+		"not every completed (or undeliverable) order has exactly one payment confirmation recorded")
+	check(q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_confirmations > 1`, all) == 0,
+		"an order has a payment confirmation recorded twice")
+	check(q(`SELECT coalesce(sum(payment_confirmations), 0) FROM {orders}.orders WHERE id = ANY($1) AND NOT id = ANY($2)`, compensated, undeliverable) == 0,
+		"a compensated order whose charge was never confirmed has a payment confirmation")
+	made := q(`SELECT count(*) FROM {payment}.provider_webhook WHERE reference = ANY($1)`, all)
+	recorded := q(`SELECT coalesce(sum(payment_confirmations), 0) FROM {orders}.orders WHERE id = ANY($1)`, all)
+	check(made == recorded, "the provider confirmed %d charges, the orders service recorded %d confirmations", made, recorded)
+	sends := q(`SELECT coalesce(sum(sends), 0) FROM {payment}.provider_webhook WHERE reference = ANY($1)`, all)
+	early := q(`SELECT count(*) FROM {orders}.orders WHERE id = ANY($1) AND payment_event_outcome = 'kept'`, all)
+	onHold := q(`SELECT balance_cents FROM {payment}.account WHERE customer = $1`, p.held)
+	check(onHold == p.heldBalanceCents, "%s, whose charges are never confirmed, has %d cents, not the %d seeded", p.held, onHold, p.heldBalanceCents)
+
 	if len(problems) > 0 {
 		fmt.Fprintf(a.out, "\ninvariants: VIOLATED\n  %s\n", strings.Join(problems, "\n  "))
 		return errors.New("business invariants violated")
 	}
-	fmt.Fprintf(a.out, "\ninvariants: OK (stock held = stock of completed orders = %d; every compensated order released and refunded; %d shipments for %d completed orders)\n",
+	hooks := a.orders.WebhookStats()
+	fmt.Fprintf(a.out, "\npayment confirmations: the provider confirmed %d charges in %d webhook calls (%d recognised as redeliveries here); %d recorded, one per confirmed charge; %d came before their saga waited for them and were kept\n",
+		made, sends, hooks.Duplicates, recorded, early)
+	fmt.Fprintf(a.out, "loyalty: %d points awarded for %d completed orders; %d awards revoked for compensated orders\n",
+		points, len(completed), revoked)
+	fmt.Fprintf(a.out, "\ninvariants: OK (stock held = stock of completed orders = %d; every compensated order released, refunded and its points revoked; %d shipments for %d completed orders)\n",
 		completedQty, len(completed), len(completed))
 	return nil
 }

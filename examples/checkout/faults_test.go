@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/examples/checkout/loyalty"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/examples/checkout/payment"
 	"github.com/sagabox/sagabox/examples/checkout/shipping"
@@ -32,13 +36,14 @@ import (
 )
 
 // The checkout services' fixed names in a fault run: one widget everyone
-// buys, one SKU that is sold out, one customer who can pay and one who
-// cannot.
+// buys, one SKU that is sold out, one customer who can pay, one who cannot,
+// and one whose charges the provider never confirms.
 const (
 	faultWidget  = "widget"
 	faultSoldOut = "gadget"
 	faultRich    = "alice"
 	faultBroke   = "bob"
+	faultHeld    = "carol"
 )
 
 // faultOrder is the input of one checkout saga of a fault run.
@@ -52,13 +57,19 @@ type faultOrder struct {
 // own. pay registers the payment participant's handlers (the real one's,
 // or a deliberately wrong one).
 type checkoutFaults struct {
-	pool                        *pgxpool.Pool
-	rmq                         rabbitmq.Config
-	ord                         *orders.Service
-	inv                         *inventory.Service
-	pay                         *payment.Service
-	ship                        *shipping.Service
-	widgetStock, richBalance    int64
+	pool                     *pgxpool.Pool
+	rmq                      rabbitmq.Config
+	ord                      *orders.Service
+	inv                      *inventory.Service
+	pay                      *payment.Service
+	ship                     *shipping.Service
+	loy                      *loyalty.Service
+	widgetStock, richBalance int64
+	heldBalance              int64
+	provider                 *payment.Provider
+	// webhook is the orders service's payment webhook, set up once the
+	// schemas are migrated (Setup).
+	webhook                     atomic.Pointer[http.Handler]
 	register                    func(c *participant.Client)
 	extraSetup                  func(ctx context.Context, pool *pgxpool.Pool) error
 	extraInvariants             []faulttest.Invariant[faultOrder]
@@ -69,21 +80,45 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 	t.Helper()
 	pool := dbtest.PoolWith(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	prefix := dbtest.SchemaName(t) + "_"
-	for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+	for _, svc := range services {
 		dbtest.DropSchemaOnCleanup(t, pool, prefix+svc)
 	}
 	cf := &checkoutFaults{
 		pool: pool,
 		rmq:  amqptest.Config(t),
-		ord:  orders.New(prefix + contract.ServiceOrders),
+		ord:  orders.New(orders.Config{Schema: prefix + contract.ServiceOrders}),
 		inv:  inventory.New(prefix + contract.ServiceInventory),
 		pay:  payment.New(prefix + contract.ServicePayment),
 		ship: shipping.New(prefix + contract.ServiceShipping),
+		loy:  loyalty.New(prefix + contract.ServiceLoyalty),
 	}
-	// The payment service charges through the example's outside provider.
-	provider, err := payment.StartProvider(t.Context(), pool, cf.pay)
+	// The orders service's webhook, where the provider confirms charges.
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = provider.Close() })
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := cf.webhook.Load()
+		if h == nil {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		(*h).ServeHTTP(w, r)
+	})}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	// The payment service charges through the example's outside provider.
+	provider, err := payment.StartProvider(t.Context(), pool, cf.pay, payment.ProviderConfig{
+		WebhookURLs: []string{"http://" + ln.Addr().String() + orders.WebhookPath},
+	})
+	require.NoError(t, err)
+	cf.provider = provider
+	t.Cleanup(func() {
+		_ = provider.Close()
+		_ = srv.Close()
+		<-served
+	})
 	cf.pay.UseProvider(provider.URL())
 	cf.register = cf.pay.Register
 	cf.rmq.Logger = nil
@@ -95,7 +130,7 @@ func newCheckoutFaults(t *testing.T) *checkoutFaults {
 			t.Errorf("cleanup: %v", err)
 			return
 		}
-		for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+		for _, svc := range services {
 			_ = b.Declare(ctx, transport.QueueSpec{Name: svc})
 		}
 		_ = b.Close()
@@ -126,6 +161,7 @@ func (cf *checkoutFaults) scenario(sagas int, seed uint64, faults *faulttest.Fau
 			part(contract.ServiceInventory, cf.inv.Schema(), cf.inv.Register),
 			part(contract.ServicePayment, cf.pay.Schema(), cf.register),
 			part(contract.ServiceShipping, cf.ship.Schema(), cf.ship.Register),
+			part(contract.ServiceLoyalty, cf.loy.Schema(), cf.loy.Register),
 		},
 		Migrate: true,
 		Sagas:   sagas,
@@ -147,17 +183,23 @@ func (cf *checkoutFaults) scenario(sagas int, seed uint64, faults *faulttest.Fau
 }
 
 // input draws an order: most complete; some are refused by payment (the
-// stock is released) and some by inventory (nothing to undo).
+// stock is released), some by inventory (nothing to undo), some are charged
+// but never confirmed by the provider (the wait times out: refund and
+// release), and some by shipping (points revoked, refund and release).
 func (cf *checkoutFaults) input(rng *rand.Rand, i int) faultOrder {
 	o := faultOrder{Order: orders.Order{
 		ID: fmt.Sprintf("order-%03d", i), Customer: faultRich, SKU: faultWidget,
 		Qty: 1 + rng.IntN(3), AmountCents: int64(500 + 100*rng.IntN(50)), Address: "1 Saga Street",
 	}, want: saga.StatusCompleted}
 	switch p := rng.Float64(); {
-	case p < 0.15:
+	case p < 0.08:
 		o.Customer, o.want = faultBroke, saga.StatusCompensated
-	case p < 0.3:
+	case p < 0.16:
 		o.SKU, o.want = faultSoldOut, saga.StatusCompensated
+	case p < 0.24:
+		o.Customer, o.want = faultHeld, saga.StatusCompensated
+	case p < 0.32:
+		o.Address, o.want = contract.Undeliverable, saga.StatusCompensated
 	}
 	return o
 }
@@ -165,18 +207,21 @@ func (cf *checkoutFaults) input(rng *rand.Rand, i int) faultOrder {
 // setup creates the tables and stocks and funds exactly what the inputs
 // need.
 func (cf *checkoutFaults) setup(ctx context.Context, pool *pgxpool.Pool, inputs []faultOrder) error {
-	for _, f := range []func(context.Context, *pgxpool.Pool) error{cf.ord.Setup, cf.inv.Setup, cf.pay.Setup, cf.ship.Setup} {
+	for _, f := range []func(context.Context, *pgxpool.Pool) error{cf.ord.Setup, cf.inv.Setup, cf.pay.Setup, cf.ship.Setup, cf.loy.Setup} {
 		if err := f(ctx, pool); err != nil {
 			return err
 		}
 	}
-	cf.widgetStock, cf.richBalance = 0, 0
+	cf.widgetStock, cf.richBalance, cf.heldBalance = 0, 0, 0
 	for _, in := range inputs {
 		if in.SKU == faultWidget {
 			cf.widgetStock += int64(in.Qty)
 		}
-		if in.want == saga.StatusCompleted {
+		switch {
+		case in.want == saga.StatusCompleted, in.Address == contract.Undeliverable:
 			cf.richBalance += in.AmountCents
+		case in.Customer == faultHeld:
+			cf.heldBalance += in.AmountCents
 		}
 	}
 	for _, err := range []error{
@@ -184,11 +229,24 @@ func (cf *checkoutFaults) setup(ctx context.Context, pool *pgxpool.Pool, inputs 
 		cf.inv.Stock(ctx, pool, faultSoldOut, 0),
 		cf.pay.Account(ctx, pool, faultRich, cf.richBalance),
 		cf.pay.Account(ctx, pool, faultBroke, 0),
+		cf.pay.Account(ctx, pool, faultHeld, cf.heldBalance),
+		cf.pay.HoldConfirmations(ctx, pool, faultHeld),
 	} {
 		if err != nil {
 			return err
 		}
 	}
+	// The webhook sends the confirmations with a client of its own, as the
+	// orders service's handler does: a running orchestrator is not needed
+	// for SendEvent.
+	orch, err := orchestrator.NewClient(orchestrator.Config{
+		Pool: pool, Schema: cf.ord.Schema(), Service: contract.ServiceOrders, Definitions: []saga.Runner{cf.ord.Saga},
+	})
+	if err != nil {
+		return err
+	}
+	h := cf.ord.Webhook(pool, orch, nil)
+	cf.webhook.Store(&h)
 	if cf.extraSetup != nil {
 		return cf.extraSetup(ctx, pool)
 	}
@@ -200,6 +258,7 @@ func (cf *checkoutFaults) count(ctx context.Context, pool *pgxpool.Pool, query s
 	query = strings.NewReplacer(
 		"{orders}", pgx.Identifier{cf.ord.Schema()}.Sanitize(), "{inventory}", pgx.Identifier{cf.inv.Schema()}.Sanitize(),
 		"{payment}", pgx.Identifier{cf.pay.Schema()}.Sanitize(), "{shipping}", pgx.Identifier{cf.ship.Schema()}.Sanitize(),
+		"{loyalty}", pgx.Identifier{cf.loy.Schema()}.Sanitize(),
 	).Replace(query)
 	var n int64
 	if err := pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
@@ -233,16 +292,42 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 		}
 	}
 	qtyIfCompleted := func(r faulttest.Result[faultOrder]) int64 { return ifCompleted(int64(r.Input.Qty))(r) }
+	pointsIfCompleted := func(r faulttest.Result[faultOrder]) int64 {
+		return ifCompleted(contract.PointsFor(r.Input.AmountCents))(r)
+	}
 	amountIfCompleted := func(r faulttest.Result[faultOrder]) int64 { return ifCompleted(r.Input.AmountCents)(r) }
 	return []faulttest.Invariant[faultOrder]{
 		perOrder("stock is held for an order if and only if it completed",
 			`SELECT coalesce(sum(qty), 0) FROM {inventory}.reservation WHERE order_id = $1 AND NOT released`, qtyIfCompleted),
 		perOrder("an order is charged if and only if it completed",
 			`SELECT coalesce(sum(amount_cents), 0) FROM {payment}.charge WHERE order_id = $1 AND NOT refunded`, amountIfCompleted),
-		perOrder("an order is shipped if and only if it completed",
-			`SELECT count(*) FROM {shipping}.shipment WHERE order_id = $1`, ifCompleted(1)),
+		perOrder("an order is shipped (and not cancelled) if and only if it completed",
+			`SELECT count(*) FROM {shipping}.shipment WHERE order_id = $1 AND NOT cancelled`, ifCompleted(1)),
+		perOrder("an order keeps its loyalty points if and only if it completed",
+			`SELECT coalesce(sum(points), 0) FROM {loyalty}.award WHERE order_id = $1 AND NOT revoked`, pointsIfCompleted),
 		perOrder("an order is confirmed if and only if it completed",
 			`SELECT count(*) FROM {orders}.orders WHERE id = $1 AND status = 'confirmed'`, ifCompleted(1)),
+		{Name: "a completed order has one payment confirmation, recorded once however often it was delivered",
+			CheckSaga: func(ctx context.Context, pool *pgxpool.Pool, r faulttest.Result[faultOrder]) error {
+				recorded, err := cf.count(ctx, pool, `SELECT payment_confirmations::bigint FROM {orders}.orders WHERE id = $1`, r.Input.ID)
+				if err != nil {
+					return err
+				}
+				made, err := cf.count(ctx, pool, `SELECT count(*) FROM {payment}.provider_webhook WHERE reference = $1`, r.Input.ID)
+				switch {
+				case err != nil:
+					return err
+				case recorded > made, r.Status == saga.StatusCompleted && (made != 1 || recorded != 1),
+					// Shipping rejects an undeliverable order after its
+					// charge was confirmed.
+					r.Status == saga.StatusCompensated && r.Input.Address == contract.Undeliverable && !r.TimedOut && (made != 1 || recorded != 1),
+					// A saga compensated by an injected timeout may get its
+					// confirmation after: recorded, and ignored by the saga.
+					r.Status == saga.StatusCompensated && r.Input.Address != contract.Undeliverable && !r.TimedOut && recorded != 0:
+					return fmt.Errorf("order %s (%s): the provider confirmed %d charges, the orders service recorded %d", r.Input.ID, r.Status, made, recorded)
+				}
+				return nil
+			}},
 		{Name: "stock taken = stock of completed orders", Check: func(ctx context.Context, pool *pgxpool.Pool, rs []faulttest.Result[faultOrder]) error {
 			available, err := cf.count(ctx, pool, `SELECT available::bigint FROM {inventory}.stock WHERE sku = $1`, faultWidget)
 			if err != nil {
@@ -254,6 +339,20 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 			}
 			if taken := cf.widgetStock - available; taken != bought {
 				return fmt.Errorf("%d of %s taken from stock, completed orders bought %d", taken, faultWidget, bought)
+			}
+			return nil
+		}},
+		{Name: "points held = points of completed orders", Check: func(ctx context.Context, pool *pgxpool.Pool, rs []faulttest.Result[faultOrder]) error {
+			held, err := cf.count(ctx, pool, `SELECT coalesce(sum(points), 0) FROM {loyalty}.member`)
+			if err != nil {
+				return err
+			}
+			var earned int64
+			for _, r := range rs {
+				earned += pointsIfCompleted(r)
+			}
+			if held != earned {
+				return fmt.Errorf("customers hold %d loyalty points, completed orders earned %d", held, earned)
 			}
 			return nil
 		}},
@@ -270,6 +369,13 @@ func (cf *checkoutFaults) invariants() []faulttest.Invariant[faultOrder] {
 			}
 			if taken := cf.richBalance - balance; taken != paid {
 				return fmt.Errorf("%d cents taken from %s, completed orders cost %d", taken, faultRich, paid)
+			}
+			held, err := cf.count(ctx, pool, `SELECT balance_cents FROM {payment}.account WHERE customer = $1`, faultHeld)
+			if err != nil {
+				return err
+			}
+			if held != cf.heldBalance {
+				return fmt.Errorf("%s, whose charges are never confirmed, has %d cents, not the %d seeded", faultHeld, held, cf.heldBalance)
 			}
 			return nil
 		}},
@@ -378,6 +484,11 @@ func (w *wrongPayment) charge(ctx context.Context, tx pgx.Tx, req *participant.R
 	}
 	if _, err := tx.Exec(ctx, w.sql(`INSERT INTO payment.charge (order_id, customer, amount_cents) VALUES ($1, $2, $3)`),
 		req.Data.OrderID, req.Data.Customer, req.Data.AmountCents); err != nil {
+		return contract.PaymentCharged{}, err
+	}
+	// The provider confirms the charge (its webhook delivery picks this up).
+	if _, err := tx.Exec(ctx, w.sql(`INSERT INTO payment.provider_webhook (event_id, charge_id, reference, confirmed_at, next_at)
+		VALUES ($1, $1, $2, now(), now()) ON CONFLICT (event_id) DO NOTHING`), "evt-ch-"+req.Data.OrderID, req.Data.OrderID); err != nil {
 		return contract.PaymentCharged{}, err
 	}
 	return contract.PaymentCharged{ChargeID: "ch-" + req.Data.OrderID}, nil

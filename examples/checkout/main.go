@@ -1,12 +1,15 @@
-// Command checkout runs the sagabox checkout example: four services (orders,
-// inventory, payment, shipping), each with its own schema and queue. Orders
-// creates an order and starts the checkout saga in one transaction; the saga
-// reserves stock, charges the customer and creates a shipment, and
-// compensates (releases stock, refunds) when payment or inventory says no.
+// Command checkout runs the sagabox checkout example: five services (orders,
+// inventory, payment, shipping, loyalty), each with its own schema and
+// queue. Orders creates an order and starts the checkout saga in one
+// transaction; the saga reserves stock, charges the customer, waits for the
+// payment provider to confirm the charge (a webhook the orders service
+// receives), and awards loyalty points and creates a shipment; it
+// compensates (revokes points, refunds, releases stock) when inventory,
+// payment or shipping says no or the confirmation does not come in time.
 //
-// With no arguments it runs all four services in one process, places a mix
-// of orders, shows progress, prints a summary and two saga timelines, and
-// checks the business invariants:
+// With no arguments it runs all five services in one process, places a mix
+// of orders, shows progress, prints a summary and a saga timeline of each
+// kind of outcome, and checks the business invariants:
 //
 //	go run ./examples/checkout
 //
@@ -58,7 +61,18 @@ type options struct {
 	trace        bool
 	verbose      bool
 	relayMode    string
+
+	confirmTimeout time.Duration
+	webhookAddr    string
+	webhookURL     string
 }
+
+// The webhook's address when the orders and payment services run as
+// separate processes and -webhook-addr, -webhook-url are not given.
+const (
+	defaultWebhookAddr = "127.0.0.1:7081"
+	defaultWebhookURL  = "http://" + defaultWebhookAddr + "/webhooks/payment"
+)
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
@@ -69,10 +83,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxRunning, "max-running", 0, "flow control: most checkout sagas running at once (0: the orchestrator's default; -1: no limit)")
 	fs.BoolVar(&o.place, "place", true, "orders service: place the orders and wait for their sagas (false: only run the orchestrator, as a further instance)")
 	fs.Float64Var(&o.rate, "rate", 0, "orders placed per second (0: as fast as they go)")
-	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders that payment or inventory rejects (0..1)")
+	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders planned to be compensated (0..1): rejected by inventory, payment or shipping, or never confirmed by the payment provider")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL, or comma-separated URLs of the nodes of a cluster, tried in turn (env AMQP_URL)")
-	fs.StringVar(&o.service, "service", "all", "which service to run: all, orders, inventory, payment or shipping")
+	fs.StringVar(&o.service, "service", "all", "which service to run: all, orders, inventory, payment, shipping or loyalty")
 	fs.StringVar(&o.runID, "run-id", "", "identifies this run's customers and products; processes of one run share it (default: random)")
 	fs.StringVar(&o.namespace, "namespace", "checkout", "RabbitMQ namespace (prefix of exchanges and queues)")
 	fs.StringVar(&o.schemaPrefix, "schema-prefix", "", "prefix of the services' schema names")
@@ -81,13 +95,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.trace, "trace", false, "print the spans of one saga's trace")
 	fs.BoolVar(&o.verbose, "v", false, "log at info level")
 	fs.StringVar(&o.relayMode, "relay-mode", "poll", "how the services' relays find their outbox rows: poll, or log (logical replication: needs wal_level = logical)")
+	fs.DurationVar(&o.confirmTimeout, "confirm-timeout", 5*time.Second, "how long a checkout waits for the payment provider's confirmation before it compensates")
+	fs.StringVar(&o.webhookAddr, "webhook-addr", "", "orders service: serve the payment provider's webhook at this address (default: a free port with -service all, else "+defaultWebhookAddr+")")
+	fs.StringVar(&o.webhookURL, "webhook-url", "", "payment service: the orders service's webhook URL, or comma-separated URLs of its instances, tried in turn (default: the in-process one with -service all, else "+defaultWebhookURL+")")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	switch o.service {
-	case "all", "orders", "inventory", "payment", "shipping":
+	case "all", "orders", "inventory", "payment", "shipping", "loyalty":
 	default:
-		return nil, fmt.Errorf("-service %q: want all, orders, inventory, payment or shipping", o.service)
+		return nil, fmt.Errorf("-service %q: want all, orders, inventory, payment, shipping or loyalty", o.service)
 	}
 	if o.relayMode != string(orchestrator.RelayModePoll) && o.relayMode != string(orchestrator.RelayModeLog) {
 		return nil, fmt.Errorf("-relay-mode %q: want poll or log", o.relayMode)
@@ -100,6 +117,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.rate < 0 {
 		return nil, fmt.Errorf("-rate %v: want 0 or more", o.rate)
+	}
+	if o.confirmTimeout <= 0 {
+		return nil, fmt.Errorf("-confirm-timeout %v: want a positive duration", o.confirmTimeout)
 	}
 	if o.orders < 0 {
 		return nil, fmt.Errorf("-orders %d: want 0 or more", o.orders)

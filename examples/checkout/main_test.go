@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +32,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
 }
 
+// services are the example's services: each has a schema and a queue.
+var services = []string{"orders", "inventory", "payment", "shipping", "loyalty"}
+
 var summaryLine = regexp.MustCompile(`(?m)^checkout: (\d+) sagas, (\d+) completed, (\d+) compensated, (\d+) failed, (\d+) still running$`)
 
 // isolated returns flags that keep a run's schemas and queues to itself, and
@@ -39,7 +43,7 @@ func isolated(t *testing.T) []string {
 	t.Helper()
 	pool := dbtest.Pool(t)
 	prefix := dbtest.SchemaName(t) + "_"
-	for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+	for _, svc := range services {
 		dbtest.DropSchemaOnCleanup(t, pool, prefix+svc)
 	}
 	return append([]string{"-database-url", dbtest.URL(), "-schema-prefix", prefix}, isolatedQueues(t)...)
@@ -60,7 +64,7 @@ func isolatedQueues(t *testing.T) []string {
 			t.Errorf("cleanup: %v", err)
 			return
 		}
-		for _, svc := range []string{"orders", "inventory", "payment", "shipping"} {
+		for _, svc := range services {
 			_ = b.Declare(ctx, transport.QueueSpec{Name: svc})
 		}
 		_ = b.Close()
@@ -82,12 +86,13 @@ func parseSummary(t *testing.T, out string) summary {
 	return summary{n[0], n[1], n[2], n[3], n[4]}
 }
 
-// The example end to end in one process: happy and compensation paths, and
-// the business invariants it audits.
+// The example end to end in one process: happy and compensation paths (a
+// rejection by each of inventory, payment and shipping, and a payment
+// confirmation that never comes), and the business invariants it audits.
 func TestCheckoutEndToEnd(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
-	args := append(isolated(t), "-orders", "30", "-fail-rate", "0.4", "-run-id", "e2e"+dbtest.SchemaName(t)[2:8])
+	args := append(isolated(t), "-orders", "30", "-fail-rate", "0.5", "-run-id", "e2e"+dbtest.SchemaName(t)[2:8])
 	code := run(context.Background(), args, &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
 
@@ -101,7 +106,28 @@ func TestCheckoutEndToEnd(t *testing.T) {
 	require.Contains(t, out.String(), "timeline of a compensated saga")
 	require.Contains(t, out.String(), "step-rejected")
 	require.Contains(t, out.String(), "compensation-sent")
+	// The payment provider's confirmation: received by the webhook and
+	// consumed by the waiting step, or (for the account on hold) never sent,
+	// so that the wait times out and the charge is refunded.
+	require.Contains(t, out.String(), "await-payment-confirmation  event-received")
+	require.Contains(t, out.String(), "await-payment-confirmation  timed-out")
+	require.Contains(t, out.String(), "payment.refund")
+	// Loyalty points beside shipping: revoked when shipping rejects.
+	require.Contains(t, out.String(), "award-points")
+	require.Regexp(t, `loyalty: \d+ points awarded for \d+ completed orders; [1-9]\d* awards revoked`, out.String())
+	require.Regexp(t, `payment confirmations: the provider confirmed (\d+) charges in \d+ webhook calls \([1-9]\d* recognised as redeliveries here\); (\d+) recorded`, out.String())
 	require.Contains(t, out.String(), "invariants: OK")
+}
+
+// freeAddr returns a local address no one listens on now, for a service
+// that other processes must find at a known address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
 }
 
 // Running the example twice against the same schemas and queues works: setup
@@ -176,7 +202,9 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	require.NoError(t, err, "go build: %s", out)
 
 	runID := "kill" + dbtest.SchemaName(t)[2:8]
-	common := append(isolated(t), "-run-id", runID, "-orders", "40", "-fail-rate", "0.3")
+	webhook := freeAddr(t)
+	common := append(isolated(t), "-run-id", runID, "-orders", "40", "-fail-rate", "0.3",
+		"-webhook-addr", webhook, "-webhook-url", "http://"+webhook+"/webhooks/payment")
 	start := func(service string) (*exec.Cmd, *lockedBuffer) {
 		var buf lockedBuffer
 		cmd := exec.Command(bin, append(append([]string{}, common...), "-service", service)...)
@@ -193,6 +221,7 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	inventory, _ := start("inventory")
 	start("payment")
 	start("shipping")
+	start("loyalty")
 
 	var ordersOut lockedBuffer
 	orders := exec.Command(bin, append(append([]string{}, common...), "-service", "orders")...)
@@ -299,7 +328,11 @@ func TestCheckoutSurvivesDatabaseRestart(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	var out, errOut lockedBuffer
-	args := append([]string{"-database-url", pg.URL(), "-orders", "40", "-fail-rate", "0.3", "-run-id", "dbrestart"}, isolatedQueues(t)...)
+	// The payment confirmations wait out the restart too (the webhook
+	// fails meanwhile and the provider calls again): a wait long enough for
+	// that, so that only the planned ones time out.
+	args := append([]string{"-database-url", pg.URL(), "-orders", "40", "-fail-rate", "0.3", "-run-id", "dbrestart",
+		"-confirm-timeout", "15s"}, isolatedQueues(t)...)
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &out, &errOut) }()
 
@@ -360,7 +393,7 @@ func TestCheckoutFurtherOrdersInstance(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out lockedBuffer
-	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5")
+	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5", "-webhook-addr", "127.0.0.1:0")
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &out, io.Discard) }()
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "orders service running") },
@@ -398,5 +431,5 @@ func TestCheckoutInLogRelayMode(t *testing.T) {
 	defer pool.Close()
 	var slots int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sagabox_%'`).Scan(&slots))
-	require.Equal(t, 4, slots, "one slot per service")
+	require.Equal(t, len(services), slots, "one slot per service")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
 	"github.com/sagabox/sagabox/examples/checkout/payment"
@@ -20,6 +21,13 @@ const (
 	expectCompleted outcome = iota
 	expectNoStock           // inventory rejects: nothing to undo
 	expectNoFunds           // payment rejects: the reservation is released
+	// expectUnconfirmed: the provider never confirms the charge; the wait
+	// times out and the charge is refunded, the reservation released.
+	expectUnconfirmed
+	// expectUndeliverable: shipping rejects the address; the points
+	// awarded beside it are revoked, the charge refunded, the reservation
+	// released.
+	expectUndeliverable
 )
 
 // plan is the run's orders and the stock and accounts they need. Every
@@ -36,6 +44,11 @@ type plan struct {
 	rich, broke       string
 	richBalanceCents  int64
 	completedExpected int
+	// held is the customer whose charges the provider never confirms;
+	// heldBalanceCents pays exactly for their orders (all refunded).
+	held             string
+	heldBalanceCents int64
+	unconfirmed      int
 }
 
 func newPlan(runID string, n int, failRate float64) *plan {
@@ -48,6 +61,7 @@ func newPlan(runID string, n int, failRate float64) *plan {
 		soldOut: "gadget-" + runID,
 		rich:    "alice-" + runID,
 		broke:   "bob-" + runID,
+		held:    "carol-" + runID,
 	}
 	failures := 0
 	for i := range n {
@@ -61,11 +75,19 @@ func newPlan(runID string, n int, failRate float64) *plan {
 		}
 		want := expectCompleted
 		if rng.Float64() < failRate {
-			// Alternate the two kinds of rejection.
-			if failures%2 == 0 {
+			// Take the four kinds of failure in turn.
+			switch failures % 4 {
+			case 0:
 				want, o.Customer = expectNoFunds, p.broke
-			} else {
+			case 1:
 				want, o.SKU = expectNoStock, p.soldOut
+			case 2:
+				want, o.Customer = expectUnconfirmed, p.held
+				p.heldBalanceCents += o.AmountCents
+				p.unconfirmed++
+			default:
+				want, o.Address = expectUndeliverable, contract.Undeliverable
+				p.richBalanceCents += o.AmountCents // charged, then refunded
 			}
 			failures++
 		}
@@ -93,12 +115,20 @@ func (p *plan) seedInventory(ctx context.Context, pool *pgxpool.Pool, s *invento
 	return nil
 }
 
-// seedPayment funds exactly the orders meant to succeed.
+// seedPayment funds exactly the orders that are charged: those meant to
+// succeed, those shipping rejects, and those whose charges the provider
+// never confirms (on an account on hold); the last two are refunded.
 func (p *plan) seedPayment(ctx context.Context, pool *pgxpool.Pool, s *payment.Service) error {
 	if err := s.Account(ctx, pool, p.rich, p.richBalanceCents); err != nil {
 		return fmt.Errorf("seed payment: %w", err)
 	}
 	if err := s.Account(ctx, pool, p.broke, 0); err != nil {
+		return fmt.Errorf("seed payment: %w", err)
+	}
+	if err := s.Account(ctx, pool, p.held, p.heldBalanceCents); err != nil {
+		return fmt.Errorf("seed payment: %w", err)
+	}
+	if err := s.HoldConfirmations(ctx, pool, p.held); err != nil {
 		return fmt.Errorf("seed payment: %w", err)
 	}
 	return nil

@@ -133,7 +133,7 @@ func spanNote(s sdktrace.ReadOnlySpan) string {
 	var notes []string
 	for _, kv := range s.Attributes() {
 		switch kv.Key {
-		case "sagabox.component", "sagabox.inbox.outcome", "sagabox.outcome":
+		case "sagabox.component", "sagabox.inbox.outcome", "sagabox.outcome", "checkout.outcome":
 			notes = append(notes, fmt.Sprintf("%s=%s", strings.TrimPrefix(string(kv.Key), "sagabox."), kv.Value.String()))
 		}
 	}

@@ -11,6 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// undeliverable selects the orders shipping rejects, after their charge was
+// confirmed: those to the example's contract.Undeliverable address.
+const undeliverable = `o.address = '0 Nowhere Lane'`
+
 // installDuplicates makes every service's outbox write a fraction of its
 // rows twice (same message id), so the relay publishes those messages twice
 // and the receivers get duplicate deliveries; each copy is logged in
@@ -82,6 +86,20 @@ type report struct {
 	shipments, shipmentsCompleted, shipmentsCompensated         int64
 	confirmedCompensated, confirmedCompleted                    int64
 
+	// The payment provider's confirmations: made (one per confirmed
+	// charge), recorded by the orders service's webhook, recorded once for
+	// a completed order, recorded twice, recorded for others; the webhook
+	// calls answered and the confirmations left undelivered.
+	paymentConfirmationsMade, paymentConfirmationsRecorded int64
+	paymentConfirmedOnce, paymentConfirmedTwice            int64
+	paymentConfirmedOthers, webhookSends, webhookPending   int64
+	plannedUnconfirmed, plannedUndeliverable               int64
+
+	// Loyalty points: held by the customers, earned by the completed
+	// orders, awarded and kept, kept by orders that did not complete, and
+	// the awards revoked.
+	pointsHeld, pointsEarned, pointsAwarded, pointsKeptByOthers, pointsRevoked int64
+
 	backlog     map[string]int64
 	deadOutbox  []string
 	deadInbox   []string
@@ -108,10 +126,12 @@ func (r *runner) audit(ctx context.Context, drained bool) (*report, error) {
 		return nil
 	}
 	// The plan, as the example builds it: orders of the broke customer are
-	// rejected by payment, orders of the sold-out SKU by inventory, every
-	// other order completes. The stock and the money seeded are exactly what
-	// the plan needs.
-	const planned = `CASE WHEN o.customer LIKE 'bob-%' OR o.sku LIKE 'gadget-%' THEN 'compensated' ELSE 'completed' END`
+	// rejected by payment, orders of the sold-out SKU by inventory, orders
+	// of the customer on hold are charged but never confirmed (the wait
+	// times out, the charge is refunded), every other order completes. The
+	// stock and the money seeded are exactly what the plan needs.
+	const planned = `CASE WHEN o.customer LIKE 'bob-%' OR o.customer LIKE 'carol-%' OR o.sku LIKE 'gadget-%' OR ` + undeliverable + `
+		THEN 'compensated' ELSE 'completed' END`
 	checks := []struct {
 		dst *int64
 		sql string
@@ -127,22 +147,40 @@ func (r *runner) audit(ctx context.Context, drained bool) (*report, error) {
 			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE NOT r.released AND s.status = 'completed'`},
 		{&rep.heldByCompensated, `SELECT count(*) FROM inventory.reservation r JOIN orders.orders o ON o.id = r.order_id
 			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE NOT r.released AND s.status <> 'completed'`},
-		{&rep.moneyStart, `SELECT coalesce(sum(amount_cents), 0) FROM orders.orders o WHERE ` + planned + ` = 'completed'`},
+		{&rep.moneyStart, `SELECT coalesce(sum(amount_cents), 0) FROM orders.orders o WHERE ` + planned + ` = 'completed' OR o.customer LIKE 'carol-%' OR ` + undeliverable},
 		{&rep.balance, `SELECT coalesce(sum(balance_cents), 0) FROM payment.account`},
 		{&rep.charged, `SELECT coalesce(sum(amount_cents), 0) FROM payment.charge WHERE NOT refunded`},
 		{&rep.chargedForCompleted, `SELECT coalesce(sum(o.amount_cents), 0) FROM orders.orders o
 			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE s.status = 'completed'`},
 		{&rep.chargedForCompensated, `SELECT count(*) FROM payment.charge c JOIN orders.orders o ON o.id = c.order_id
 			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE NOT c.refunded AND s.status <> 'completed'`},
-		{&rep.shipments, `SELECT count(*) FROM shipping.shipment`},
+		{&rep.shipments, `SELECT count(*) FROM shipping.shipment WHERE NOT cancelled`},
 		{&rep.shipmentsCompleted, `SELECT count(*) FROM shipping.shipment h JOIN orders.orders o ON o.id = h.order_id
-			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE s.status = 'completed'`},
+			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE s.status = 'completed' AND NOT h.cancelled`},
 		{&rep.shipmentsCompensated, `SELECT count(*) FROM shipping.shipment h JOIN orders.orders o ON o.id = h.order_id
-			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE s.status <> 'completed'`},
+			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE s.status <> 'completed' AND NOT h.cancelled`},
+		{&rep.pointsHeld, `SELECT coalesce(sum(points), 0) FROM loyalty.member`},
+		{&rep.pointsEarned, `SELECT coalesce(sum(o.amount_cents / 100), 0) FROM orders.orders o
+			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE s.status = 'completed'`},
+		{&rep.pointsAwarded, `SELECT coalesce(sum(points), 0) FROM loyalty.award WHERE NOT revoked`},
+		{&rep.pointsKeptByOthers, `SELECT count(*) FROM loyalty.award a JOIN orders.orders o ON o.id = a.order_id
+			JOIN orders.sagabox_saga s ON s.id = o.saga_id WHERE NOT a.revoked AND s.status <> 'completed'`},
+		{&rep.pointsRevoked, `SELECT count(*) FROM loyalty.award WHERE revoked`},
 		{&rep.confirmedCompleted, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
 			WHERE s.status = 'completed' AND o.status = 'confirmed'`},
 		{&rep.confirmedCompensated, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
 			WHERE s.status <> 'completed' AND o.status = 'confirmed'`},
+		{&rep.paymentConfirmationsMade, `SELECT count(*) FROM payment.provider_webhook`},
+		{&rep.paymentConfirmationsRecorded, `SELECT coalesce(sum(payment_confirmations), 0) FROM orders.orders`},
+		{&rep.paymentConfirmedOnce, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
+			WHERE (s.status = 'completed' OR ` + undeliverable + `) AND o.payment_confirmations = 1`},
+		{&rep.plannedUndeliverable, `SELECT count(*) FROM orders.orders o WHERE ` + undeliverable},
+		{&rep.paymentConfirmedTwice, `SELECT count(*) FROM orders.orders WHERE payment_confirmations > 1`},
+		{&rep.paymentConfirmedOthers, `SELECT count(*) FROM orders.orders o JOIN orders.sagabox_saga s ON s.id = o.saga_id
+			WHERE s.status <> 'completed' AND NOT ` + undeliverable + ` AND o.payment_confirmations > 0`},
+		{&rep.webhookSends, `SELECT coalesce(sum(sends), 0) FROM payment.provider_webhook`},
+		{&rep.webhookPending, `SELECT count(*) FROM payment.provider_webhook WHERE delivered_at IS NULL`},
+		{&rep.plannedUnconfirmed, `SELECT count(*) FROM orders.orders WHERE customer LIKE 'carol-%'`},
 		{&rep.timedOut, `SELECT count(*) FROM orders.sagabox_saga_history WHERE event = 'timed-out'`},
 		{&rep.ignored, `SELECT count(*) FROM orders.sagabox_saga_history WHERE event = 'reply-ignored'`},
 		{&rep.retried, `SELECT count(*) FROM orders.sagabox_saga_history WHERE event = 'retry-scheduled'`},
@@ -323,13 +361,29 @@ func (rep *report) checks() []check {
 			fmt.Sprintf("%d shipments for %d completed orders; %d for others", rep.shipments, rep.byStatus["completed"], rep.shipmentsCompensated)},
 		{"orders confirmed = completed", rep.confirmedCompleted == rep.byStatus["completed"] && rep.confirmedCompensated == 0,
 			fmt.Sprintf("%d confirmed of %d completed; %d others confirmed", rep.confirmedCompleted, rep.byStatus["completed"], rep.confirmedCompensated)},
+		{"payment confirmations = charges confirmed", rep.paymentConfirmationsMade == rep.paymentConfirmationsRecorded &&
+			rep.paymentConfirmedOnce == rep.byStatus["completed"]+rep.plannedUndeliverable && rep.paymentConfirmedTwice == 0 && rep.paymentConfirmedOthers == 0,
+			fmt.Sprintf("provider confirmed %d charges in %d webhook calls, %d recorded; %d completed or undeliverable orders confirmed once, %d twice, %d others confirmed; %d planned unconfirmed; %d not marked delivered",
+				rep.paymentConfirmationsMade, rep.webhookSends, rep.paymentConfirmationsRecorded, rep.paymentConfirmedOnce,
+				rep.paymentConfirmedTwice, rep.paymentConfirmedOthers, rep.plannedUnconfirmed, rep.webhookPending)},
+		{"loyalty points balance", rep.pointsHeld == rep.pointsEarned && rep.pointsAwarded == rep.pointsEarned && rep.pointsKeptByOthers == 0,
+			fmt.Sprintf("customers hold %d points, completed orders earned %d, awards kept %d; %d kept by others; %d awards revoked",
+				rep.pointsHeld, rep.pointsEarned, rep.pointsAwarded, rep.pointsKeptByOthers, rep.pointsRevoked)},
 		{"every duplicate recognised", rep.dupSeen == rep.dupInjected,
 			fmt.Sprintf("%d duplicate deliveries injected, %d counted as duplicates by the receiving inbox", rep.dupInjected, rep.dupSeen)},
-		{"outboxes drained", backlog == 0, fmt.Sprintf("orders %d, inventory %d, payment %d, shipping %d unpublished",
-			rep.backlog["orders"], rep.backlog["inventory"], rep.backlog["payment"], rep.backlog["shipping"])},
+		{"outboxes drained", backlog == 0, rep.backlogNote()},
 		{"no unplanned exits", len(rep.unplanned) == 0, fmt.Sprintf("%d processes exited on their own", len(rep.unplanned))},
 		{"every fault injected", rep.faultErrors() == 0, fmt.Sprintf("%d of %d faults failed to inject", rep.faultErrors(), len(rep.faults))},
 	}
+}
+
+// backlogNote lists the unpublished rows of each schema's outbox.
+func (rep *report) backlogNote() string {
+	parts := make([]string, len(schemas))
+	for i, s := range schemas {
+		parts[i] = fmt.Sprintf("%s %d", s, rep.backlog[s])
+	}
+	return strings.Join(parts, ", ") + " unpublished"
 }
 
 func (rep *report) faultErrors() int {

@@ -329,10 +329,7 @@ func (r *runner) drain(ctx context.Context) bool {
 		err := r.pool.QueryRow(qctx, `SELECT
 			(SELECT count(*) FROM orders.sagabox_saga),
 			(SELECT count(*) FROM orders.sagabox_saga WHERE status IN ('completed', 'compensated', 'failed')),
-			(SELECT count(*) FROM orders.sagabox_outbox WHERE published_at IS NULL) +
-			(SELECT count(*) FROM inventory.sagabox_outbox WHERE published_at IS NULL) +
-			(SELECT count(*) FROM payment.sagabox_outbox WHERE published_at IS NULL) +
-			(SELECT count(*) FROM shipping.sagabox_outbox WHERE published_at IS NULL)`).Scan(&placed, &terminal, &backlog)
+			`+backlogSQL()).Scan(&placed, &terminal, &backlog)
 		cancel()
 		if err == nil && placed == int64(r.c.sagas) && terminal == placed && backlog == 0 && !r.placer.running() {
 			r.logf("all %d sagas ended, outboxes empty", placed)
@@ -349,4 +346,13 @@ func (r *runner) drain(ctx context.Context) bool {
 		}
 	}
 	return false
+}
+
+// backlogSQL sums the unpublished rows of every schema's outbox.
+func backlogSQL() string {
+	parts := make([]string, len(schemas))
+	for i, s := range schemas {
+		parts[i] = fmt.Sprintf("(SELECT count(*) FROM %s.sagabox_outbox WHERE published_at IS NULL)", s)
+	}
+	return strings.Join(parts, " + ")
 }

@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -134,7 +135,21 @@ func (r *runner) logf(format string, args ...any) {
 
 const namespace = "chaos"
 
-var schemas = []string{"orders", "inventory", "payment", "shipping"}
+// confirmTimeout is how long a checkout of the run waits for its payment
+// confirmation.
+const confirmTimeout = 30 * time.Second
+
+// freeAddr returns a local address no one listens on now.
+func freeAddr(ctx context.Context) (string, error) {
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+var schemas = []string{"orders", "inventory", "payment", "shipping", "loyalty"}
 
 func (r *runner) run(ctx context.Context) (bool, error) {
 	var err error
@@ -267,10 +282,25 @@ func (r *runner) startProcesses(ctx context.Context, bin string) error {
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", logs, err)
 	}
+	// Each orders instance serves the payment provider's webhook at an
+	// address of its own, kept across its restarts; the providers (in the
+	// payment processes) call them in turn.
+	hooks := make([]string, 2)
+	urls := make([]string, len(hooks))
+	for i := range hooks {
+		addr, err := freeAddr(ctx)
+		if err != nil {
+			return err
+		}
+		hooks[i], urls[i] = addr, "http://"+addr+"/webhooks/payment"
+	}
 	common := []string{
 		"-database-url", r.pg.URL(), "-namespace", namespace, "-run-id", "chaos",
 		"-orders", fmt.Sprint(r.c.sagas), "-fail-rate", fmt.Sprint(r.c.failRate),
-		"-timeout", "2h", "-v",
+		"-timeout", "2h", "-v", "-webhook-url", strings.Join(urls, ","),
+		// Long enough that a confirmation delayed by a fault still arrives:
+		// only the planned ones (an account on hold) time out.
+		"-confirm-timeout", confirmTimeout.String(),
 	}
 	add := func(name, kind string, extra ...string) *proc {
 		i := len(r.procs)
@@ -282,7 +312,7 @@ func (r *runner) startProcesses(ctx context.Context, bin string) error {
 	// The second orders instance first: it runs the orchestrator only. Then
 	// the participants (which seed their tables from the plan), and last the
 	// instance that places the orders and waits for their sagas.
-	add("orders-2", "orders", "-place=false")
+	add("orders-2", "orders", "-place=false", "-webhook-addr", hooks[1])
 	for _, kind := range schemas[1:] {
 		add(kind+"-1", kind)
 		add(kind+"-2", kind)
@@ -295,7 +325,7 @@ func (r *runner) startProcesses(ctx context.Context, bin string) error {
 	if err := r.installDuplicates(ctx); err != nil {
 		return err
 	}
-	r.placer = add("orders-1", "orders", "-rate", fmt.Sprint(r.c.rate))
+	r.placer = add("orders-1", "orders", "-rate", fmt.Sprint(r.c.rate), "-webhook-addr", hooks[0])
 	r.placer.ready = "placing"
 	if err := r.placer.start(ctx); err != nil {
 		return err

@@ -2,7 +2,8 @@
 // customers through an outside payment provider (rejecting when funds are
 // insufficient) and refunds charges when a checkout is compensated. Both
 // call the provider outside any database transaction, with an idempotency
-// key of the saga step (participant.HandleOutsideCommand).
+// key of the saga step (participant.HandleOutsideCommand). The provider
+// confirms each charge later, by calling the orders service's webhook.
 package payment
 
 import (
@@ -52,6 +53,9 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 			customer      text PRIMARY KEY,
 			balance_cents bigint NOT NULL CHECK (balance_cents >= 0)
 		);
+		-- false: the provider holds the account's charges for review and
+		-- never confirms them (see Provider).
+		ALTER TABLE payment.account ADD COLUMN IF NOT EXISTS confirms boolean NOT NULL DEFAULT true;
 		CREATE TABLE IF NOT EXISTS payment.charge (
 			order_id     text PRIMARY KEY,
 			customer     text NOT NULL REFERENCES payment.account (customer),
@@ -67,7 +71,21 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 			customer     text NOT NULL DEFAULT '',
 			amount_cents bigint NOT NULL DEFAULT 0,
 			charge_key   text NOT NULL DEFAULT ''
-		);`))
+		);
+		-- The provider's confirmations of charges, each delivered to the
+		-- merchant's webhook until it answers (see Provider): sends counts
+		-- the calls answered 2xx.
+		CREATE TABLE IF NOT EXISTS payment.provider_webhook (
+			event_id     text PRIMARY KEY,
+			charge_id    text NOT NULL,
+			reference    text NOT NULL,
+			confirmed_at timestamptz NOT NULL,
+			next_at      timestamptz NOT NULL,
+			attempts     integer NOT NULL DEFAULT 0,
+			sends        integer NOT NULL DEFAULT 0,
+			delivered_at timestamptz
+		);
+		CREATE INDEX IF NOT EXISTS provider_webhook_due ON payment.provider_webhook (next_at) WHERE delivered_at IS NULL;`))
 	if err != nil {
 		return fmt.Errorf("payment: create tables: %w", err)
 	}
@@ -80,6 +98,14 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 func (s *Service) Account(ctx context.Context, pool *pgxpool.Pool, customer string, balanceCents int64) error {
 	_, err := pool.Exec(ctx, s.sql(`INSERT INTO payment.account (customer, balance_cents) VALUES ($1, $2)
 		ON CONFLICT (customer) DO NOTHING`), customer, balanceCents)
+	return err
+}
+
+// HoldConfirmations puts a customer's account on hold at the provider: it
+// still charges it, but never confirms those charges, so that their
+// checkouts time out waiting and are compensated.
+func (s *Service) HoldConfirmations(ctx context.Context, pool *pgxpool.Pool, customer string) error {
+	_, err := pool.Exec(ctx, s.sql(`UPDATE payment.account SET confirms = false WHERE customer = $1`), customer)
 	return err
 }
 
@@ -130,7 +156,9 @@ func (s *Service) call(ctx context.Context, path, key string, body providerReque
 }
 
 func (s *Service) charge(ctx context.Context, req *participant.OutsideRequest[contract.ChargePayment]) (contract.PaymentCharged, error) {
-	code, reply, err := s.call(ctx, "/charge", req.IdempotencyKey, providerRequest{Customer: req.Data.Customer, AmountCents: req.Data.AmountCents})
+	code, reply, err := s.call(ctx, "/charge", req.IdempotencyKey, providerRequest{
+		Customer: req.Data.Customer, AmountCents: req.Data.AmountCents, Reference: req.Data.OrderID,
+	})
 	switch {
 	case err != nil:
 		return contract.PaymentCharged{}, err // transient: called again, same key

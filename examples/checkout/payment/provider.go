@@ -1,10 +1,14 @@
 package payment
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -12,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagabox/sagabox/examples/checkout/contract"
 )
 
 // Provider is the example's outside payment provider: an HTTP server the
@@ -21,39 +27,84 @@ import (
 // calls it gets, so that the example can show that a crash or a redelivery
 // made no second charge. Its tables are its own; it writes them outside the
 // payment service's transactions.
+//
+// Like a card processor, it confirms each charge later, asynchronously, by
+// calling the merchant's webhook (ProviderConfig.WebhookURLs) with a
+// contract.ProviderWebhook: the confirmation is written with the charge and
+// delivered until the webhook answers 2xx, so it may arrive more than once
+// (after a lost answer, a crash, or on purpose: some are sent twice), always
+// with the same event id. Charges of an account on hold
+// (Service.HoldConfirmations) are never confirmed.
 type Provider struct {
-	s    *Service
-	pool *pgxpool.Pool
-	srv  *http.Server
-	url  string
-	done chan struct{}
+	s      *Service
+	pool   *pgxpool.Pool
+	srv    *http.Server
+	url    string
+	done   chan struct{}
+	hooks  []string
+	client *http.Client
+	wake   chan struct{}
+	stop   context.CancelFunc
+	log    *slog.Logger
 
 	mu    sync.Mutex
 	calls map[string]int
+	sent  int
+	twice int
+	// confirmations counts the confirmations delivered: every fourth is
+	// sent twice.
+	confirmations int
+}
+
+// ProviderConfig configures a Provider.
+type ProviderConfig struct {
+	// WebhookURLs are the merchant's webhook endpoints, tried in turn until
+	// one answers 2xx (several: instances of the orders service). None: the
+	// confirmations are kept undelivered.
+	WebhookURLs []string
+	// Logger receives the webhook calls that keep failing. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // ProviderStats counts a provider's calls.
 type ProviderStats struct {
 	// Calls is every call received; Keys the distinct idempotency keys.
 	Calls, Keys int
+	// WebhooksSent counts the webhook calls that were answered 2xx;
+	// SentTwice the confirmations sent twice on purpose.
+	WebhooksSent, SentTwice int
 }
 
 // StartProvider starts the provider of s on a local port, keeping its
-// state in s's schema (its tables are created by Service.Setup). Close
-// stops it.
-func StartProvider(ctx context.Context, pool *pgxpool.Pool, s *Service) (*Provider, error) {
+// state in s's schema (its tables are created by Service.Setup), and its
+// webhook deliveries. Close stops both.
+func StartProvider(ctx context.Context, pool *pgxpool.Pool, s *Service, cfg ProviderConfig) (*Provider, error) {
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("payment provider: listen: %w", err)
 	}
-	p := &Provider{s: s, pool: pool, url: "http://" + ln.Addr().String(), done: make(chan struct{}), calls: map[string]int{}}
+	p := &Provider{
+		s: s, pool: pool, url: "http://" + ln.Addr().String(), done: make(chan struct{}), calls: map[string]int{},
+		hooks: cfg.WebhookURLs, client: &http.Client{Timeout: 5 * time.Second}, wake: make(chan struct{}, 1),
+		log: cfg.Logger,
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	p.log = p.log.With("component", "payment-provider")
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /charge", p.charge)
 	mux.HandleFunc("POST /refund", p.refund)
 	p.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	deliverCtx, stop := context.WithCancel(context.Background())
+	p.stop = stop
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = p.srv.Serve(ln) })
+	wg.Go(func() { p.deliver(deliverCtx) })
 	go func() {
-		defer close(p.done)
-		_ = p.srv.Serve(ln)
+		wg.Wait()
+		close(p.done)
 	}()
 	return p, nil
 }
@@ -65,7 +116,7 @@ func (p *Provider) URL() string { return p.url }
 func (p *Provider) Stats() ProviderStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := ProviderStats{Keys: len(p.calls)}
+	st := ProviderStats{Keys: len(p.calls), WebhooksSent: p.sent, SentTwice: p.twice}
 	for _, n := range p.calls {
 		st.Calls += n
 	}
@@ -77,6 +128,7 @@ func (p *Provider) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := p.srv.Shutdown(ctx)
+	p.stop()
 	<-p.done
 	return err
 }
@@ -90,6 +142,9 @@ type providerRequest struct {
 	Customer    string `json:"customer,omitempty"`
 	AmountCents int64  `json:"amount_cents,omitempty"`
 	ChargeKey   string `json:"charge_key,omitempty"`
+	// Reference is the merchant's name for what a charge pays for (the
+	// order id), given back in the confirmation.
+	Reference string `json:"reference,omitempty"`
 }
 
 // providerReply is the answer: the operation's status ("charged",
@@ -151,17 +206,36 @@ func (p *Provider) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.apply(w, r, key, func(tx pgx.Tx) (string, error) {
-		tag, err := tx.Exec(r.Context(), p.s.sql(`UPDATE payment.account SET balance_cents = balance_cents - $2
-			WHERE customer = $1 AND balance_cents >= $2`), req.Customer, req.AmountCents)
-		if err != nil {
+		var confirms bool
+		err := tx.QueryRow(r.Context(), p.s.sql(`UPDATE payment.account SET balance_cents = balance_cents - $2
+			WHERE customer = $1 AND balance_cents >= $2 RETURNING confirms`), req.Customer, req.AmountCents).Scan(&confirms)
+		status := "charged"
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			status = "declined"
+		case err != nil:
 			return "", err
 		}
-		status := "charged"
-		if tag.RowsAffected() == 0 {
-			status = "declined"
+		if err := p.record(r.Context(), tx, `INSERT INTO payment.provider_op (key, status, customer, amount_cents) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (key) DO NOTHING`, key, status, req.Customer, req.AmountCents); err != nil {
+			return "", err
 		}
-		return status, p.record(r.Context(), tx, `INSERT INTO payment.provider_op (key, status, customer, amount_cents) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (key) DO NOTHING`, key, status, req.Customer, req.AmountCents)
+		if status == "charged" && confirms {
+			// The confirmation goes out later: at once for half of the
+			// charges (it then often reaches the merchant before the
+			// charge's reply has reached its saga), a moment later for the
+			// others.
+			var delay time.Duration
+			if hash(key)%2 == 1 {
+				delay = 250 * time.Millisecond
+			}
+			if _, err := tx.Exec(r.Context(), p.s.sql(`INSERT INTO payment.provider_webhook (event_id, charge_id, reference, confirmed_at, next_at)
+				VALUES ($1, $2, $3, now(), now() + $4::float8 * interval '1 millisecond')`), "evt-"+key, key, req.Reference, delay.Milliseconds()); err != nil {
+				return "", err
+			}
+			p.nudge()
+		}
+		return status, nil
 	})
 }
 
@@ -202,4 +276,162 @@ func (p *Provider) record(ctx context.Context, tx pgx.Tx, insert string, args ..
 		return errInProgress
 	}
 	return nil
+}
+
+// hash is a stable hash of s, for the provider's deterministic choices.
+func hash(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
+}
+
+func (p *Provider) nudge() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Webhook delivery: how many confirmations one pass claims, how long a
+// claim lasts (a provider that dies mid-call leaves the rest to another
+// after it), and the poll interval between passes.
+const (
+	webhookBatch = 32
+	webhookLease = 5 * time.Second
+	webhookPoll  = 100 * time.Millisecond
+)
+
+// deliver sends the due confirmations to the webhook until ctx ends.
+func (p *Provider) deliver(ctx context.Context) {
+	if len(p.hooks) == 0 {
+		return
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-t.C:
+		}
+		n, err := p.deliverDue(ctx)
+		wait := webhookPoll
+		switch {
+		case err != nil:
+			wait = time.Second // the database is away: try again later
+		case n == webhookBatch:
+			wait = 0
+		}
+		t.Reset(wait)
+	}
+}
+
+// dueWebhook is a confirmation claimed for delivery.
+type dueWebhook struct {
+	hook     contract.ProviderWebhook
+	attempts int
+}
+
+// deliverDue claims the due confirmations, calls the webhook with each and
+// records the answer, and returns how many it claimed.
+func (p *Provider) deliverDue(ctx context.Context) (int, error) {
+	rows, err := p.pool.Query(ctx, p.s.sql(`
+		UPDATE payment.provider_webhook w SET attempts = w.attempts + 1, next_at = now() + $1::float8 * interval '1 millisecond'
+		FROM (SELECT event_id FROM payment.provider_webhook WHERE delivered_at IS NULL AND next_at <= now()
+			ORDER BY next_at LIMIT $2 FOR UPDATE SKIP LOCKED) due
+		WHERE w.event_id = due.event_id
+		RETURNING w.event_id, w.charge_id, w.reference, w.confirmed_at, w.attempts`), webhookLease.Milliseconds(), webhookBatch)
+	if err != nil {
+		return 0, fmt.Errorf("payment provider: claim webhooks: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (dueWebhook, error) {
+		d := dueWebhook{hook: contract.ProviderWebhook{Type: contract.WebhookChargeConfirmed}}
+		return d, row.Scan(&d.hook.ID, &d.hook.ChargeID, &d.hook.Reference, &d.hook.ConfirmedAt, &d.attempts)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("payment provider: claim webhooks: %w", err)
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, d := range due {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p.deliverOne(ctx, d)
+		})
+	}
+	wg.Wait()
+	return len(due), nil
+}
+
+// deliverOne calls the webhook with d (twice for every fourth
+// confirmation, as providers that deliver at least once sometimes do) and
+// marks it delivered, or due again after a backoff. A confirmation not
+// marked (a crash, the database away) is sent again once its lease ends,
+// and recognised by the merchant by its event id.
+func (p *Provider) deliverOne(ctx context.Context, d dueWebhook) {
+	times := 1
+	p.mu.Lock()
+	if p.confirmations%4 == 0 {
+		times = 2
+	}
+	p.confirmations++
+	p.mu.Unlock()
+	sent := 0
+	for range times {
+		if err := p.post(ctx, d); err != nil {
+			// A short outage (a restart of the orders service or the
+			// database) is expected; a call that keeps failing is not.
+			if d.attempts >= 5 && ctx.Err() == nil {
+				p.log.Warn("payment webhook call failed; calling again later", "event_id", d.hook.ID, "attempt", d.attempts, "err", err)
+			}
+			break
+		}
+		sent++
+	}
+	p.mu.Lock()
+	p.sent += sent
+	if sent == 2 {
+		p.twice++
+	}
+	p.mu.Unlock()
+	if sent == 0 {
+		backoff := min(50*time.Millisecond<<min(d.attempts-1, 5), time.Second)
+		_, _ = p.pool.Exec(ctx, p.s.sql(`UPDATE payment.provider_webhook SET next_at = now() + $2::float8 * interval '1 millisecond' WHERE event_id = $1`),
+			d.hook.ID, backoff.Milliseconds())
+		return
+	}
+	_, _ = p.pool.Exec(ctx, p.s.sql(`UPDATE payment.provider_webhook SET delivered_at = now(), sends = sends + $2 WHERE event_id = $1`),
+		d.hook.ID, sent)
+}
+
+// post calls the webhook URLs in turn, starting at one chosen by the
+// attempt, until one answers 2xx.
+func (p *Provider) post(ctx context.Context, d dueWebhook) error {
+	body, err := json.Marshal(d.hook)
+	if err != nil {
+		return err
+	}
+	var last error
+	for i := range p.hooks {
+		url := p.hooks[(d.attempts+i)%len(p.hooks)]
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := p.client.Do(req)
+		if err != nil {
+			last = err
+			continue
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<12))
+		_ = resp.Body.Close()
+		if resp.StatusCode/100 == 2 {
+			return nil
+		}
+		last = fmt.Errorf("webhook %s: %s", url, resp.Status)
+	}
+	return last
 }

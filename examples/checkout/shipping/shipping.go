@@ -1,7 +1,7 @@
-// Package shipping is the checkout example's shipping service: the last step
-// of a checkout, which creates a shipment. It has no compensation: once
-// payment and stock are secured, shipping is expected to succeed, and a
-// failure here would be retried rather than undone.
+// Package shipping is the checkout example's shipping service: it creates a
+// shipment for an order (rejecting an address it cannot deliver to), and
+// cancels it when the checkout is compensated after all (loyalty, which runs
+// beside it, timed out).
 package shipping
 
 import (
@@ -42,23 +42,34 @@ func (s *Service) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 			address         text NOT NULL,
 			tracking_number text NOT NULL,
 			created_at      timestamptz NOT NULL DEFAULT now()
-		);`))
+		);
+		ALTER TABLE shipping.shipment ADD COLUMN IF NOT EXISTS cancelled boolean NOT NULL DEFAULT false;`))
 	if err != nil {
 		return fmt.Errorf("shipping: create tables: %w", err)
 	}
 	return nil
 }
 
-// Register installs the service's handler on c.
+// Register installs the service's handlers on c.
 func (s *Service) Register(c *participant.Client) {
 	participant.HandleCommand(c, contract.Ship, s.ship)
+	participant.HandleCompensation(c, contract.Unship, s.cancel)
 }
 
 func (s *Service) ship(ctx context.Context, tx pgx.Tx, req *participant.Request[contract.CreateShipment]) (contract.ShipmentCreated, error) {
+	if req.Data.Address == contract.Undeliverable {
+		return contract.ShipmentCreated{}, participant.RejectWithCode("undeliverable",
+			fmt.Errorf("cannot deliver order %s to %q", req.Data.OrderID, req.Data.Address))
+	}
 	tracking := "TRK-" + req.Data.OrderID
 	if _, err := tx.Exec(ctx, s.sql(`INSERT INTO shipping.shipment (order_id, address, tracking_number) VALUES ($1, $2, $3)`),
 		req.Data.OrderID, req.Data.Address, tracking); err != nil {
 		return contract.ShipmentCreated{}, err
 	}
 	return contract.ShipmentCreated{TrackingNumber: tracking}, nil
+}
+
+func (s *Service) cancel(ctx context.Context, tx pgx.Tx, req *participant.Request[contract.CancelShipment]) error {
+	_, err := tx.Exec(ctx, s.sql(`UPDATE shipping.shipment SET cancelled = true WHERE order_id = $1`), req.Data.OrderID)
+	return err
 }
