@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
@@ -108,6 +109,13 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	}
 	if len(recs) == 0 {
 		return nil, fmt.Errorf("saga %s: %w", id, message.ErrNotFound)
+	}
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		// A sender without a trace of its own (a webhook handler): the
+		// event's work, and the commands it sends, continue the saga's.
+		var span trace.Span
+		ctx, span = c.sagaSpan(ctx, "saga event", recs[0])
+		defer span.End()
 	}
 	sent, tr, write, err := c.applyOutside(ctx, nil, tx, recs[0], name, eventID, payload)
 	if err != nil || !write {

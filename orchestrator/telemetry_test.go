@@ -452,3 +452,46 @@ func TestTelemetryDeadlineJoinsTheSagaTrace(t *testing.T) {
 		return sends == 1
 	})
 }
+
+// An outside event sent without a trace of its own (a webhook handler
+// that traces nothing) continues the saga's trace: the command it moves
+// the saga to is sent in it.
+func TestTelemetryOutsideEventJoinsTheSagaTrace(t *testing.T) {
+	t.Parallel()
+	e := newEventEnv(t)
+	tp, rec := telemetrytest.NewTracer(t)
+	def := paidOrderSaga(time.Hour)
+	run(t, e.inventory(true).Run)
+	cfg := e.orchConfig(def)
+	cfg.TracerProvider = tp
+	c := e.runOrchestrator(cfg)
+	st := e.start(c, def, Order{ID: "traced", Qty: 1, Address: "here"}, nil)
+	waitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
+		s, err := c.Get(context.Background(), st.ID)
+		require.NoError(t, err)
+		return s.Steps[1].Status == saga.StepWaitingEvent
+	})
+	e.send(c, orchestrator.SagaRef{ID: st.ID}, "evt-1", "pay-1", false)
+
+	var start, event sdktrace.ReadOnlySpan
+	waitFor(t, 30*time.Second, "the event's span", func() bool {
+		for _, s := range rec.Ended() {
+			switch s.Name() {
+			case "start saga paid-order":
+				start = s
+			case "saga event paid-order":
+				event = s
+			}
+		}
+		return start != nil && event != nil
+	})
+	require.Equal(t, start.SpanContext().TraceID(), event.SpanContext().TraceID(), "one trace per saga")
+	waitFor(t, 30*time.Second, "the ship command's send span in the saga's trace", func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == "send command shipping.ship" {
+				return s.SpanContext().TraceID() == start.SpanContext().TraceID()
+			}
+		}
+		return false
+	})
+}

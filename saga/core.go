@@ -557,8 +557,8 @@ func (m *machine[D]) compensateFrom(i int) error {
 			i = start
 			continue
 		}
-		if m.inst.Steps[i].Status != StepSucceeded {
-			continue
+		if m.inst.Steps[i].Status != StepSucceeded || m.def.steps[i].isWait {
+			continue // a wait step did nothing to undo
 		}
 		if m.def.steps[i].compensation == nil {
 			m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: i, Phase: PhaseCompensation, Detail: "no compensation"})
@@ -790,7 +790,7 @@ func (m *machine[D]) reply() error {
 			if err := m.applyHeld(start, end); err != nil {
 				return err
 			}
-			m.record(HistoryEntry{Event: HistoryGroupJoined, StepIndex: start, Phase: PhaseAction, Detail: s.group})
+			m.record(HistoryEntry{Event: HistoryGroupJoined, StepIndex: -1, Phase: PhaseAction, Detail: s.group})
 		}
 		return m.advance(end)
 	case m.inst.Phase == PhaseAction:

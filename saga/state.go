@@ -361,7 +361,7 @@ const (
 	HistoryRetried HistoryEvent = "retried"
 	// HistoryGroupJoined: every branch of a parallel group succeeded (or
 	// was skipped) and their replies were applied, in declaration order;
-	// Detail is the group's name.
+	// Detail is the group's name (the entry names no step).
 	HistoryGroupJoined HistoryEvent = "group-joined"
 	// HistoryRestarted: an operator restarted the saga (EventRestart) from
 	// the step concerned; Detail says from which run, version and data.
