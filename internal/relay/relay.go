@@ -27,6 +27,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -197,6 +198,13 @@ type Relay struct {
 	confirmedMu sync.Mutex
 	confirmed   driver.OutboxSettle
 
+	// wakes counts the calls of Wake; claimedUpTo is the count when the
+	// latest claim began. A wake-up that no Wake followed since a claim
+	// began announced rows that claim sees (they committed before Wake was
+	// called, so before the claim's snapshot): it is dropped, not claimed
+	// for again (an empty claim, under load a third of them).
+	wakes, claimedUpTo atomic.Uint64
+
 	// testHookAfterPublish, when set, runs after a batch was confirmed and
 	// before it is marked published. Returning true makes the worker stop
 	// right there, as a relay killed at that point would.
@@ -259,6 +267,7 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schem
 // idle, if all are busy). Call it after committing a transaction that wrote
 // to the outbox. It never blocks.
 func (r *Relay) Wake() {
+	r.wakes.Add(1)
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -441,12 +450,35 @@ func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, 
 		if failing {
 			return true, sleep(ctx, poll, 0)
 		}
+		if r.wakes.Load() <= r.claimedUpTo.Load() {
+			// A claim began after this wake-up's Wake: it saw those rows.
+			return r.idleOn(ctx, poll)
+		}
 		// Since Go 1.23 a timer's channel holds no stale value once Stop
 		// returns: nothing to drain.
 		poll.Stop()
 		return true, true
 	case <-poll.C:
 		return false, true
+	}
+}
+
+// idleOn waits on for a wake-up or the running poll timer, as idle does
+// without a failure, once a wake-up was dropped.
+func (r *Relay) idleOn(ctx context.Context, poll *time.Timer) (woken, ok bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-r.wake:
+			if r.wakes.Load() <= r.claimedUpTo.Load() {
+				continue
+			}
+			poll.Stop()
+			return true, true
+		case <-poll.C:
+			return false, true
+		}
 	}
 }
 
@@ -477,6 +509,16 @@ var errCrashed = errors.New("relay: simulated crash")
 func (r *Relay) claim(ctx context.Context, max int, settle driver.OutboxSettle) ([]driver.OutboxRow, error) {
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	if max >= r.opts.BatchSize {
+		// A full claim (not a probe, not a settle alone) sees every row
+		// announced so far; a batch it fills up wakes the relay again.
+		for seen := r.wakes.Load(); ; {
+			upTo := r.claimedUpTo.Load()
+			if upTo >= seen || r.claimedUpTo.CompareAndSwap(upTo, seen) {
+				break
+			}
+		}
+	}
 	shared := r.takeConfirmed()
 	if len(shared.Published) > 0 {
 		settle.Published = append(slices.Clip(settle.Published), shared.Published...)
