@@ -94,6 +94,7 @@ func (c *Client) signalStart(queued bool) {
 		c.queuedStart.Store(true)
 		c.mayBeQueued.Store(true)
 	}
+	c.wokenSinceStart.Store(false)
 	select {
 	case c.startWake <- struct{}{}:
 	default:

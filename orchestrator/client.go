@@ -53,6 +53,11 @@ type Client struct {
 	// startWake is signalled by Start; Run's waker goroutine then wakes the
 	// relay a few times.
 	startWake chan struct{}
+	// wokenSinceStart is set by Wake (the caller's, after committing) and
+	// cleared by each Start: while it is set, the follow-up wake-ups after
+	// a Start are not needed (a claim after the commit finds its
+	// commands), and the waker skips them.
+	wokenSinceStart atomic.Bool
 	// queuedStart is set by a Start that queued its saga: the waker then
 	// wakes the admission pass too.
 	queuedStart atomic.Bool
@@ -145,9 +150,18 @@ func (c *Client) Register(runners ...saga.Runner) error {
 // Wake makes the Client's relay publish its outbox now. Call it after
 // committing a transaction in which you started sagas, for the lowest
 // latency; without it the relay finds the first commands after a few
-// follow-up wake-ups or, at the latest, after Relay.PollInterval. It never
-// blocks.
+// follow-up wake-ups or, at the latest, after Relay.PollInterval. A Wake
+// after a Start stands in for those follow-up wake-ups (each an extra
+// claim), until the next Start: call it after every such commit, or
+// never. It never blocks.
 func (c *Client) Wake() {
+	c.wokenSinceStart.Store(true)
+	c.wakeRelay()
+}
+
+// wakeRelay makes the relay publish the outbox now (Wake without counting
+// as the caller's wake-up after a Start).
+func (c *Client) wakeRelay() {
 	if c.engine != nil {
 		c.engine.Wake()
 	}
@@ -271,7 +285,9 @@ func (c *Client) wakeAfterStarts(ctx context.Context) {
 			next = 0
 			t.Reset(startWakeDelays[0])
 		case <-t.C:
-			c.Wake()
+			if !c.wokenSinceStart.Load() {
+				c.wakeRelay()
+			}
 			if c.queuedStart.Load() {
 				c.wakeAdmission()
 			}

@@ -132,6 +132,7 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	if !tr.rec.Deadline.IsZero() {
 		c.noteDeadline(tr.rec.Deadline)
 	}
+	c.wokenSinceStart.Store(false)
 	select {
 	case c.startWake <- struct{}{}: // the relay, a few times after the caller's commit
 	default:

@@ -235,7 +235,7 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 		}
 	}
 	if wake {
-		c.Wake()
+		c.wakeRelay()
 	}
 	if admit && c.mayBeQueued.Load() {
 		c.wakeAdmission() // a place for a queued saga may have freed

@@ -280,6 +280,11 @@ func TestClaimPlanIgnoresPublishedBacklog(t *testing.T) {
 	plan := explainClaim(t, s)
 	require.Contains(t, plan, "sagabox_outbox_unpublished_idx", "claim must read the partial index:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on sagabox_outbox", "claim must not scan the table:\n%s", plan)
+	// The plan the relay runs is the generic one, built once per connection.
+	plan = explainGenericClaim(t, s)
+	require.Contains(t, plan, "sagabox_outbox_unpublished_idx", "claim must read the partial index:\n%s", plan)
+	require.Contains(t, plan, "Backward using sagabox_outbox_unpublished_key_idx", "the previous row of a key must come from a probe of the key index:\n%s", plan)
+	require.NotContains(t, plan, "Seq Scan on sagabox_outbox", "claim must not scan the table:\n%s", plan)
 
 	got := claim(t, s, 100, "t")
 	require.Len(t, got, 1)
@@ -310,6 +315,44 @@ func explainClaim(t *testing.T, s *dbtest.DB) string {
 	}
 	require.NoError(t, rows.Err())
 	return strings.Join(lines, "\n")
+}
+
+// explainGenericClaim returns the claim's generic plan, the one the relay
+// runs (claimPlan forces it), for a claim of 100 rows.
+func explainGenericClaim(t *testing.T, s *dbtest.DB) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, store.ClaimPlanForTest())
+	require.NoError(t, err)
+	sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
+	_, err = tx.Exec(ctx, "PREPARE sagabox_claim_generic AS "+sql, pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	var lits []string
+	for _, a := range claimArgs(100) {
+		switch v := a.(type) {
+		case string:
+			lits = append(lits, "'"+v+"'")
+		case []int64, []string:
+			lits = append(lits, "'{}'")
+		default:
+			lits = append(lits, fmt.Sprint(v))
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE sagabox_claim_generic("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	var lines []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		lines = append(lines, line)
+	}
+	require.NoError(t, rows.Err())
+	plan := strings.Join(lines, "\n")
+	require.Regexp(t, `\$\d`, plan, "the generic plan refers to the parameters, not to their values")
+	return plan
 }
 
 // planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON).

@@ -163,7 +163,12 @@ func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*mess
 	for i, e := range envs {
 		p.MessageID[i], p.Kind[i], p.Type[i], p.SagaID[i], p.Step[i] = e.MessageID, string(e.Kind), e.Type, e.SagaID, e.Step
 	}
-	rows, err := s.queries.SagaReceive(ctx, txOf(t).exec(ctx, false), p)
+	// Planned once per connection, not per reply (see planGeneric); the
+	// session's setting is back before any user code runs in t (a local
+	// step), in the same round trip.
+	tx := txOf(t)
+	tx.queue(planGeneric)
+	rows, err := s.queries.SagaReceive(ctx, tx.execThen(planSession), p)
 	if err != nil {
 		return nil, fmt.Errorf("receive %d replies in schema %q: %w", n, s.schema, err)
 	}

@@ -19,6 +19,21 @@ import (
 // (driver.Tx.Sub).
 const deliverySavepoint = "sagabox_delivery"
 
+// planGeneric makes the statements after it, in its transaction, run on
+// their generic plans, and stashes the setting it replaces for planSession
+// to restore. It is for statements whose parameters are arrays (a batch's
+// rows): PostgreSQL's plan cache judges their generic plan dearer than a
+// custom plan for one element and so plans each execution anew, and the
+// planning cost more than the execution (SagaReceive: about 0.45 ms of
+// planning per reply against 0.2 ms of execution, in a three-step saga
+// bench at 60 sagas/s). Their generic plans are the same lookups by primary
+// key the custom plans find. Both settings are local to the transaction.
+const (
+	planGeneric = "select set_config('sagabox.plan_cache_mode', current_setting('plan_cache_mode'), true), " +
+		"set_config('plan_cache_mode', 'force_generic_plan', true)"
+	planSession = "select set_config('plan_cache_mode', current_setting('sagabox.plan_cache_mode'), true)"
+)
+
 // session is the connection and transaction that an engineTx and its
 // subtransactions share.
 type session struct {

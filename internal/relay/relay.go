@@ -3,9 +3,11 @@
 // Each worker of a relay claims unpublished rows in batches (FOR UPDATE SKIP
 // LOCKED, one statement in a transaction of its own, which sets a lease),
 // publishes them with pipelined publisher confirms outside of any
-// transaction, and settles exactly the confirmed rows (deleted, or marked
-// published) in the statement that claims its next batch: one committing
-// statement per batch. Rows that failed go back with a retry delay. A relay
+// transaction, and the confirmed rows are settled (deleted, or marked
+// published) in the statement of the relay's next claim, whichever worker
+// makes it: one committing statement per batch, and a key's next row is
+// never held back behind its previous row, confirmed, until the worker that
+// published it claims again. Rows that failed go back with a retry delay. A relay
 // that dies after publishing and before settling leaves its rows leased; when
 // the lease ends another relay publishes them again: delivery is
 // at-least-once and receivers deduplicate. A key's rows are claimed in order
@@ -23,7 +25,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -185,6 +189,22 @@ type Relay struct {
 	// costs more database time than the publishing itself).
 	wake chan struct{}
 
+	// confirmed holds the rows this relay's workers published (and the
+	// late sends among them) that no claim has settled yet. Whichever
+	// worker claims next settles them all, in its claim: a row never
+	// waits behind its key's previous row, published by another worker and
+	// not settled yet (a saga's next command after its reply), for that
+	// worker's own next claim.
+	confirmedMu sync.Mutex
+	confirmed   driver.OutboxSettle
+
+	// wakes counts the calls of Wake; claimedUpTo is the count when the
+	// latest claim began. A wake-up that no Wake followed since a claim
+	// began announced rows that claim sees (they committed before Wake was
+	// called, so before the claim's snapshot): it is dropped, not claimed
+	// for again (an empty claim, under load a third of them).
+	wakes, claimedUpTo atomic.Uint64
+
 	// testHookAfterPublish, when set, runs after a batch was confirmed and
 	// before it is marked published. Returning true makes the worker stop
 	// right there, as a relay killed at that point would.
@@ -247,6 +267,7 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schem
 // idle, if all are busy). Call it after committing a transaction that wrote
 // to the outbox. It never blocks.
 func (r *Relay) Wake() {
+	r.wakes.Add(1)
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -290,7 +311,7 @@ func (r *Relay) work(ctx context.Context) {
 	defer func() {
 		// A batch published but not settled yet is settled on the way out,
 		// so a clean shutdown leaves nothing leased.
-		if len(settle.Published) > 0 || len(settle.Failed) > 0 || len(settle.Dead) > 0 {
+		if len(settle.Published) > 0 || len(settle.Failed) > 0 || len(settle.Dead) > 0 || r.unsettled() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			if _, err := r.claim(sctx, 0, settle); err != nil {
@@ -373,6 +394,10 @@ func (r *Relay) work(ctx context.Context) {
 			continue
 		}
 		failures = 0
+		// Every row was confirmed: whichever worker claims next settles
+		// them.
+		r.addConfirmed(settle)
+		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
 		if len(rows) == r.opts.BatchSize {
 			r.Wake() // more rows are likely waiting: bring in another worker
 			continue
@@ -380,10 +405,20 @@ func (r *Relay) work(ctx context.Context) {
 		// A short batch: the backlog is drained. Its settle waits for the
 		// next claim, which the next wake-up brings (soon, under load), so
 		// that a claim both settles and claims; when none comes within
-		// settleDelay, the worker settles on its own.
+		// settleDelay, the worker settles on its own (unless another
+		// worker's claim did meanwhile).
 		var ok bool
 		if woken, ok = r.idle(ctx, poll, min(settleDelay, r.opts.PollInterval), false); !ok {
 			return
+		}
+		for !woken && !r.unsettled() {
+			// Settled by another worker's claim: nothing to claim for.
+			if woken, ok = r.idle(ctx, poll, r.opts.PollInterval, false); !ok {
+				return
+			}
+			if !woken {
+				break // the poll
+			}
 		}
 	}
 }
@@ -415,12 +450,35 @@ func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, 
 		if failing {
 			return true, sleep(ctx, poll, 0)
 		}
+		if r.wakes.Load() <= r.claimedUpTo.Load() {
+			// A claim began after this wake-up's Wake: it saw those rows.
+			return r.idleOn(ctx, poll)
+		}
 		// Since Go 1.23 a timer's channel holds no stale value once Stop
 		// returns: nothing to drain.
 		poll.Stop()
 		return true, true
 	case <-poll.C:
 		return false, true
+	}
+}
+
+// idleOn waits on for a wake-up or the running poll timer, as idle does
+// without a failure, once a wake-up was dropped.
+func (r *Relay) idleOn(ctx context.Context, poll *time.Timer) (woken, ok bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-r.wake:
+			if r.wakes.Load() <= r.claimedUpTo.Load() {
+				continue
+			}
+			poll.Stop()
+			return true, true
+		case <-poll.C:
+			return false, true
+		}
 	}
 }
 
@@ -444,12 +502,63 @@ var errCrashed = errors.New("relay: simulated crash")
 // statement runs to completion even if ctx is cancelled meanwhile: a claim
 // committed but reported as cancelled would leave its rows leased,
 // unpublished, for a whole lease.
+//
+// It also settles the rows the relay's workers have confirmed and not
+// settled yet (see Relay.confirmed); when the statement fails, they are
+// kept for the next claim.
 func (r *Relay) claim(ctx context.Context, max int, settle driver.OutboxSettle) ([]driver.OutboxRow, error) {
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	return r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
+	if max >= r.opts.BatchSize {
+		// A full claim (not a probe, not a settle alone) sees every row
+		// announced so far; a batch it fills up wakes the relay again.
+		for seen := r.wakes.Load(); ; {
+			upTo := r.claimedUpTo.Load()
+			if upTo >= seen || r.claimedUpTo.CompareAndSwap(upTo, seen) {
+				break
+			}
+		}
+	}
+	shared := r.takeConfirmed()
+	if len(shared.Published) > 0 {
+		settle.Published = append(slices.Clip(settle.Published), shared.Published...)
+		settle.Late = append(slices.Clip(settle.Late), shared.Late...)
+	}
+	rows, err := r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
 		Max: max, Lease: r.opts.Lease, ClaimedBy: r.name, Settle: settle,
 	})
+	if err != nil {
+		r.addConfirmed(shared)
+	}
+	return rows, err
+}
+
+// addConfirmed hands the published rows of settle (and their late sends)
+// to the next claim of any worker.
+func (r *Relay) addConfirmed(settle driver.OutboxSettle) {
+	if len(settle.Published) == 0 {
+		return
+	}
+	r.confirmedMu.Lock()
+	r.confirmed.Published = append(r.confirmed.Published, settle.Published...)
+	r.confirmed.Late = append(r.confirmed.Late, settle.Late...)
+	r.confirmedMu.Unlock()
+}
+
+// takeConfirmed takes the rows confirmed and not settled yet.
+func (r *Relay) takeConfirmed() driver.OutboxSettle {
+	r.confirmedMu.Lock()
+	defer r.confirmedMu.Unlock()
+	c := r.confirmed
+	r.confirmed = driver.OutboxSettle{}
+	return c
+}
+
+// unsettled reports whether rows confirmed wait for a claim to settle them.
+func (r *Relay) unsettled() bool {
+	r.confirmedMu.Lock()
+	defer r.confirmedMu.Unlock()
+	return len(r.confirmed.Published) > 0
 }
 
 // publish publishes claimed rows and returns how to settle them: the

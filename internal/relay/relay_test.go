@@ -477,6 +477,52 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 }
 
 // One key's messages written one at a time, each once the one before was
+// published (a saga's commands, a participant's replies to one saga), cost
+// one claim each with several workers too: the worker woken for a message
+// settles the previous one, published by whichever worker, in the claim
+// that takes it, instead of finding it held back behind that previous row
+// until its publisher settles it. A structural count of statements.
+func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 3, PollInterval: time.Hour}})
+	writeCommitted(t, s, events("warm", 0, 1))
+	r.Wake()
+	snk.waitDistinct(t, 1)
+
+	const n = 20
+	rts.Start()
+	for i := range n {
+		writeCommitted(t, s, events("chain", i, 1))
+		r.Wake()
+		snk.waitDistinct(t, 2+i)
+		// The relay has recorded the confirm (it awaits a claim to be
+		// settled): the next message of the key comes after it, as a
+		// saga's next message comes after the reply to its previous one.
+		require.Eventually(t, r.unsettled, waitFor, time.Millisecond)
+	}
+	rts.Stop()
+	claims := 0
+	for _, rt := range rts.All() {
+		for _, q := range rt.SQL {
+			if strings.HasPrefix(q, "-- name: OutboxClaim ") {
+				claims++
+			}
+		}
+	}
+	t.Logf("%d messages, %d claims", n, claims)
+	// A slow step (over the settle delay) adds a settle of its own; held
+	// back, every message cost an empty claim and a settle besides its own.
+	require.LessOrEqual(t, claims, n+n/2, "one claim per message, not an empty claim and a settle")
+	_, order := snk.snapshot()
+	require.IsIncreasing(t, order["chain"])
+}
+
+// One key's messages written one at a time, each once the one before was
 // published (a saga's commands), all arrive with two workers and no poll to
 // fall back on: a wake-up whose claim finds the new row behind its key's
 // previous row, published but not yet settled by the other worker, is not

@@ -42,14 +42,22 @@ WITH RECURSIVE deleted AS (
     LIMIT $10::integer
     FOR UPDATE SKIP LOCKED
 ), linked AS (
+    -- The key's previous unpublished row comes from a backward probe of the
+    -- (ordering_key, id) index. The key is bounded by a range, not an
+    -- equality, so that the order asked for cannot be served by the id
+    -- index instead (a scan of every unpublished row below the candidate,
+    -- filtered by key): the claim runs on a generic plan, built once per
+    -- connection whatever the backlog was then.
     SELECT c.id, (
-        SELECT max(p.id)
+        SELECT p.id
         FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = c.ordering_key
+        WHERE p.ordering_key >= c.ordering_key AND p.ordering_key <= c.ordering_key
           AND p.id < c.id
           AND p.published_at IS NULL
           AND p.id <> ALL($3::bigint[])
           AND p.id <> ALL($8::bigint[])
+        ORDER BY p.ordering_key DESC, p.id DESC
+        LIMIT 1
     ) AS prev_id
     FROM candidates c
 ), claimable (id) AS (
@@ -92,7 +100,7 @@ type OutboxClaimParams struct {
 // planner's statistics: the candidates are the first @max unleased rows in id
 // order (the partial index on unpublished rows, SKIP LOCKED); each looks up
 // the unpublished row before it in its key with one probe of the
-// (ordering_key, id) index; and the claimable ones are those whose chain of
+// (ordering_key, id) index (a range on the key: see linked); and the claimable ones are those whose chain of
 // such rows runs back, within the candidates, to the first row of the key.
 // Nothing joins the backlog.
 func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg *OutboxClaimParams) ([]*SagaboxOutbox, error) {
