@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -42,10 +43,15 @@ func (c *Client) mustQueue(ctx context.Context, tx pgx.Tx, name, key string) (st
 		if err := c.db.LockConcurrencyKey(ctx, tx, name, key); err != nil {
 			return "", err
 		}
+	} else if c.room.take(name, limit, time.Now()) {
+		return "", nil
 	}
 	a, err := c.db.SagaAdmission(ctx, tx, name, limit, key)
 	if err != nil {
 		return "", err
+	}
+	if key == "" {
+		c.room.saw(name, a, time.Now())
 	}
 	switch {
 	case a.KeyTaken:
@@ -56,6 +62,56 @@ func (c *Client) mustQueue(ctx context.Context, tx pgx.Tx, name, key string) (st
 		return fmt.Sprintf("%d sagas of %s are running, its limit (Admission)", a.Running, name), nil
 	}
 	return "", nil
+}
+
+// roomFreshness is how long a Start trusts the admission count another
+// Start of the same definition read in this process.
+const roomFreshness = 100 * time.Millisecond
+
+// admissionRooms remembers, per definition, the last admission count this
+// process read. Counting the running sagas at each Start visits up to
+// MaxRunning rows; far below the limit that work decides nothing. So a
+// Start without a concurrency key skips the count while the last one is
+// fresh (roomFreshness), found no saga queued, and it plus the Starts
+// since are below a quarter of the limit. The limit stays as soft as it
+// was documented to be (a start counts committed sagas only): the
+// admission pass, which admits queued sagas, always counts.
+type admissionRooms struct {
+	mu   sync.Mutex
+	seen map[string]admissionRoom
+}
+
+type admissionRoom struct {
+	running, since int
+	at             time.Time
+}
+
+// take reports whether a Start of definition name, with limit, may skip
+// the count, and counts it if so.
+func (r *admissionRooms) take(name string, limit int, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.seen[name]
+	if !ok || now.Sub(s.at) > roomFreshness || s.running+s.since+1 > limit/4 {
+		return false
+	}
+	s.since++
+	r.seen[name] = s
+	return true
+}
+
+// saw records the admission count a Start of definition name read.
+func (r *admissionRooms) saw(name string, a driver.Admission, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if a.Queued {
+		delete(r.seen, name)
+		return
+	}
+	if r.seen == nil {
+		r.seen = make(map[string]admissionRoom)
+	}
+	r.seen[name] = admissionRoom{running: a.Running, at: now}
 }
 
 // enqueue writes, in tx, saga id of runner as queued: its row with every
@@ -69,7 +125,7 @@ func (c *Client) enqueue(ctx context.Context, tx pgx.Tx, runner saga.Runner, id 
 	now := c.now()
 	steps := make([]saga.StepState, len(runner.Steps()))
 	for i, st := range runner.Steps() {
-		steps[i] = saga.StepState{Name: st.Name, Status: saga.StepPending}
+		steps[i] = saga.StepState{Name: st.Name, Status: saga.StepPending, Group: st.Group}
 	}
 	inst := saga.Instance{
 		ID: id, Type: runner.Name(), Version: runner.Version(), Status: saga.StatusQueued, Phase: saga.PhaseAction,

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -221,4 +223,46 @@ func TestEventForAQueuedSagaIsKeptUntilItGetsThere(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ref-2", data.ChargeID, "the kept event was applied")
 	require.Zero(t, e.errs.n.Load(), "errors logged: last %v", e.errs.last.Load())
+}
+
+// A start far below its definition's limit does not count the running
+// sagas again when another start of the process has just counted them: of
+// two starts in quick succession the second reads no admission statement.
+// A start with a concurrency key always checks.
+func TestStartFarBelowTheLimitSkipsTheCount(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	e := newEnvOnPool(t, pool)
+	def := orderSaga(1, time.Minute, 1)
+	e.blackhole(Reserve.Name())
+	c := e.runOrchestrator(e.orchConfig(def))
+
+	counted := func(opts *orchestrator.StartOpts) []bool {
+		rts.Start()
+		for i := range 2 {
+			e.start(c, def, Order{ID: fmt.Sprintf("%s-%d", t.Name(), i), Qty: 1, Amount: 10, Address: "here"}, opts)
+		}
+		rts.Stop()
+		var out []bool
+		for _, tx := range rts.Transactions() {
+			if tx.Has("SagaStart") {
+				out = append(out, tx.Has("SagaAdmission"))
+			}
+		}
+		return out
+	}
+	skipped := false
+	for range 5 { // the second start must follow within roomFreshness
+		got := counted(nil)
+		require.Len(t, got, 2)
+		require.True(t, got[0] || got[1], "a count is read at least every so often")
+		if got[0] && !got[1] {
+			skipped = true
+			break
+		}
+	}
+	require.True(t, skipped, "the second of two quick starts skips the count")
+	keyed := counted(&orchestrator.StartOpts{ConcurrencyKey: "k"})
+	require.Equal(t, []bool{true, true}, keyed[:2], "a concurrency key is always checked")
 }

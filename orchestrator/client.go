@@ -78,6 +78,11 @@ type Client struct {
 	// outage keeps the broker's outages out of step timeouts.
 	outage outageClock
 
+	// room remembers, per definition, the last admission count a Start
+	// read, so that Starts far below the limit need not count again (see
+	// admissionRoom).
+	room admissionRooms
+
 	// waiters are the callers of Wait, woken when this Client ends their
 	// saga.
 	waiters waiters
