@@ -624,12 +624,11 @@ func (m *machine[D]) unwind(start, end int) error {
 	sent := false
 	for k := start; k < end; k++ {
 		st := &m.inst.Steps[k]
-		switch st.Status {
-		case StepRunning, StepWaitingRetry, StepWaitingEvent:
-		case StepSucceeded:
-			if end-start == 1 {
-				continue // a step alone is compensated by compensateFrom
-			}
+		switch {
+		case inFlight(st.Status):
+		case st.Status == StepSucceeded && end-start > 1:
+			// A succeeded branch; a step alone is compensated by
+			// compensateFrom.
 		default:
 			continue
 		}
@@ -927,21 +926,10 @@ func (m *machine[D]) stepTimer(i int) error {
 
 func (m *machine[D]) retry() error {
 	i := m.inst.CurrentStep
-	entry := HistoryEntry{Event: HistoryRetried, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor}
-	var resend func(k int) error
 	switch m.inst.Status {
 	case StatusRunning:
 		if st := m.inst.Steps[i]; st.Status == StepWaitingEvent {
 			return fmt.Errorf("%w: retry saga %s: step %q waits for an outside event, it has nothing to re-send", ErrInvalidTransition, m.inst.ID, st.Name)
-		}
-		resend = func(k int) error {
-			st := m.inst.Steps[k]
-			if st.Status != StepRunning && st.Status != StepWaitingRetry {
-				return errSkip
-			}
-			entry.StepIndex, entry.Attempt = k, st.Attempt+1
-			m.record(entry)
-			return m.sendAction(k, st.Attempt+1)
 		}
 	case StatusCompensating, StatusFailed:
 		if cause := m.compensationCause(); m.inst.Status == StatusFailed && cause != "" {
@@ -950,36 +938,40 @@ func (m *machine[D]) retry() error {
 			// the retried compensation succeeds.
 			m.inst.LastError = cause
 		}
-		resend = func(k int) error {
-			st := m.inst.Steps[k]
-			if st.Status != StepCompensating && st.Status != StepCompensationFailed {
-				return errSkip
-			}
-			entry.StepIndex, entry.Attempt = k, st.CompensationAttempt+1
-			m.record(entry)
-			return m.sendCompensation(k, st.CompensationAttempt+1)
-		}
 	default:
 		return fmt.Errorf("%w: retry saga %s: a %s saga has nothing to retry", ErrInvalidTransition, m.inst.ID, m.inst.Status)
 	}
+	// Re-send what each step of the span has in flight: its action while
+	// running, its compensation (or the failed one) otherwise.
+	action := m.inst.Status == StatusRunning
 	sent := false
 	start, end := m.span(i)
 	for k := start; k < end; k++ {
-		switch err := resend(k); {
-		case err == nil:
-			sent = true
-		case !errors.Is(err, errSkip):
+		st := m.inst.Steps[k]
+		entry := HistoryEntry{Event: HistoryRetried, StepIndex: k, Phase: m.inst.Phase, Detail: m.ev.Reason, Actor: m.ev.Actor}
+		var err error
+		switch {
+		case action && (st.Status == StepRunning || st.Status == StepWaitingRetry):
+			entry.Attempt = st.Attempt + 1
+			m.record(entry)
+			err = m.sendAction(k, entry.Attempt)
+		case !action && (st.Status == StepCompensating || st.Status == StepCompensationFailed):
+			entry.Attempt = st.CompensationAttempt + 1
+			m.record(entry)
+			err = m.sendCompensation(k, entry.Attempt)
+		default:
+			continue
+		}
+		if err != nil {
 			return err
 		}
+		sent = true
 	}
 	if !sent {
 		return fmt.Errorf("%w: saga %s: current step %d is %s", ErrInvalidInstance, m.inst.ID, i, m.inst.Steps[i].Status)
 	}
 	return nil
 }
-
-// errSkip tells retry that a step has nothing to re-send.
-var errSkip = errors.New("nothing to re-send")
 
 // inFlight reports whether step state st is an action in flight: sent and
 // unanswered, waiting for a retry or for an outside event.
