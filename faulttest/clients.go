@@ -40,6 +40,11 @@ type node struct {
 	pool  *pgxpool.Pool
 	build func(ctx context.Context) (runner, transport.Broker, error)
 
+	// life is the run's context, which every client the node starts runs
+	// under: one started again by a fault lives as long as the first one,
+	// not as long as the fault schedule.
+	life context.Context
+
 	mu     sync.Mutex
 	broker transport.Broker
 	cancel context.CancelFunc
@@ -48,13 +53,14 @@ type node struct {
 	killed bool
 }
 
-// start builds a new client and runs it.
-func (n *node) start(ctx context.Context) error {
-	c, b, err := n.build(ctx)
+// start builds a new client and runs it until the run ends or the client
+// is killed.
+func (n *node) start() error {
+	c, b, err := n.build(n.life)
 	if err != nil {
 		return fmt.Errorf("faulttest: start %s: %w", n.name, err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := context.WithCancel(n.life)
 	done := make(chan struct{})
 	n.mu.Lock()
 	n.broker, n.cancel, n.done, n.err, n.killed = b, cancel, done, nil, false
@@ -64,7 +70,13 @@ func (n *node) start(ctx context.Context) error {
 		err := c.Run(cctx)
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		if !n.killed && err != nil {
+		if !n.killed {
+			// A client stops only when the kit stops it: one that returns
+			// on its own, even cleanly, leaves its queue and its outbox
+			// unserved, and the run would end in a stall, not this error.
+			if err == nil {
+				err = errors.New("returned without being stopped")
+			}
 			n.err = err
 		}
 	}()
@@ -104,12 +116,13 @@ func (n *node) stop() {
 	_ = b.Close()
 }
 
-func (n *node) restart(ctx context.Context) error {
+// restart kills the client and starts a new one, unless the run is over.
+func (n *node) restart() error {
 	n.kill()
-	if ctx.Err() != nil {
+	if n.life.Err() != nil {
 		return nil
 	}
-	return n.start(ctx)
+	return n.start()
 }
 
 // failure returns the error of a client whose Run returned by itself.
@@ -176,7 +189,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 		if err != nil {
 			return err
 		}
-		n := &node{name: "participant " + p.Config.Service, pool: pool}
+		n := &node{name: "participant " + p.Config.Service, pool: pool, life: ctx}
 		n.build = func(ctx context.Context) (runner, transport.Broker, error) {
 			b, err := r.dial(ctx, p.Config.Service)
 			if err != nil {
@@ -203,7 +216,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 			return c, b, nil
 		}
 		r.parts = append(r.parts, n)
-		if err := n.start(ctx); err != nil {
+		if err := n.start(); err != nil {
 			return err
 		}
 	}
@@ -213,7 +226,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 	if err != nil {
 		return err
 	}
-	r.orch = &node{name: "orchestrator", pool: pool}
+	r.orch = &node{name: "orchestrator", pool: pool, life: ctx}
 	r.orch.build = func(ctx context.Context) (runner, transport.Broker, error) {
 		b, err := r.dial(ctx, "orchestrator")
 		if err != nil {
@@ -243,7 +256,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 		r.orchCur.Store(c)
 		return c, b, nil
 	}
-	return r.orch.start(ctx)
+	return r.orch.start()
 }
 
 func (r *run[In]) stopClients() {

@@ -496,6 +496,9 @@ type run[In any] struct {
 	rep    *Report
 	inj    *injector
 	clock  atomic.Int64 // the orchestrator clock's offset, in nanoseconds
+	// stalled describes the clients' connections when the outboxes did not
+	// drain in time.
+	stalled string
 
 	orch    *node
 	parts   []*node
@@ -716,11 +719,11 @@ func (r *run[In]) chaos(ctx context.Context, evs []event) error {
 			}
 			r.inj.openGate()
 		case FaultRestartOrchestrator:
-			if err := r.orch.restart(ctx); err != nil {
+			if err := r.orch.restart(); err != nil {
 				return err
 			}
 		case FaultRestartParticipant:
-			if err := r.parts[e.target].restart(ctx); err != nil {
+			if err := r.parts[e.target].restart(); err != nil {
 				return err
 			}
 		}
@@ -801,7 +804,10 @@ func (r *run[In]) drain(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return nil // the check reports what is left
+	// The check reports what is left, with the clients' connections as
+	// they are now, before the clients stop.
+	r.stalled = r.connections(ctx)
+	return nil
 }
 
 func (r *run[In]) violate(v Violation) {
@@ -894,8 +900,9 @@ func (r *run[In]) check(ctx context.Context) error {
 // first.
 func (r *run[In]) unpublished(ctx context.Context, schema string) (string, uuid.UUID) {
 	rows, err := r.s.Pool.Query(ctx, `SELECT kind, type, coalesce(saga_id::text, ''), coalesce(step, ''), coalesce(attempt, 0),
-			publish_attempts, coalesce(last_error, ''), created_at
-		FROM `+pgx.Identifier{schema, "sagabox_outbox_v"}.Sanitize()+` WHERE NOT published ORDER BY id LIMIT 5`)
+			publish_attempts, coalesce(last_error, ''), created_at,
+			coalesce(extract(epoch FROM claimed_until - now()), 0)::float8, coalesce(claimed_by, '')
+		FROM `+pgx.Identifier{schema, "sagabox_outbox"}.Sanitize()+` WHERE published_at IS NULL ORDER BY id LIMIT 5`)
 	if err != nil {
 		return fmt.Sprintf(" (cannot list them: %v)", err), uuid.Nil
 	}
@@ -903,17 +910,56 @@ func (r *run[In]) unpublished(ctx context.Context, schema string) (string, uuid.
 	var b strings.Builder
 	first := uuid.Nil
 	for rows.Next() {
-		var kind, typ, sagaID, step, lastErr string
+		var kind, typ, sagaID, step, lastErr, claimedBy string
 		var attempt, publishAttempts int
 		var created time.Time
-		if err := rows.Scan(&kind, &typ, &sagaID, &step, &attempt, &publishAttempts, &lastErr, &created); err != nil {
+		var leased float64
+		if err := rows.Scan(&kind, &typ, &sagaID, &step, &attempt, &publishAttempts, &lastErr, &created, &leased, &claimedBy); err != nil {
 			return fmt.Sprintf(" (cannot list them: %v)", err), uuid.Nil
 		}
 		if id, err := uuid.Parse(sagaID); err == nil && first == uuid.Nil {
 			first = id
 		}
-		fmt.Fprintf(&b, "; %s %s of saga %s step %s attempt %d, written %s, %d publish attempts, last error %q",
-			kind, typ, sagaID, step, attempt, created.Format(time.RFC3339Nano), publishAttempts, lastErr)
+		fmt.Fprintf(&b, "; %s %s of saga %s step %s attempt %d, written %s, %d publish attempts, last error %q, last claimed by %q",
+			kind, typ, sagaID, step, attempt, created.Format(time.RFC3339Nano), publishAttempts, lastErr, claimedBy)
+		if leased > 0 {
+			fmt.Fprintf(&b, " (claimable in %.1fs)", leased)
+		}
 	}
+	if err := rows.Err(); err != nil {
+		fmt.Fprintf(&b, " (cannot list them all: %v)", err)
+	}
+	b.WriteString(r.stalled)
 	return b.String(), first
+}
+
+// connections describes the clients' database connections: each pool's
+// connections in use, and the server's view of the run's sessions, so that
+// a report of a stalled outbox says whether its relay waited for one.
+func (r *run[In]) connections(ctx context.Context) string {
+	var b strings.Builder
+	b.WriteString("; pools:")
+	for _, n := range append([]*node{r.orch}, r.parts...) {
+		if n == nil {
+			continue
+		}
+		st := n.pool.Stat()
+		fmt.Fprintf(&b, " %s %d/%d in use (acquires waited %s in all);", n.name, st.AcquiredConns(), st.MaxConns(), st.EmptyAcquireWaitTime().Round(time.Millisecond))
+	}
+	rows, err := r.s.Pool.Query(ctx, `SELECT application_name, state, coalesce(wait_event, ''), count(*)
+		FROM pg_stat_activity WHERE starts_with(application_name, $1)
+		GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, r.app)
+	if err != nil {
+		return b.String()
+	}
+	defer rows.Close()
+	b.WriteString("; sessions:")
+	for rows.Next() {
+		var app, state, wait string
+		var count int
+		if rows.Scan(&app, &state, &wait, &count) == nil {
+			fmt.Fprintf(&b, " %s %s %s ×%d", strings.TrimPrefix(app, r.app), state, wait, count)
+		}
+	}
+	return b.String()
 }
