@@ -78,10 +78,24 @@ type HalfLoadReport struct {
 	Seconds float64 `json:"duration_s"`
 	Sagas   int     `json:"sagas"`
 	// The engine's start→completed, measured from each saga's scheduled
-	// start (a start that could not begin on time counts its delay).
-	Latency
+	// start (a start that could not begin on time counts its delay), and
+	// its CPU per saga at this rate.
+	LoadPoint
 	// Baseline is the baseline's at the same rate, when it ran.
-	Baseline *Latency `json:"baseline,omitempty"`
+	Baseline *LoadPoint `json:"baseline,omitempty"`
+}
+
+// LoadPoint is one pipeline at a fixed start rate: its start→completed
+// distribution and the CPU time per saga of PostgreSQL, RabbitMQ and this
+// process over the run. Below saturation deliveries come too far apart to
+// be batched, so a saga costs more than in the saturated run: this is what
+// the latency at that rate pays for.
+type LoadPoint struct {
+	Latency
+	CPUMicros         float64 `json:"cpu_us_per_saga"`
+	CPUMicrosPostgres float64 `json:"cpu_us_per_saga_pg"`
+	CPUMicrosRabbitMQ float64 `json:"cpu_us_per_saga_rabbitmq"`
+	CPUMicrosGo       float64 `json:"cpu_us_per_saga_go"`
 }
 
 // Machine says where the numbers were measured.
@@ -149,7 +163,7 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 			}
 			rep.HalfLoad = &HalfLoadReport{Rate: round(rate, 1), Seconds: cfg.Duration.Seconds()}
 			logf("engine: open loop at %.1f sagas/s for %s", rate, cfg.Duration)
-			rep.HalfLoad.Latency, rep.HalfLoad.Sagas, err = openLoop(ctx, cfg, p, rate)
+			rep.HalfLoad.LoadPoint, rep.HalfLoad.Sagas, err = openLoop(ctx, cfg, p, rate)
 			return err
 		})
 		if err != nil {
@@ -163,8 +177,8 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 				return err
 			}
 			logf("baseline: open loop at %.1f sagas/s for %s", rep.HalfLoad.Rate, cfg.Duration)
-			lat, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
-			rep.HalfLoad.Baseline = &lat
+			point, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
+			rep.HalfLoad.Baseline = &point
 			return err
 		})
 		if err != nil {
@@ -283,11 +297,10 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 	if err != nil {
 		return nil, err
 	}
-	used := cpu1.sub(cpu0)
-	perSaga := func(d time.Duration) float64 { return round(max(0, float64(d.Microseconds())/float64(n)), 1) }
+	pg, rmq, goCPU := perSaga(cpu1.sub(cpu0), n)
 	r := &PipelineReport{
 		Sagas: n, Seconds: round(elapsed.Seconds(), 3), SagasPerSec: round(float64(n)/elapsed.Seconds(), 1),
-		CPUMicrosPostgres: perSaga(used.Postgres), CPUMicrosRabbitMQ: perSaga(used.RabbitMQ), CPUMicrosGo: perSaga(used.Go),
+		CPUMicrosPostgres: pg, CPUMicrosRabbitMQ: rmq, CPUMicrosGo: goCPU,
 		Latency: lat,
 	}
 	r.CPUMicros = round(r.CPUMicrosPostgres+r.CPUMicrosRabbitMQ+r.CPUMicrosGo, 1)
@@ -298,16 +311,20 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 // openLoop starts sagas at rate for cfg.Duration, each at its scheduled
 // time whether or not earlier ones completed, and returns the
 // start→completed distribution measured from the scheduled starts (so that
-// a start delayed by a busy pipeline counts its delay), and the number of
-// sagas.
-func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (Latency, int, error) {
+// a start delayed by a busy pipeline counts its delay) with the CPU spent
+// per saga until the last completed, and the number of sagas.
+func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (LoadPoint, int, error) {
 	if rate <= 0 || math.IsInf(rate, 0) {
-		return Latency{}, 0, fmt.Errorf("open loop rate %v: want a positive rate", rate)
+		return LoadPoint{}, 0, fmt.Errorf("open loop rate %v: want a positive rate", rate)
 	}
 	total := max(1, int(rate*cfg.Duration.Seconds()))
 	base, err := countCompleted(ctx, p)
 	if err != nil {
-		return Latency{}, 0, err
+		return LoadPoint{}, 0, err
+	}
+	cpu0, err := readCPU()
+	if err != nil {
+		return LoadPoint{}, 0, err
 	}
 	ids := make([]uuid.UUID, total)
 	scheduled := make([]time.Time, total)
@@ -347,16 +364,33 @@ func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (L
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return Latency{}, 0, firstErr
+		return LoadPoint{}, 0, firstErr
 	}
 	if err := ctx.Err(); err != nil {
-		return Latency{}, 0, err
+		return LoadPoint{}, 0, err
 	}
 	if err := waitCompleted(ctx, p, base+int64(total)); err != nil {
-		return Latency{}, 0, err
+		return LoadPoint{}, 0, err
+	}
+	cpu1, err := readCPU()
+	if err != nil {
+		return LoadPoint{}, 0, err
 	}
 	lat, err := latencies(ctx, p, ids, scheduled)
-	return lat, total, err
+	if err != nil {
+		return LoadPoint{}, 0, err
+	}
+	pg, rmq, goCPU := perSaga(cpu1.sub(cpu0), total)
+	return LoadPoint{
+		Latency: lat, CPUMicrosPostgres: pg, CPUMicrosRabbitMQ: rmq, CPUMicrosGo: goCPU,
+		CPUMicros: round(pg+rmq+goCPU, 1),
+	}, total, nil
+}
+
+// perSaga divides the CPU times used by n sagas, in microseconds.
+func perSaga(used cpuTimes, n int) (pg, rmq, goCPU float64) {
+	per := func(d time.Duration) float64 { return round(max(0, float64(d.Microseconds())/float64(n)), 1) }
+	return per(used.Postgres), per(used.RabbitMQ), per(used.Go)
 }
 
 func countCompleted(ctx context.Context, p *pipeline) (int64, error) {
@@ -513,10 +547,10 @@ func (r *SagaReport) Print(w io.Writer) {
 		fmt.Fprintf(w, "\nengine / baseline: %.2f   engine / group-commit baseline: %.2f\n", r.Ratio, r.RatioGroup)
 	}
 	if h := r.HalfLoad; h != nil {
-		fmt.Fprintf(w, "half load, open loop at %.1f sagas/s for %s (%d sagas): engine p50 %.1f ms p99 %.1f ms",
-			h.Rate, time.Duration(h.Seconds*float64(time.Second)), h.Sagas, h.P50ms, h.P99ms)
+		fmt.Fprintf(w, "half load, open loop at %.1f sagas/s for %s (%d sagas): engine p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga",
+			h.Rate, time.Duration(h.Seconds*float64(time.Second)), h.Sagas, h.P50ms, h.P99ms, h.CPUMicros)
 		if h.Baseline != nil {
-			fmt.Fprintf(w, "; baseline p50 %.1f ms p99 %.1f ms", h.Baseline.P50ms, h.Baseline.P99ms)
+			fmt.Fprintf(w, "; baseline p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.Baseline.P50ms, h.Baseline.P99ms, h.Baseline.CPUMicros)
 		}
 		fmt.Fprintln(w)
 	}
