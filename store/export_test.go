@@ -7,3 +7,10 @@ func ClaimSQLForTest() string { return dbsqlc.OutboxClaimSQL }
 
 // ClaimPlanForTest exposes the planner settings the claim runs with.
 func ClaimPlanForTest() string { return claimPlan }
+
+// SagaWriteSQLForTest exposes the transition write so tests can EXPLAIN it.
+func SagaWriteSQLForTest() string { return dbsqlc.SagaWriteSQL }
+
+// WritePlanForTest exposes the planner setting the transition write runs
+// under.
+func WritePlanForTest() string { return writePlan }

@@ -269,7 +269,15 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 // transition was computed fails it with an error for which IsRetryable is
 // true, and nothing is written: run the transaction again.
 func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
-	return s.writeTransitions(ctx, txOf(t).exec(ctx, commit), trs, now)
+	// Under writePlan, sent in the same round trip; a commit ends the
+	// setting with the transaction.
+	tx := txOf(t)
+	tx.queue(writePlan)
+	db := tx.exec(ctx, commit)
+	if !commit {
+		db = tx.execThen(writePlanEnd)
+	}
+	return s.writeTransitions(ctx, db, trs, now)
 }
 
 // WriteTransitionsIn writes trs in tx, a caller's transaction, in one
@@ -278,7 +286,7 @@ func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driv
 	if tx == nil {
 		return errors.New("write transitions: transaction is nil")
 	}
-	return s.writeTransitions(ctx, s.db(tx), trs, now)
+	return s.writeTransitions(ctx, s.db(plannedTx{tx: tx}), trs, now)
 }
 
 // LockSagasIn locks the sagas ids in tx, a caller's transaction, in id

@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -341,4 +345,143 @@ func TestLatePublishPushesTheStepDeadlineBack(t *testing.T) {
 	again, err := s.SagaGet(ctx, rec.ID)
 	require.NoError(t, err)
 	require.Equal(t, got.Revision, again.Revision, "a step without a deadline is not touched")
+}
+
+// The transition write finds its sagas by primary key on every connection,
+// whatever the table's statistics: its generic plan (the one a connection
+// keeps) is built under writePlan. Without it, on a table never analysed,
+// PostgreSQL plans a scan of every saga, and the connection keeps that plan
+// while the table grows.
+func TestTransitionWriteIsPlannedByPrimaryKey(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	require.True(t, start(t, s, newSaga("", time.Time{}), time.Now()))
+
+	plan := explainGenericWrite(t, s, false)
+	require.Contains(t, plan, "Seq Scan on sagabox_saga", "the hazard: the generic plan of a never analysed table scans it:\n%s", plan)
+	plan = explainGenericWrite(t, s, true)
+	require.NotContains(t, plan, "Seq Scan on sagabox_saga", "the write must not scan the saga table:\n%s", plan)
+	require.Contains(t, plan, "sagabox_saga_pkey", "the write finds its sagas by primary key:\n%s", plan)
+}
+
+// explainGenericWrite returns the generic plan of the transition write in a
+// fresh transaction, with or without the write's planner setting.
+func explainGenericWrite(t *testing.T, s *dbtest.DB, planned bool) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	if planned {
+		_, err = tx.Exec(ctx, store.WritePlanForTest())
+		require.NoError(t, err)
+	}
+	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	sql := strings.ReplaceAll(store.SagaWriteSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
+	name := fmt.Sprintf("sagabox_write_generic_%t", planned)
+	_, err = tx.Exec(ctx, "PREPARE "+name+" AS "+sql, pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	// A prepared statement outlives the transaction: not the connection's
+	// next user.
+	defer func() { _, _ = tx.Exec(ctx, "DEALLOCATE "+name, pgx.QueryExecModeSimpleProtocol) }()
+	// One literal per parameter, of the type its cast names: an empty array
+	// for an array, a timestamp for the transition's time.
+	types := map[int]string{}
+	for _, m := range regexp.MustCompile(`\$(\d+)::([a-z]+(\[\])?)`).FindAllStringSubmatch(sql, -1) {
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		types[n] = m[2]
+	}
+	lits := make([]string, len(types))
+	for n, typ := range types {
+		require.LessOrEqual(t, n, len(types), "parameters are numbered from 1 without gaps")
+		switch {
+		case strings.HasSuffix(typ, "[]"):
+			lits[n-1] = "'{}'"
+		case typ == "timestamptz":
+			lits[n-1] = "now()"
+		default:
+			t.Fatalf("parameter $%d of type %s: no literal for it", n, typ)
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE "+name+"("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	var lines []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		lines = append(lines, line)
+	}
+	require.NoError(t, rows.Err())
+	plan := strings.Join(lines, "\n")
+	require.Regexp(t, `\$\d`, plan, "the generic plan refers to the parameters, not to their values")
+	return plan
+}
+
+// A write in a caller's transaction goes out in one round trip with the
+// planner setting and its restore: the rest of the caller's transaction
+// plans as the caller's session says.
+func TestTransitionWriteInACallersTransactionRestoresThePlanner(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	s := dbtest.StoreOnPool(t, pool)
+	ctx := context.Background()
+	now := time.Now()
+	rec := newSaga("", time.Time{})
+	require.True(t, start(t, s, rec, now))
+	got, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	got.Status = "completed"
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	rts.Start()
+	require.NoError(t, s.WriteTransitionsIn(ctx, tx, []driver.Transition{{
+		Saga: &got, History: []driver.HistoryRecord{{SagaID: got.ID, At: now, Event: "completed"}},
+	}}, now))
+	rts.Stop()
+	var setting string
+	require.NoError(t, tx.QueryRow(ctx, "SHOW enable_seqscan").Scan(&setting))
+	require.Equal(t, "on", setting, "the setting does not outlive the write")
+	require.NoError(t, tx.Commit(ctx))
+
+	all := rts.All()
+	require.Len(t, all, 1, "one round trip: %v", all)
+	require.Len(t, all[0].SQL, 3, "setting, write, restore: %v", all[0].SQL)
+	require.Contains(t, all[0].SQL[1], "-- name: SagaWrite ")
+	after, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	require.Equal(t, "completed", after.Status)
+}
+
+// A write in the engine's own transaction sends the planner setting ahead
+// of it in the same round trip; the commit ends the setting.
+func TestTransitionWriteSendsItsPlannerSetting(t *testing.T) {
+	t.Parallel()
+	var rts dbtest.RoundTrips
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
+	s := dbtest.StoreOnPool(t, pool)
+	ctx := context.Background()
+	now := time.Now()
+	rec := newSaga("", time.Time{})
+	require.True(t, start(t, s, rec, now))
+	got, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	got.Status = "completed"
+
+	rts.Start()
+	tx := s.Begin()
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{
+		Saga: &got, History: []driver.HistoryRecord{{SagaID: got.ID, At: now, Event: "completed"}},
+	}}, now, true))
+	rts.Stop()
+	all := rts.All()
+	require.Len(t, all, 1, "BEGIN, setting, write and COMMIT in one round trip: %v", all)
+	sql := all[0].SQL
+	require.Equal(t, []string{"begin", store.WritePlanForTest()}, sql[:2], "%v", sql)
+	require.Contains(t, sql[2], "-- name: SagaWrite ")
+	require.Equal(t, "commit", sql[len(sql)-1])
 }

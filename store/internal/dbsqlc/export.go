@@ -2,3 +2,6 @@ package dbsqlc
 
 // OutboxClaimSQL is the claim statement, exported for EXPLAIN in tests.
 const OutboxClaimSQL = outboxClaim
+
+// SagaWriteSQL is the transition write, exported for EXPLAIN in tests.
+const SagaWriteSQL = sagaWrite
