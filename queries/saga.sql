@@ -94,11 +94,15 @@ FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh;
 
 -- name: SagaLock :many
 -- Locks the sagas @ids, in id order, so that their events are applied one at
--- a time.
-SELECT * FROM /* TEMPLATE: schema */sagabox_saga
-WHERE id = ANY(@ids::uuid[])
-ORDER BY id
-FOR UPDATE;
+-- a time. One primary-key lookup per saga, as in SagaReceive: a generic plan
+-- of id = ANY(@ids), built while the table had no statistics, scans the
+-- whole table, and a connection keeps it.
+SELECT l.*
+FROM (SELECT DISTINCT k.id FROM unnest(@ids::uuid[]) AS k(id) ORDER BY k.id) AS k,
+     LATERAL (
+         SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.id FOR UPDATE
+     ) AS l
+ORDER BY l.id;
 
 -- name: SagaClaimDue :many
 -- Locks up to @max running or compensating sagas whose deadline is at or

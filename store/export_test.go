@@ -14,3 +14,6 @@ func SagaWriteSQLForTest() string { return dbsqlc.SagaWriteSQL }
 // WritePlanForTest exposes the planner setting the transition write runs
 // under.
 func WritePlanForTest() string { return writePlan }
+
+// SagaLockSQLForTest exposes the lock of sagas so tests can EXPLAIN it.
+func SagaLockSQLForTest() string { return dbsqlc.SagaLockSQL }

@@ -347,9 +347,10 @@ func TestLatePublishPushesTheStepDeadlineBack(t *testing.T) {
 	require.Equal(t, got.Revision, again.Revision, "a step without a deadline is not touched")
 }
 
-// The transition write finds its sagas by primary key on every connection,
-// whatever the table's statistics: its generic plan (the one a connection
-// keeps) is built under writePlan. Without it, on a table never analysed,
+// The transition write and the lock of sagas find their sagas by primary
+// key on every connection, whatever the table's statistics: the write's
+// generic plan (the one a connection keeps) is built under writePlan, the
+// lock probes one saga at a time. Without it, on a table never analysed,
 // PostgreSQL plans a scan of every saga, and the connection keeps that plan
 // while the table grows.
 func TestTransitionWriteIsPlannedByPrimaryKey(t *testing.T) {
@@ -362,24 +363,43 @@ func TestTransitionWriteIsPlannedByPrimaryKey(t *testing.T) {
 	plan = explainGenericWrite(t, s, true)
 	require.NotContains(t, plan, "Seq Scan on sagabox_saga", "the write must not scan the saga table:\n%s", plan)
 	require.Contains(t, plan, "sagabox_saga_pkey", "the write finds its sagas by primary key:\n%s", plan)
+
+	// The lock of an event's or an operator action's sagas, likewise.
+	plan = explainGeneric(t, s, store.SagaLockSQLForTest())
+	require.NotContains(t, plan, "Seq Scan on sagabox_saga", "the lock must not scan the saga table:\n%s", plan)
+	require.Contains(t, plan, "sagabox_saga_pkey", "the lock finds its sagas by primary key:\n%s", plan)
 }
 
 // explainGenericWrite returns the generic plan of the transition write in a
 // fresh transaction, with or without the write's planner setting.
 func explainGenericWrite(t *testing.T, s *dbtest.DB, planned bool) string {
 	t.Helper()
+	var settings []string
+	if planned {
+		settings = append(settings, store.WritePlanForTest())
+	}
+	plan := explainGeneric(t, s, store.SagaWriteSQLForTest(), settings...)
+	require.Regexp(t, `\$\d`, plan, "the generic plan refers to the parameters, not to their values")
+	return plan
+}
+
+// explainGeneric returns the generic plan of statement (one of the store's,
+// its schema marker not yet rendered) in a fresh transaction, after the
+// statements settings.
+func explainGeneric(t *testing.T, s *dbtest.DB, statement string, settings ...string) string {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	if planned {
-		_, err = tx.Exec(ctx, store.WritePlanForTest())
+	for _, setting := range settings {
+		_, err = tx.Exec(ctx, setting)
 		require.NoError(t, err)
 	}
 	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
 	require.NoError(t, err)
-	sql := strings.ReplaceAll(store.SagaWriteSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
-	name := fmt.Sprintf("sagabox_write_generic_%t", planned)
+	sql := strings.ReplaceAll(statement, "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
+	name := "sagabox_explain_generic"
 	_, err = tx.Exec(ctx, "PREPARE "+name+" AS "+sql, pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
 	// A prepared statement outlives the transaction: not the connection's
@@ -414,9 +434,7 @@ func explainGenericWrite(t *testing.T, s *dbtest.DB, planned bool) string {
 		lines = append(lines, line)
 	}
 	require.NoError(t, rows.Err())
-	plan := strings.Join(lines, "\n")
-	require.Regexp(t, `\$\d`, plan, "the generic plan refers to the parameters, not to their values")
-	return plan
+	return strings.Join(lines, "\n")
 }
 
 // A write in a caller's transaction goes out in one round trip with the

@@ -5,3 +5,6 @@ const OutboxClaimSQL = outboxClaim
 
 // SagaWriteSQL is the transition write, exported for EXPLAIN in tests.
 const SagaWriteSQL = sagaWrite
+
+// SagaLockSQL is the lock of sagas, exported for EXPLAIN in tests.
+const SagaLockSQL = sagaLock

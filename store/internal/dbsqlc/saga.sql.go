@@ -460,14 +460,18 @@ func (q *Queries) SagaList(ctx context.Context, db DBTX, arg *SagaListParams) ([
 }
 
 const sagaLock = `-- name: SagaLock :many
-SELECT id, saga_type, version, status, start_key, data, steps, current_step, phase, revision, deadline, attempts, last_error, created_at, updated_at, finished_at, traceparent, tracestate, concurrency_key, admitted_at, start_data_hash, start_key_released, run FROM /* TEMPLATE: schema */sagabox_saga
-WHERE id = ANY($1::uuid[])
-ORDER BY id
-FOR UPDATE
+SELECT l.id, l.saga_type, l.version, l.status, l.start_key, l.data, l.steps, l.current_step, l.phase, l.revision, l.deadline, l.attempts, l.last_error, l.created_at, l.updated_at, l.finished_at, l.traceparent, l.tracestate, l.concurrency_key, l.admitted_at, l.start_data_hash, l.start_key_released, l.run
+FROM (SELECT DISTINCT k.id FROM unnest($1::uuid[]) AS k(id) ORDER BY k.id) AS k,
+     LATERAL (
+         SELECT s.id, s.saga_type, s.version, s.status, s.start_key, s.data, s.steps, s.current_step, s.phase, s.revision, s.deadline, s.attempts, s.last_error, s.created_at, s.updated_at, s.finished_at, s.traceparent, s.tracestate, s.concurrency_key, s.admitted_at, s.start_data_hash, s.start_key_released, s.run FROM /* TEMPLATE: schema */sagabox_saga s WHERE s.id = k.id FOR UPDATE
+     ) AS l
+ORDER BY l.id
 `
 
 // Locks the sagas @ids, in id order, so that their events are applied one at
-// a time.
+// a time. One primary-key lookup per saga, as in SagaReceive: a generic plan
+// of id = ANY(@ids), built while the table had no statistics, scans the
+// whole table, and a connection keeps it.
 func (q *Queries) SagaLock(ctx context.Context, db DBTX, ids []uuid.UUID) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaLock, ids)
 	if err != nil {
