@@ -25,10 +25,6 @@ const defaultPoll = 100 * time.Millisecond
 // none.
 const defaultSweep = 250 * time.Millisecond
 
-// poolSize is the size of a client's pool: its workers, its relay's, and
-// two for its sweeper, retention and listener.
-func poolSize(workers, relayWorkers int) int32 { return int32(workers + relayWorkers + 2) }
-
 // runner is a client's blocking Run.
 type runner interface {
 	Run(ctx context.Context) error
@@ -184,8 +180,7 @@ func (r *run[In]) dial(ctx context.Context, name string) (*faultyBroker, error) 
 func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) error {
 	for i := range r.s.Participants {
 		p := r.s.Participants[i]
-		d := p.Config.WithDefaults()
-		pool, err := r.clientPool(ctx, p.Config.Service, poolSize(d.Workers, d.Relay.Workers))
+		pool, err := r.clientPool(ctx, p.Config.Service, int32(p.Config.ConnsNeeded()))
 		if err != nil {
 			return err
 		}
@@ -221,8 +216,7 @@ func (r *run[In]) startClients(ctx context.Context, declarer transport.Broker) e
 		}
 	}
 	o := r.s.Orchestrator.Config
-	d := o.WithDefaults()
-	pool, err := r.clientPool(ctx, "orchestrator", poolSize(d.Workers, d.Relay.Workers))
+	pool, err := r.clientPool(ctx, "orchestrator", int32(o.ConnsNeeded()))
 	if err != nil {
 		return err
 	}

@@ -124,7 +124,7 @@ func NewClient(cfg Config) (*Client, error) {
 		c.engine, err = engine.New(engine.Config{
 			DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
 			Workers: cfg.Workers, Prefetch: cfg.Prefetch, MaxBatch: cfg.MaxBatch, Linger: cfg.BatchLinger,
-			StopTimeout:     cfg.StopTimeout,
+			StopTimeout: cfg.StopTimeout, LoopConns: loopConns,
 			MaxPayloadBytes: engine.DefaultMaxPayloadBytes, Retry: cfg.ReplyRetry, Relay: cfg.Relay,
 			Retention: cfg.Retention, KeepsSagas: true, Clock: cfg.Clock,
 			Logger: cfg.Logger.With("service", cfg.Service), Telemetry: tel,

@@ -48,12 +48,13 @@ type Config struct {
 	// Pool is the connection pool of the orchestrator's database: saga
 	// instances, history, outbox and inbox. Required.
 	//
-	// Run holds at most Workers + Relay.Workers + 3 of its connections at
-	// once (the replies being applied, the relay's claims, the sweeper, the
-	// operator requests and retention), one more with Relay.Listen, and
-	// warns when the pool's MaxConns is smaller: size it for that plus
-	// what the application and other clients sharing it use (pgxpool's
-	// default, 4 or the number of CPUs, is too small for the defaults).
+	// Run holds at most ConnsNeeded of its connections at once
+	// (Workers + Relay.Workers + 3 with the defaults: the replies being
+	// applied, the relay's claims, the sweeper, the admission and operator
+	// requests, retention), one more with Relay.Listen, and warns when the
+	// pool's MaxConns is smaller: size it for that plus what the
+	// application and other clients sharing it use (pgxpool's default, 4 or
+	// the number of CPUs, is too small for the defaults).
 	Pool *pgxpool.Pool
 
 	// Schema is the Postgres schema of the sagabox tables (messaging and saga
@@ -247,6 +248,23 @@ const (
 // processed messaging rows; a participant's is the same type. Its Barrier
 // field is the participant's only.
 type RetentionConfig = engine.RetentionConfig
+
+// ConnsNeeded is the most connections of Pool that Run holds at once with
+// c (its defaults filled in): Workers + Relay.Workers + 3 (the replies being
+// applied, the relay's claims, the sweeper, the admission and operator
+// requests, retention), one more with Relay.Listen; a log relay counts one
+// for all its workers. Run warns when the pool's MaxConns is smaller. Size
+// the pool for this plus what the application and other clients sharing it
+// use.
+func (c Config) ConnsNeeded() int {
+	d := c.WithDefaults()
+	return engine.ConnsNeeded(d.Workers, d.Relay, loopConns)
+}
+
+// loopConns counts the orchestrator's loops that hold a connection while
+// they work: the sweeper and the admission (which also takes the operator
+// requests). The timer that wakes the relay after starts holds none.
+const loopConns = 2
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {

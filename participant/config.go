@@ -85,12 +85,12 @@ type Config struct {
 	// transactions, the inbox, the barrier and the outbox all use it.
 	// Required.
 	//
-	// Run holds at most Workers + Relay.Workers + 1 of its connections at
-	// once (the deliveries being handled, the relay's claims, retention),
-	// one more with Relay.Listen, and warns when the pool's MaxConns is
-	// smaller: size it for that plus what the application and other
-	// clients sharing it use (pgxpool's default, 4 or the number of CPUs,
-	// is too small for the defaults).
+	// Run holds at most ConnsNeeded of its connections at once (the
+	// deliveries being handled, the relay's claims, retention), one more
+	// with Relay.Listen, and warns when the pool's MaxConns is smaller:
+	// size it for that plus what the application and other clients sharing
+	// it use (pgxpool's default, 4 or the number of CPUs, is too small for
+	// the defaults).
 	Pool *pgxpool.Pool
 
 	// Schema is the Postgres schema of the sagabox tables (messaging
@@ -201,6 +201,17 @@ func retryDefaults(p saga.RetryPolicy) saga.RetryPolicy {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
 	return p
+}
+
+// ConnsNeeded is the most connections of Pool that Run holds at once with
+// c (its defaults filled in): Workers + Relay.Workers + 1 (the deliveries
+// being handled, the relay's claims, retention), one more with
+// Relay.Listen; a log relay counts one for all its workers. Run warns when
+// the pool's MaxConns is smaller. Size the pool for this plus what the
+// application and other clients sharing it use.
+func (c Config) ConnsNeeded() int {
+	d := c.WithDefaults()
+	return engine.ConnsNeeded(d.Workers, d.Relay, 0)
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

@@ -23,6 +23,7 @@ func TestPoolTooSmallIsReportedAtStart(t *testing.T) {
 	b := e.newBroker()
 	cfg := e.config(b)
 	cfg.Workers = 4
+	require.Equal(t, 4+2+1, cfg.ConnsNeeded(), "the workers, the relay's two and retention")
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	c, err := participant.NewClient(cfg)
 	require.NoError(t, err)

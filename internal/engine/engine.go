@@ -128,6 +128,10 @@ type Config struct {
 	Linger   time.Duration
 	// StopTimeout bounds the drain of deliveries in flight at shutdown.
 	StopTimeout time.Duration
+	// LoopConns is how many of the loops passed to Run hold a connection
+	// of the pool while they work (a sweeper, not a timer that only wakes
+	// the relay): the pool-size warning counts them (ConnsNeeded).
+	LoopConns int
 	// MaxPayloadBytes is the largest payload accepted.
 	MaxPayloadBytes int
 	// Retry says how a delivery whose processing failed is retried, and
@@ -213,7 +217,7 @@ func (e *Engine) Run(ctx context.Context, queue transport.QueueSpec, loops ...Lo
 	})
 	defer releaseWork()
 
-	e.checkPool(len(loops))
+	e.checkPool()
 
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
@@ -271,7 +275,8 @@ const relayModeLog = relay.ModeLog
 // checkPool warns when the pool is smaller than what the engine can hold at
 // once: deliveries would queue for connections, a bottleneck that shows as
 // nothing but slowness.
-func (e *Engine) checkPool(loops int) {
+func (e *Engine) checkPool() {
+	loops := e.cfg.LoopConns
 	have := e.cfg.DB.MaxConns()
 	need := ConnsNeeded(e.cfg.Workers, e.cfg.Relay, loops)
 	if have == 0 || have >= need {
