@@ -23,3 +23,7 @@ func (c *Client) ProcessBatch(ctx context.Context, ds []*transport.Delivery) ([]
 	}
 	return processor{c}.ProcessBatch(ctx, items)
 }
+
+// RoomFreshnessForTest is how long a Start trusts another Start's
+// admission count.
+const RoomFreshnessForTest = roomFreshness
