@@ -137,7 +137,7 @@ func (r *Relay) streamLog(ctx context.Context) error {
 	for {
 		wait := time.Duration(0)
 		if through > 0 {
-			wait = max(settleDelay-time.Since(since), time.Millisecond)
+			wait = max(r.settleDelay-time.Since(since), time.Millisecond)
 		}
 		b, err := lg.Next(ctx, r.opts.BatchSize, wait)
 		if err != nil {
@@ -165,7 +165,7 @@ func (r *Relay) streamLog(ctx context.Context) error {
 			through = b.Through
 		}
 		full := len(done.Published)+len(done.Dead) >= r.opts.BatchSize
-		if full || through > 0 && (len(b.Rows) == 0 || time.Since(since) >= settleDelay) {
+		if full || through > 0 && (len(b.Rows) == 0 || time.Since(since) >= r.settleDelay) {
 			if err := flush(); err != nil {
 				return err
 			}

@@ -209,6 +209,9 @@ type Relay struct {
 	// before it is marked published. Returning true makes the worker stop
 	// right there, as a relay killed at that point would.
 	testHookAfterPublish func(rows []driver.OutboxRow) (crash bool)
+	// settleDelay is defaultSettleDelay; tests that count statements make
+	// it long, so that no published batch is settled by the timer.
+	settleDelay time.Duration
 }
 
 // Schema says what the relay's schema keeps besides its outbox.
@@ -260,6 +263,7 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schem
 		name:          fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
 		log:           log.With("component", "relay", "schema", db.Schema()),
 		wake:          make(chan struct{}, 1),
+		settleDelay:   defaultSettleDelay,
 	}, nil
 }
 
@@ -354,7 +358,7 @@ func (r *Relay) work(ctx context.Context) {
 		if len(rows) == 0 {
 			wait := r.opts.PollInterval
 			if woken && rechecks < maxRechecks {
-				wait = min(settleDelay<<rechecks, r.opts.PollInterval)
+				wait = min(r.settleDelay<<rechecks, r.opts.PollInterval)
 				rechecks++
 			} else {
 				rechecks = 0
@@ -408,7 +412,7 @@ func (r *Relay) work(ctx context.Context) {
 		// settleDelay, the worker settles on its own (unless another
 		// worker's claim did meanwhile).
 		var ok bool
-		if woken, ok = r.idle(ctx, poll, min(settleDelay, r.opts.PollInterval), false); !ok {
+		if woken, ok = r.idle(ctx, poll, min(r.settleDelay, r.opts.PollInterval), false); !ok {
 			return
 		}
 		for !woken && !r.unsettled() {
@@ -434,9 +438,9 @@ func (r *Relay) unavailable() bool {
 // wake-up (50, 100, 200, 400 ms) before the worker waits for the poll.
 const maxRechecks = 4
 
-// settleDelay is the longest a published batch waits to be settled by the
-// claim that follows it.
-const settleDelay = 50 * time.Millisecond
+// defaultSettleDelay is the longest a published batch waits to be settled
+// by the claim that follows it.
+const defaultSettleDelay = 50 * time.Millisecond
 
 // idle waits for a wake-up, or wait; after a failure a wake-up does not cut
 // the wait short (the broker or database is still likely down). It reports

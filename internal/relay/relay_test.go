@@ -148,6 +148,11 @@ type testConfig struct {
 	Options
 	// Observer, when set, counts the messages the relay got confirmed.
 	Observer *countingPublisher
+	// SettleDelay, when set, replaces defaultSettleDelay: a test that
+	// counts statements makes it long, so that how fast the machine is
+	// does not decide whether a batch waits for the next claim or is
+	// settled on its own.
+	SettleDelay time.Duration
 }
 
 func runRelay(t *testing.T, cfg testConfig) (*Relay, func()) {
@@ -162,6 +167,9 @@ func runRelay(t *testing.T, cfg testConfig) (*Relay, func()) {
 	}
 	r, err := New(cfg.Store.Executor, pub, cfg.Options, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
+	if cfg.SettleDelay > 0 {
+		r.settleDelay = cfg.SettleDelay
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -450,7 +458,7 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 1, PollInterval: time.Hour}})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 1, PollInterval: time.Hour}, SettleDelay: time.Hour})
 	writeCommitted(t, s, events("warm", 0, 1))
 	r.Wake()
 	snk.waitDistinct(t, 1)
@@ -473,7 +481,10 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 		}
 	}
 	t.Logf("%d messages, %d claims", n, claims)
-	require.LessOrEqual(t, claims, n+2, "one claim per message, not a claim and a settle")
+	// One more may be the warm-up's: the wake-up of the warm message can
+	// reach the worker while it claims that message, and the claim it
+	// triggers (settling it, finding nothing) can fall after rts.Start.
+	require.LessOrEqual(t, claims, n+1, "one claim per message, not a claim and a settle")
 }
 
 // One key's messages written one at a time, each once the one before was
@@ -489,7 +500,7 @@ func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
 	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 3, PollInterval: time.Hour}})
+	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 3, PollInterval: time.Hour}, SettleDelay: time.Hour})
 	writeCommitted(t, s, events("warm", 0, 1))
 	r.Wake()
 	snk.waitDistinct(t, 1)
@@ -501,16 +512,9 @@ func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
 		r.Wake()
 		snk.waitDistinct(t, 2+i)
 		// The relay has recorded the confirm (it awaits a claim to be
-		// settled, or a slow step let the worker settle it on its own):
-		// the next message of the key comes after it, as a saga's next
-		// message comes after the reply to its previous one.
-		require.Eventually(t, func() bool {
-			if r.unsettled() {
-				return true
-			}
-			st, err := s.OutboxStats(context.Background())
-			return err == nil && st.Backlog == 0
-		}, waitFor, time.Millisecond)
+		// settled): the next message of the key comes after it, as a
+		// saga's next message comes after the reply to its previous one.
+		require.Eventually(t, r.unsettled, waitFor, time.Millisecond)
 	}
 	rts.Stop()
 	claims := 0
@@ -522,9 +526,10 @@ func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
 		}
 	}
 	t.Logf("%d messages, %d claims", n, claims)
-	// A slow step (over the settle delay) adds a settle of its own; held
-	// back, every message cost an empty claim and a settle besides its own.
-	require.LessOrEqual(t, claims, n+n/2, "one claim per message, not an empty claim and a settle")
+	// Held back, every message cost an empty claim and a settle besides
+	// its own. One more may be the warm-up's (see
+	// TestTricklingMessagesCostOneClaimEach).
+	require.LessOrEqual(t, claims, n+1, "one claim per message, not an empty claim and a settle")
 	_, order := snk.snapshot()
 	require.IsIncreasing(t, order["chain"])
 }
