@@ -307,6 +307,12 @@ func explainClaim(t *testing.T, s *dbtest.DB) string {
 	sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
 	rows, err := tx.Query(ctx, "EXPLAIN "+sql, claimArgs(100)...)
 	require.NoError(t, err)
+	return planText(t, rows)
+}
+
+// planText reads the lines of an EXPLAIN.
+func planText(t *testing.T, rows pgx.Rows) string {
+	t.Helper()
 	var lines []string
 	for rows.Next() {
 		var line string
@@ -318,39 +324,10 @@ func explainClaim(t *testing.T, s *dbtest.DB) string {
 }
 
 // explainGenericClaim returns the claim's generic plan, the one the relay
-// runs (claimPlan forces it), for a claim of 100 rows.
+// runs (claimPlan forces it).
 func explainGenericClaim(t *testing.T, s *dbtest.DB) string {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := s.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, store.ClaimPlanForTest())
-	require.NoError(t, err)
-	sql := strings.ReplaceAll(store.ClaimSQLForTest(), "/* TEMPLATE: schema */", fmt.Sprintf("%q.", s.Schema()))
-	_, err = tx.Exec(ctx, "PREPARE sagabox_claim_generic AS "+sql, pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
-	var lits []string
-	for _, a := range claimArgs(100) {
-		switch v := a.(type) {
-		case string:
-			lits = append(lits, "'"+v+"'")
-		case []int64, []string:
-			lits = append(lits, "'{}'")
-		default:
-			lits = append(lits, fmt.Sprint(v))
-		}
-	}
-	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE sagabox_claim_generic("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
-	var lines []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		lines = append(lines, line)
-	}
-	require.NoError(t, rows.Err())
-	plan := strings.Join(lines, "\n")
+	plan := explainGeneric(t, s, store.ClaimSQLForTest(), store.ClaimPlanForTest())
 	require.Regexp(t, `\$\d`, plan, "the generic plan refers to the parameters, not to their values")
 	return plan
 }

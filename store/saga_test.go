@@ -408,7 +408,7 @@ func explainGeneric(t *testing.T, s *dbtest.DB, statement string, settings ...st
 	// One literal per parameter, of the type its cast names: an empty array
 	// for an array, a timestamp for the transition's time.
 	types := map[int]string{}
-	for _, m := range regexp.MustCompile(`\$(\d+)::([a-z]+(\[\])?)`).FindAllStringSubmatch(sql, -1) {
+	for _, m := range regexp.MustCompile(`\$(\d+)::([a-z][a-z0-9]*(\[\])?)`).FindAllStringSubmatch(sql, -1) {
 		n, err := strconv.Atoi(m[1])
 		require.NoError(t, err)
 		types[n] = m[2]
@@ -421,20 +421,19 @@ func explainGeneric(t *testing.T, s *dbtest.DB, statement string, settings ...st
 			lits[n-1] = "'{}'"
 		case typ == "timestamptz":
 			lits[n-1] = "now()"
+		case typ == "text":
+			lits[n-1] = "''"
+		case typ == "boolean":
+			lits[n-1] = "false"
+		case typ == "integer" || typ == "float8" || typ == "bigint":
+			lits[n-1] = "1"
 		default:
 			t.Fatalf("parameter $%d of type %s: no literal for it", n, typ)
 		}
 	}
 	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE "+name+"("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
-	var lines []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		lines = append(lines, line)
-	}
-	require.NoError(t, rows.Err())
-	return strings.Join(lines, "\n")
+	return planText(t, rows)
 }
 
 // A write in a caller's transaction goes out in one round trip with the
@@ -442,24 +441,13 @@ func explainGeneric(t *testing.T, s *dbtest.DB, statement string, settings ...st
 // plans as the caller's session says.
 func TestTransitionWriteInACallersTransactionRestoresThePlanner(t *testing.T) {
 	t.Parallel()
-	var rts dbtest.RoundTrips
-	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
-	s := dbtest.StoreOnPool(t, pool)
+	rts, s, tr := tracedCompletion(t)
 	ctx := context.Background()
-	now := time.Now()
-	rec := newSaga("", time.Time{})
-	require.True(t, start(t, s, rec, now))
-	got, err := s.SagaGet(ctx, rec.ID)
-	require.NoError(t, err)
-	got.Status = "completed"
-
-	tx, err := pool.Begin(ctx)
+	tx, err := s.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	rts.Start()
-	require.NoError(t, s.WriteTransitionsIn(ctx, tx, []driver.Transition{{
-		Saga: &got, History: []driver.HistoryRecord{{SagaID: got.ID, At: now, Event: "completed"}},
-	}}, now))
+	require.NoError(t, s.WriteTransitionsIn(ctx, tx, []driver.Transition{tr}, time.Now()))
 	rts.Stop()
 	var setting string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW enable_seqscan").Scan(&setting))
@@ -470,31 +458,34 @@ func TestTransitionWriteInACallersTransactionRestoresThePlanner(t *testing.T) {
 	require.Len(t, all, 1, "one round trip: %v", all)
 	require.Len(t, all[0].SQL, 3, "setting, write, restore: %v", all[0].SQL)
 	require.Contains(t, all[0].SQL[1], "-- name: SagaWrite ")
-	after, err := s.SagaGet(ctx, rec.ID)
+	after, err := s.SagaGet(ctx, tr.Saga.ID)
 	require.NoError(t, err)
 	require.Equal(t, "completed", after.Status)
+}
+
+// tracedCompletion starts a saga on a store whose pool records its round
+// trips, and returns the transition that completes it.
+func tracedCompletion(t *testing.T) (*dbtest.RoundTrips, *dbtest.DB, driver.Transition) {
+	t.Helper()
+	rts := &dbtest.RoundTrips{}
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = rts })
+	s := dbtest.StoreOnPool(t, pool)
+	now := time.Now()
+	rec := newSaga("", time.Time{})
+	require.True(t, start(t, s, rec, now))
+	got, err := s.SagaGet(context.Background(), rec.ID)
+	require.NoError(t, err)
+	got.Status = "completed"
+	return rts, s, driver.Transition{Saga: &got, History: []driver.HistoryRecord{{SagaID: got.ID, At: now, Event: "completed"}}}
 }
 
 // A write in the engine's own transaction sends the planner setting ahead
 // of it in the same round trip; the commit ends the setting.
 func TestTransitionWriteSendsItsPlannerSetting(t *testing.T) {
 	t.Parallel()
-	var rts dbtest.RoundTrips
-	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
-	s := dbtest.StoreOnPool(t, pool)
-	ctx := context.Background()
-	now := time.Now()
-	rec := newSaga("", time.Time{})
-	require.True(t, start(t, s, rec, now))
-	got, err := s.SagaGet(ctx, rec.ID)
-	require.NoError(t, err)
-	got.Status = "completed"
-
+	rts, s, tr := tracedCompletion(t)
 	rts.Start()
-	tx := s.Begin()
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{
-		Saga: &got, History: []driver.HistoryRecord{{SagaID: got.ID, At: now, Event: "completed"}},
-	}}, now, true))
+	require.NoError(t, s.WriteTransitions(context.Background(), s.Begin(), []driver.Transition{tr}, time.Now(), true))
 	rts.Stop()
 	all := rts.All()
 	require.Len(t, all, 1, "BEGIN, setting, write and COMMIT in one round trip: %v", all)
