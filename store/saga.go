@@ -269,15 +269,16 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 // transition was computed fails it with an error for which IsRetryable is
 // true, and nothing is written: run the transaction again.
 func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
-	// Under writePlan, sent in the same round trip; a commit ends the
-	// setting with the transaction.
+	// Under writePlan, sent in the same round trip (inside a
+	// subtransaction's savepoint); a commit ends the setting with the
+	// transaction, anything else restores it, a subtransaction's release
+	// included (a released savepoint keeps its local settings).
 	tx := txOf(t)
-	tx.queue(writePlan)
-	db := tx.exec(ctx, commit)
-	if !commit {
-		db = tx.execThen(writePlanEnd)
+	var then []string
+	if !commit || tx.sub {
+		then = []string{writePlanEnd}
 	}
-	return s.writeTransitions(ctx, db, trs, now)
+	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), trs, now)
 }
 
 // WriteTransitionsIn writes trs in tx, a caller's transaction, in one

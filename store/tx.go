@@ -208,12 +208,20 @@ func (t *engineTx) execThen(then ...string) dbsqlc.DBTX {
 	return &pipe{t: t, then: then}
 }
 
+// execAround is exec with statements without arguments sent right before
+// the statement (after a subtransaction's SAVEPOINT, so that they belong to
+// it) and right after it, in the same round trip: a planner setting and its
+// restore.
+func (t *engineTx) execAround(commit bool, before, then []string) dbsqlc.DBTX {
+	return &pipe{t: t, before: before, then: then, commit: commit}
+}
+
 // pipe is the executor of one statement of a Tx. It implements dbsqlc.DBTX
 // so that the sqlc-generated code runs through it unchanged.
 type pipe struct {
-	t      *engineTx
-	then   []string
-	commit bool
+	t            *engineTx
+	before, then []string
+	commit       bool
 }
 
 // send sends sql in a batch with what must go with it and returns the batch
@@ -246,6 +254,9 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 	for _, s := range pending {
 		b.Queue(s.sql, s.args...)
 	}
+	for _, s := range p.before {
+		b.Queue(s)
+	}
 	b.Queue(t.s.render(sql), pgArgs(args)...)
 	for _, s := range p.then {
 		b.Queue(s)
@@ -264,6 +275,12 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 	if err := t.readPending(br, pending); err != nil {
 		_ = br.Close()
 		return nil, err
+	}
+	for _, s := range p.before {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("%s: %w", s, err)
+		}
 	}
 	return br, nil
 }
@@ -316,7 +333,7 @@ func (p *pipe) end(br pgx.BatchResults, stmtErr error) error {
 // delivery of a group costs one round trip less. Should it fail, the whole
 // transaction fails to commit.
 func (p *pipe) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t := p.t; p.commit && t.sub && len(p.then) == 0 {
+	if t := p.t; p.commit && t.sub && len(p.before) == 0 && len(p.then) == 0 {
 		switch {
 		case t.done:
 			return pgconn.CommandTag{}, pgx.ErrTxClosed
