@@ -66,10 +66,11 @@ func (n *node) start() error {
 		err := c.Run(cctx)
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		if !n.killed {
-			// A client stops only when the kit stops it: one that returns
-			// on its own, even cleanly, leaves its queue and its outbox
-			// unserved, and the run would end in a stall, not this error.
+		if !n.killed && n.life.Err() == nil {
+			// A client stops only when the kit stops it (or the run ends):
+			// one that returns on its own, even cleanly, leaves its queue
+			// and its outbox unserved, and the run would end in a stall,
+			// not this error.
 			if err == nil {
 				err = errors.New("returned without being stopped")
 			}

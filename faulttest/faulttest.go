@@ -929,7 +929,9 @@ func (r *run[In]) unpublished(ctx context.Context, schema string) (string, uuid.
 	if err := rows.Err(); err != nil {
 		fmt.Fprintf(&b, " (cannot list them all: %v)", err)
 	}
+	// The clients' connections at the stall, with the first listing only.
 	b.WriteString(r.stalled)
+	r.stalled = ""
 	return b.String(), first
 }
 
@@ -946,7 +948,7 @@ func (r *run[In]) connections(ctx context.Context) string {
 		st := n.pool.Stat()
 		fmt.Fprintf(&b, " %s %d/%d in use (acquires waited %s in all);", n.name, st.AcquiredConns(), st.MaxConns(), st.EmptyAcquireWaitTime().Round(time.Millisecond))
 	}
-	rows, err := r.s.Pool.Query(ctx, `SELECT application_name, state, coalesce(wait_event, ''), count(*)
+	rows, err := r.s.Pool.Query(ctx, `SELECT application_name, coalesce(state, ''), coalesce(wait_event, ''), count(*)
 		FROM pg_stat_activity WHERE starts_with(application_name, $1)
 		GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, r.app)
 	if err != nil {
@@ -957,9 +959,14 @@ func (r *run[In]) connections(ctx context.Context) string {
 	for rows.Next() {
 		var app, state, wait string
 		var count int
-		if rows.Scan(&app, &state, &wait, &count) == nil {
-			fmt.Fprintf(&b, " %s %s %s ×%d", strings.TrimPrefix(app, r.app), state, wait, count)
+		if err := rows.Scan(&app, &state, &wait, &count); err != nil {
+			fmt.Fprintf(&b, " (cannot read them: %v)", err)
+			break
 		}
+		fmt.Fprintf(&b, " %s %s %s ×%d", strings.TrimPrefix(app, r.app), state, wait, count)
+	}
+	if err := rows.Err(); err != nil {
+		fmt.Fprintf(&b, " (cannot read them all: %v)", err)
 	}
 	return b.String()
 }

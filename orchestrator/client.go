@@ -245,6 +245,8 @@ func (c *Client) Run(ctx context.Context) error {
 	c.tel.ZeroSagaCounters(ctx, types)
 
 	c.log.Info("orchestrator started", "queue", spec.Name, "schema", c.cfg.Schema, "definitions", c.definitionNames(), "workers", c.cfg.Workers)
+	// loopConns counts the loops here that hold a connection (the sweeper
+	// and the admission): keep it in step with them.
 	err = c.engine.Run(ctx, spec, c.sweepLoop, c.admitLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) })
 	if err != nil {
 		c.log.Error("orchestrator stopped: subscription failed", "err", err)

@@ -49,12 +49,12 @@ type Config struct {
 	// instances, history, outbox and inbox. Required.
 	//
 	// Run holds at most ConnsNeeded of its connections at once
-	// (Workers + Relay.Workers + 3 with the defaults: the replies being
-	// applied, the relay's claims, the sweeper, the admission and operator
-	// requests, retention), one more with Relay.Listen, and warns when the
-	// pool's MaxConns is smaller: size it for that plus what the
-	// application and other clients sharing it use (pgxpool's default, 4 or
-	// the number of CPUs, is too small for the defaults).
+	// (Workers + Relay.Workers + 3: the replies being applied, the relay's
+	// claims, the sweeper, the admission and operator requests, retention;
+	// one more with Relay.Listen), and warns when the pool's MaxConns is
+	// smaller: size it for that plus what the application and other
+	// clients sharing it use (pgxpool's default, 4 or the number of CPUs,
+	// is too small for the defaults).
 	Pool *pgxpool.Pool
 
 	// Schema is the Postgres schema of the sagabox tables (messaging and saga

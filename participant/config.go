@@ -85,12 +85,12 @@ type Config struct {
 	// transactions, the inbox, the barrier and the outbox all use it.
 	// Required.
 	//
-	// Run holds at most ConnsNeeded of its connections at once (the
-	// deliveries being handled, the relay's claims, retention), one more
-	// with Relay.Listen, and warns when the pool's MaxConns is smaller:
-	// size it for that plus what the application and other clients sharing
-	// it use (pgxpool's default, 4 or the number of CPUs, is too small for
-	// the defaults).
+	// Run holds at most ConnsNeeded of its connections at once
+	// (Workers + Relay.Workers + 1: the deliveries being handled, the
+	// relay's claims, retention; one more with Relay.Listen), and warns
+	// when the pool's MaxConns is smaller: size it for that plus what the
+	// application and other clients sharing it use (pgxpool's default, 4
+	// or the number of CPUs, is too small for the defaults).
 	Pool *pgxpool.Pool
 
 	// Schema is the Postgres schema of the sagabox tables (messaging

@@ -210,7 +210,8 @@ type Relay struct {
 	// right there, as a relay killed at that point would.
 	testHookAfterPublish func(rows []driver.OutboxRow) (crash bool)
 	// settleDelay is defaultSettleDelay; tests that count statements make
-	// it long, so that no published batch is settled by the timer.
+	// it long, so that no published batch is settled by the timer (the
+	// rechecks after an empty claim keep recheckDelay).
 	settleDelay time.Duration
 }
 
@@ -358,7 +359,7 @@ func (r *Relay) work(ctx context.Context) {
 		if len(rows) == 0 {
 			wait := r.opts.PollInterval
 			if woken && rechecks < maxRechecks {
-				wait = min(r.settleDelay<<rechecks, r.opts.PollInterval)
+				wait = min(recheckDelay<<rechecks, r.opts.PollInterval)
 				rechecks++
 			} else {
 				rechecks = 0
@@ -435,8 +436,13 @@ func (r *Relay) unavailable() bool {
 }
 
 // maxRechecks bounds the short waits after empty claims that followed a
-// wake-up (50, 100, 200, 400 ms) before the worker waits for the poll.
+// wake-up (recheckDelay doubled each time: 50, 100, 200, 400 ms) before the
+// worker waits for the poll.
 const maxRechecks = 4
+
+// recheckDelay is the first of those waits: about the time another
+// worker's published batch waits to be settled (defaultSettleDelay).
+const recheckDelay = defaultSettleDelay
 
 // defaultSettleDelay is the longest a published batch waits to be settled
 // by the claim that follows it.
