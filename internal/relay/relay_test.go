@@ -481,11 +481,19 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 		}
 	}
 	t.Logf("%d messages, %d claims", n, claims)
-	// One more may be the warm-up's: the wake-up of the warm message can
-	// reach the worker while it claims that message, and the claim it
-	// triggers (settling it, finding nothing) can fall after rts.Start.
-	require.LessOrEqual(t, claims, n+1, "one claim per message, not a claim and a settle")
+	// A few more may be the warm-up's, late on a loaded machine: the
+	// worker's first claim at start, and the claim that the warm message's
+	// wake-up triggers once that message was taken (settling it, finding
+	// nothing).
+	require.LessOrEqual(t, claims, n+warmUpClaims(1), "one claim per message, not a claim and a settle")
 }
+
+// warmUpClaims bounds the claims of a relay's start and warm-up that can
+// fall, on a loaded machine, after a test began to count: each of its
+// workers' first claim and the one a warm-up message's wake-up triggers
+// after the message was taken. A relay that paid a claim and a settle per
+// message would exceed the count by the number of messages.
+func warmUpClaims(workers int) int { return workers + 1 }
 
 // One key's messages written one at a time, each once the one before was
 // published (a saga's commands, a participant's replies to one saga), cost
@@ -527,9 +535,8 @@ func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
 	}
 	t.Logf("%d messages, %d claims", n, claims)
 	// Held back, every message cost an empty claim and a settle besides
-	// its own. One more may be the warm-up's (see
-	// TestTricklingMessagesCostOneClaimEach).
-	require.LessOrEqual(t, claims, n+1, "one claim per message, not an empty claim and a settle")
+	// its own. A few more may be the warm-up's (see warmUpClaims).
+	require.LessOrEqual(t, claims, n+warmUpClaims(3), "one claim per message, not an empty claim and a settle")
 	_, order := snk.snapshot()
 	require.IsIncreasing(t, order["chain"])
 }
