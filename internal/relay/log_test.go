@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -138,14 +137,7 @@ func TestLogRelayConfirmsThePositionPastPublishedRows(t *testing.T) {
 	snk.waitDistinct(t, len(ids))
 	waitBacklogZero(t, s)
 	rts.Stop()
-	settles := 0
-	for _, rt := range rts.All() {
-		for _, q := range rt.SQL {
-			if strings.HasPrefix(q, "-- name: OutboxClaim ") {
-				settles++
-			}
-		}
-	}
+	settles := rts.Count("OutboxClaim")
 	require.LessOrEqual(t, settles, 5, "50 rows in batches of 20 are settled in a few statements")
 	require.Eventually(t, func() bool {
 		st, err := s.OutboxLogStatus(context.Background(), slot, pub)

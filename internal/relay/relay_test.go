@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -472,14 +471,7 @@ func TestTricklingMessagesCostOneClaimEach(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	rts.Stop()
-	claims := 0
-	for _, rt := range rts.All() {
-		for _, q := range rt.SQL {
-			if strings.HasPrefix(q, "-- name: OutboxClaim ") {
-				claims++
-			}
-		}
-	}
+	claims := rts.Count("OutboxClaim")
 	t.Logf("%d messages, %d claims", n, claims)
 	// A few more may be the warm-up's, late on a loaded machine: the
 	// worker's first claim at start, and the claim that the warm message's
@@ -525,14 +517,7 @@ func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
 		require.Eventually(t, r.unsettled, waitFor, time.Millisecond)
 	}
 	rts.Stop()
-	claims := 0
-	for _, rt := range rts.All() {
-		for _, q := range rt.SQL {
-			if strings.HasPrefix(q, "-- name: OutboxClaim ") {
-				claims++
-			}
-		}
-	}
+	claims := rts.Count("OutboxClaim")
 	t.Logf("%d messages, %d claims", n, claims)
 	// Held back, every message cost an empty claim and a settle besides
 	// its own. A few more may be the warm-up's (see warmUpClaims).

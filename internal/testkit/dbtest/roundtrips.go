@@ -90,6 +90,20 @@ func (r *RoundTrips) All() []RoundTrip {
 	return out
 }
 
+// Count returns how many of the statements recorded are the generated
+// query name (its "-- name: " header).
+func (r *RoundTrips) Count(name string) int {
+	n := 0
+	for _, rt := range r.All() {
+		for _, s := range rt.SQL {
+			if strings.HasPrefix(s, "-- name: "+name+" ") {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // Transactions returns the explicit transactions recorded, per connection
 // in order. Round trips outside a transaction (autocommit statements) are
 // left out.
