@@ -166,9 +166,7 @@ func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*mess
 	// Planned once per connection, not per reply (see planGeneric); the
 	// session's setting is back before any user code runs in t (a local
 	// step), in the same round trip.
-	tx := txOf(t)
-	tx.queue(planGeneric)
-	rows, err := s.queries.SagaReceive(ctx, tx.execThen(planSession), p)
+	rows, err := s.queries.SagaReceive(ctx, txOf(t).execAround(false, []string{planGeneric}, []string{planSession}), p)
 	if err != nil {
 		return nil, fmt.Errorf("receive %d replies in schema %q: %w", n, s.schema, err)
 	}
