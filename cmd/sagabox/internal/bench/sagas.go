@@ -31,7 +31,8 @@ type SagaReport struct {
 	// over the group-commit baseline's. Zero when either did not run.
 	Ratio      float64 `json:"ratio,omitempty"`
 	RatioGroup float64 `json:"ratio_group,omitempty"`
-	// HalfLoad is the open-loop run, when the engine ran.
+	// HalfLoad is the open-loop run, when the engine ran or Rate was
+	// given (its engine fields are zero when only the baseline ran).
 	HalfLoad  *HalfLoadReport `json:"half_load,omitempty"`
 	PoolSize  int             `json:"pool_size"`
 	QueueType string          `json:"queue_type"`
@@ -173,8 +174,14 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	if cfg.runs(PipelineBaseline) {
 		err := withPipeline(ctx, cfg, PipelineBaseline, logf, func(p *pipeline) error {
 			var err error
-			if rep.Baseline, err = saturate(ctx, cfg, p, logf); err != nil || rep.HalfLoad == nil {
+			if rep.Baseline, err = saturate(ctx, cfg, p, logf); err != nil {
 				return err
+			}
+			if rep.HalfLoad == nil {
+				if cfg.Rate == 0 {
+					return nil // no engine rate to halve, and none asked for
+				}
+				rep.HalfLoad = &HalfLoadReport{Rate: round(cfg.Rate, 1), Seconds: cfg.Duration.Seconds()}
 			}
 			logf("baseline: open loop at %.1f sagas/s for %s", rep.HalfLoad.Rate, cfg.Duration)
 			point, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
@@ -547,8 +554,10 @@ func (r *SagaReport) Print(w io.Writer) {
 		fmt.Fprintf(w, "\nengine / baseline: %.2f   engine / group-commit baseline: %.2f\n", r.Ratio, r.RatioGroup)
 	}
 	if h := r.HalfLoad; h != nil {
-		fmt.Fprintf(w, "half load, open loop at %.1f sagas/s for %s (%d sagas): engine p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga",
-			h.Rate, time.Duration(h.Seconds*float64(time.Second)), h.Sagas, h.P50ms, h.P99ms, h.CPUMicros)
+		fmt.Fprintf(w, "half load, open loop at %.1f sagas/s for %s", h.Rate, time.Duration(h.Seconds*float64(time.Second)))
+		if h.Sagas > 0 {
+			fmt.Fprintf(w, " (%d sagas): engine p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.Sagas, h.P50ms, h.P99ms, h.CPUMicros)
+		}
 		if h.Baseline != nil {
 			fmt.Fprintf(w, "; baseline p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.Baseline.P50ms, h.Baseline.P99ms, h.Baseline.CPUMicros)
 		}
