@@ -191,9 +191,10 @@ type AdmissionConfig struct {
 	// for an operator) does not count. Defaults to DefaultMaxRunning
 	// (500). Negative: no limit. The limit is checked against committed
 	// sagas, so concurrent starts can pass it by a little; a start does not
-	// count again while the count another start of this process read less
-	// than 100 ms ago was below a quarter of the limit. The admission pass,
-	// which starts queued sagas, always counts.
+	// count again while the count another start of this process read is
+	// less than 100 ms old and the starts since took at most half the room
+	// it left below the limit. The admission pass, which starts queued
+	// sagas, always counts.
 	MaxRunning int
 	// PerDefinition sets the limit of the definitions it names, instead of
 	// MaxRunning (negative: no limit; zero: MaxRunning).
