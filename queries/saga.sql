@@ -221,6 +221,15 @@ GROUP BY saga_type;
 -- statement with a serialization failure, so that it is not committed and
 -- the transaction is run again), their history and their outgoing messages.
 -- A zero deadline or finished_at is stored as null.
+--
+-- With @lease_seconds above zero the messages are written claimed by the
+-- relay @claimed_by (the write-time lease: that relay publishes them once
+-- the transaction commits, with no claim), except those whose ordering key
+-- has an earlier unpublished row that is not among @confirmed (rows that
+-- relay has published and not settled yet): those stay unclaimed, for a
+-- claim to take in key order. Rows of one key written by this statement
+-- are leased together. leased_ids and leased_message_ids name the rows
+-- leased, in id order.
 WITH updated AS (
     UPDATE /* TEMPLATE: schema */sagabox_saga AS s
     SET status = u.status,
@@ -272,35 +281,61 @@ WITH updated AS (
            unnest(@h_detail::text[]),
            unnest(@h_actor::text[]),
            nullif(unnest(@h_message_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+), message AS (
+    -- Set-returning functions in one select list run in lockstep: ordinality
+    -- numbers the messages in array order, the order of their ids.
+    SELECT unnest(@o_message_id::uuid[]) AS message_id,
+           unnest(@o_ordering_key::text[]) AS ordering_key,
+           unnest(@o_kind::text[]) AS kind,
+           unnest(@o_type::text[]) AS type,
+           unnest(@o_routing_key::text[]) AS routing_key,
+           unnest(@o_saga_id::uuid[]) AS saga_id,
+           unnest(@o_saga_type::text[]) AS saga_type,
+           unnest(@o_step::text[]) AS step,
+           unnest(@o_step_index::integer[]) AS step_index,
+           unnest(@o_attempt::integer[]) AS attempt,
+           unnest(@o_reply_to::text[]) AS reply_to,
+           unnest(@o_correlation_id::text[]) AS correlation_id,
+           unnest(@o_traceparent::text[]) AS traceparent,
+           unnest(@o_tracestate::text[]) AS tracestate,
+           unnest(@o_headers::jsonb[]) AS headers,
+           unnest(@o_payload::bytea[]) AS payload,
+           unnest(@o_created_at::timestamptz[]) AS created_at,
+           generate_series(1, cardinality(@o_message_id::uuid[])) AS ordinality
+), leasable AS (
+    -- The lease is decided per key, once: a probe of the (ordering_key, id)
+    -- index of unpublished rows for an earlier row the relay has not
+    -- confirmed. No probe runs without a lease.
+    SELECT k.ordering_key
+    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
+    WHERE @lease_seconds::float8 > 0 AND NOT EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
+        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
+          AND p.id <> ALL(@confirmed::bigint[])
+    )
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
         step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
-        headers, payload, created_at
+        headers, payload, created_at, claimed_until, claimed_by, publish_attempts
     )
-    SELECT unnest(@o_message_id::uuid[]),
-           unnest(@o_ordering_key::text[]),
-           unnest(@o_kind::text[]),
-           unnest(@o_type::text[]),
-           unnest(@o_routing_key::text[]),
-           unnest(@o_saga_id::uuid[]),
-           unnest(@o_saga_type::text[]),
-           unnest(@o_step::text[]),
-           unnest(@o_step_index::integer[]),
-           unnest(@o_attempt::integer[]),
-           unnest(@o_reply_to::text[]),
-           unnest(@o_correlation_id::text[]),
-           unnest(@o_traceparent::text[]),
-           unnest(@o_tracestate::text[]),
-           unnest(@o_headers::jsonb[]),
-           unnest(@o_payload::bytea[]),
-           unnest(@o_created_at::timestamptz[])
+    SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
+           m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
+           m.headers, m.payload, m.created_at,
+           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => @lease_seconds::float8) END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN @claimed_by::text ELSE '' END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
+    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
+    ORDER BY m.ordinality
+    RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
 SELECT /* TEMPLATE: schema */sagabox_check(
     (SELECT count(*) FROM updated) = cardinality(@id::uuid[]),
     '40001',
     'sagabox: a saga changed since its transition was computed; the transaction is run again'
-)::boolean AS ok;
+)::boolean AS ok,
+coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
+coalesce((SELECT array_agg(o.message_id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::uuid[] AS leased_message_ids;
 
 -- name: SagaGet :one
 SELECT * FROM /* TEMPLATE: schema */sagabox_saga WHERE id = @id::uuid;

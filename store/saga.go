@@ -276,7 +276,14 @@ func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driv
 	if !commit || tx.sub {
 		then = []string{writePlanEnd}
 	}
-	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), trs, now)
+	// A write that commits its own transaction takes the write-time lease
+	// of the delivery it is for (driver.OutboxLease): its rows are handed
+	// to the relay once the commit is known.
+	var lease *driver.OutboxLease
+	if commit && !tx.sub {
+		lease = driver.OutboxLeaseFrom(ctx, s.schema)
+	}
+	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), trs, now, lease)
 }
 
 // WriteTransitionsIn writes trs in tx, a caller's transaction, in one
@@ -285,7 +292,7 @@ func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driv
 	if tx == nil {
 		return errors.New("write transitions: transaction is nil")
 	}
-	return s.writeTransitions(ctx, s.db(plannedTx{tx: tx}), trs, now)
+	return s.writeTransitions(ctx, s.db(plannedTx{tx: tx}), trs, now, nil)
 }
 
 // LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
@@ -301,7 +308,10 @@ func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) 
 	return sagaRecords(rows), nil
 }
 
-func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []driver.Transition, now time.Time) error {
+// writeTransitions writes trs through db. With lease, db commits the
+// transaction in the same round trip: the rows leased are handed on with
+// lease.Committed once it has.
+func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []driver.Transition, now time.Time, lease *driver.OutboxLease) error {
 	var msgs []message.Message
 	var h historyCols
 	p := &dbsqlc.SagaWriteParams{Now: now}
@@ -345,10 +355,43 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 	p.OSagaID, p.OSagaType, p.OStep, p.OStepIndex, p.OAttempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
-	if _, err := s.queries.SagaWrite(ctx, db, p); err != nil {
+	p.Confirmed = []int64{}
+	if lease != nil && len(msgs) > 0 {
+		p.LeaseSeconds, p.ClaimedBy, p.Confirmed = lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
+	}
+	row, err := s.queries.SagaWrite(ctx, db, p)
+	if err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
+	if lease != nil && len(msgs) > 0 && lease.Committed != nil {
+		lease.Committed(leasedRows(msgs, row.LeasedIds, row.LeasedMessageIds), len(msgs)-len(row.LeasedIds))
+	}
 	return nil
+}
+
+// leasedRows returns the messages msgs, as written, that the rows ids
+// (with message ids mids) hold: what a claim of those rows would return.
+func leasedRows(msgs []message.Message, ids []int64, mids []uuid.UUID) []driver.OutboxRow {
+	if len(ids) == 0 {
+		return nil
+	}
+	byID := make(map[uuid.UUID]*message.Message, len(msgs))
+	for i := range msgs {
+		byID[msgs[i].MessageID] = &msgs[i]
+	}
+	rows := make([]driver.OutboxRow, 0, len(ids))
+	for i, id := range ids {
+		m, ok := byID[mids[i]]
+		if !ok {
+			continue
+		}
+		written := *m
+		written.Version = message.Version
+		// The column keeps microseconds: the row as a claim reads it.
+		written.CreatedAt = m.CreatedAt.Truncate(time.Microsecond)
+		rows = append(rows, driver.OutboxRow{ID: id, Message: written, PublishAttempts: 1})
+	}
+	return rows
 }
 
 // SagaGet returns the saga id, or an error wrapping message.ErrNotFound.

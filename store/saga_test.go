@@ -452,6 +452,8 @@ func TestTransitionWriteInACallersTransactionRestoresThePlanner(t *testing.T) {
 	var setting string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW enable_seqscan").Scan(&setting))
 	require.Equal(t, "on", setting, "the setting does not outlive the write")
+	require.NoError(t, tx.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&setting))
+	require.Equal(t, "auto", setting, "the setting does not outlive the write")
 	require.NoError(t, tx.Commit(ctx))
 
 	all := rts.All()
@@ -534,6 +536,8 @@ func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 			var setting string
 			require.NoError(t, sp.QueryRow(ctx, "SHOW enable_seqscan").Scan(&setting))
 			require.Equal(t, "on", setting)
+			require.NoError(t, sp.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&setting))
+			require.Equal(t, "auto", setting)
 		})
 	}
 }

@@ -112,6 +112,12 @@ type OutboxSettle struct {
 	Late []LateSend
 }
 
+// Empty reports whether s records nothing: no row published, failed or
+// dead.
+func (s OutboxSettle) Empty() bool {
+	return len(s.Published) == 0 && len(s.Failed) == 0 && len(s.Dead) == 0
+}
+
 // Attempt is the record of a message's failed processing attempts.
 type Attempt struct {
 	MessageID uuid.UUID

@@ -95,6 +95,10 @@ type Result struct {
 	SpanAttrs []attribute.KeyValue
 	// Defer leaves the item of a batch to be processed on its own.
 	Defer bool
+
+	// leased is what the transaction's writes under the relay's
+	// write-time lease did (set by the engine).
+	leased leasedWrites
 }
 
 // Poison is a failure that no retry can cure: the delivery is given up on at
@@ -333,10 +337,12 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 	}
 	var results []Result
 	err := errors.New("no batch")
+	var leased leasedWrites
 	if len(items) > 1 {
 		err = Retrying(ctx, func() error {
 			var err error
-			results, err = bp.ProcessBatch(ctx, items)
+			leased = leasedWrites{}
+			results, err = bp.ProcessBatch(e.leaseWrites(ctx, &leased), items)
 			return err
 		})
 	}
@@ -356,6 +362,7 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 			outs[i], h = e.handle(ctxs[i], ds[i])
 		default:
 			e.infraFailures.Store(0)
+			results[k].leased = leased
 			outs[i], h = e.done(ctxs[i], ds[i], results[k])
 			h.Attrs = append(h.Attrs, telemetry.AttrBatchCount.Int(applied))
 		}
@@ -410,10 +417,48 @@ func (e *Engine) handle(ctx context.Context, d *transport.Delivery) (transport.O
 // failure or a deadlock.
 func (e *Engine) process(ctx context.Context, d *transport.Delivery, attempt int) (res Result, err error) {
 	err = Retrying(ctx, func() error {
-		res, err = e.proc.Process(ctx, d, attempt)
+		var w leasedWrites
+		res, err = e.proc.Process(e.leaseWrites(ctx, &w), d, attempt)
+		res.leased = w
 		return err
 	})
 	return res, err
+}
+
+// leasedWrites is what the writes of one transaction under the relay's
+// write-time lease did, once it committed.
+type leasedWrites struct {
+	// committed: a write under the lease committed; unleased counts the
+	// rows it wrote unclaimed (for a claim, which a wake-up brings).
+	committed bool
+	unleased  int
+}
+
+// leaseWrites returns ctx carrying the relay's write-time lease
+// (driver.OutboxLease), which records into w what the transaction's
+// writes under it did: the rows they lease go to the relay on commit, with
+// no claim. Without a lease to give (see relay.Relay.WriteLease) it returns
+// ctx.
+func (e *Engine) leaseWrites(ctx context.Context, w *leasedWrites) context.Context {
+	l, ok := e.relay.WriteLease()
+	if !ok {
+		return ctx
+	}
+	hand := l.Committed
+	l.Committed = func(leased []driver.OutboxRow, unleased int) {
+		hand(leased, unleased)
+		w.committed = true
+		w.unleased += unleased
+	}
+	return driver.WithOutboxLease(ctx, &l)
+}
+
+// wake wakes the relay after a committed transaction that wrote to the
+// outbox (res.Wrote), unless every row it wrote was leased and handed.
+func (e *Engine) wake(res Result) {
+	if res.Wrote && (!res.leased.committed || res.leased.unleased > 0) {
+		e.relay.Wake()
+	}
 }
 
 // Retrying runs fn, a transaction, and again at once, up to ConflictRetries
@@ -437,9 +482,7 @@ func (e *Engine) done(ctx context.Context, d *transport.Delivery, res Result) (t
 		e.log.Info("duplicate message ignored", logAttrs(d)...)
 		return transport.Ack(), h
 	}
-	if res.Wrote {
-		e.relay.Wake()
-	}
+	e.wake(res)
 	if e.log.Enabled(ctx, slog.LevelDebug) {
 		e.log.Debug("message processed", append(logAttrs(d), "outcome", res.Outcome, "note", res.Note)...)
 	}

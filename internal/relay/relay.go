@@ -197,6 +197,22 @@ type Relay struct {
 	// worker's own next claim.
 	confirmedMu sync.Mutex
 	confirmed   driver.OutboxSettle
+	// confirmedAt is when the oldest of confirmed was added; settling
+	// holds the rows a claim is settling now (taken from confirmed): both
+	// are named to writers as not holding their keys back
+	// (driver.OutboxLease.Confirmed).
+	confirmedAt time.Time
+	settling    []int64
+
+	// handed are rows written under this relay's write-time lease
+	// (WriteLease) and committed, waiting for a worker to publish them
+	// without a claim: one group per transaction, taken whole, so that the
+	// rows of a key one transaction wrote go out in one batch, in order.
+	handedMu sync.Mutex
+	handed   [][]driver.OutboxRow
+	// leasing is true while the workers run: rows leased at write are
+	// published.
+	leasing atomic.Bool
 
 	// wakes counts the calls of Wake; claimedUpTo is the count when the
 	// latest claim began. A wake-up that no Wake followed since a claim
@@ -286,6 +302,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return r.runLog(ctx)
 	}
 	var wg sync.WaitGroup
+	r.leasing.Store(true)
 	for range r.opts.Workers {
 		wg.Add(1)
 		go func() {
@@ -301,6 +318,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 	r.log.Info("relay started", "workers", r.opts.Workers, "batch_size", r.opts.BatchSize, "listen", r.opts.Listen)
+	<-ctx.Done()
+	r.leasing.Store(false)
 	wg.Wait()
 	r.log.Info("relay stopped")
 	return nil
@@ -315,8 +334,13 @@ func (r *Relay) work(ctx context.Context) {
 	var settle driver.OutboxSettle
 	defer func() {
 		// A batch published but not settled yet is settled on the way out,
-		// so a clean shutdown leaves nothing leased.
-		if len(settle.Published) > 0 || len(settle.Failed) > 0 || len(settle.Dead) > 0 || r.unsettled() {
+		// and rows handed and not published are released, claimable at
+		// once, so a clean shutdown leaves nothing leased.
+		for _, row := range r.takeHanded(0) {
+			settle.Failed = append(settle.Failed, row.ID)
+			settle.RetryAfter = 0
+		}
+		if !settle.Empty() || r.unsettled() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			if _, err := r.claim(sctx, 0, settle); err != nil {
@@ -343,7 +367,18 @@ func (r *Relay) work(ctx context.Context) {
 		if probing {
 			max = 1
 		}
-		rows, err := r.claim(ctx, max, settle)
+		// Rows handed by their writers go out without a claim, unless the
+		// worker has a failed batch to record, or rows confirmed a while
+		// ago wait to be settled (the claim settles them, and takes what
+		// was written unleased meanwhile).
+		var rows []driver.OutboxRow
+		var err error
+		if !probing && settle.Empty() && !r.settleDue() {
+			rows = r.takeHanded(r.opts.BatchSize)
+		}
+		if len(rows) == 0 {
+			rows, err = r.claim(ctx, max, settle)
+		}
 		if err != nil {
 			failures++
 			wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
@@ -460,7 +495,7 @@ func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, 
 		if failing {
 			return true, sleep(ctx, poll, 0)
 		}
-		if r.wakes.Load() <= r.claimedUpTo.Load() {
+		if r.wakes.Load() <= r.claimedUpTo.Load() && !r.hasHanded() {
 			// A claim began after this wake-up's Wake: it saw those rows.
 			return r.idleOn(ctx, poll)
 		}
@@ -481,7 +516,7 @@ func (r *Relay) idleOn(ctx context.Context, poll *time.Timer) (woken, ok bool) {
 		case <-ctx.Done():
 			return false, false
 		case <-r.wake:
-			if r.wakes.Load() <= r.claimedUpTo.Load() {
+			if r.wakes.Load() <= r.claimedUpTo.Load() && !r.hasHanded() {
 				continue
 			}
 			poll.Stop()
@@ -537,6 +572,7 @@ func (r *Relay) claim(ctx context.Context, max int, settle driver.OutboxSettle) 
 	rows, err := r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
 		Max: max, Lease: r.opts.Lease, ClaimedBy: r.name, Settle: settle,
 	})
+	r.doneSettling(shared.Published)
 	if err != nil {
 		r.addConfirmed(shared)
 	}
@@ -550,18 +586,103 @@ func (r *Relay) addConfirmed(settle driver.OutboxSettle) {
 		return
 	}
 	r.confirmedMu.Lock()
+	if len(r.confirmed.Published) == 0 {
+		r.confirmedAt = time.Now()
+	}
 	r.confirmed.Published = append(r.confirmed.Published, settle.Published...)
 	r.confirmed.Late = append(r.confirmed.Late, settle.Late...)
 	r.confirmedMu.Unlock()
 }
 
-// takeConfirmed takes the rows confirmed and not settled yet.
+// takeConfirmed takes the rows confirmed and not settled yet; they are
+// settling until doneSettling.
 func (r *Relay) takeConfirmed() driver.OutboxSettle {
 	r.confirmedMu.Lock()
 	defer r.confirmedMu.Unlock()
 	c := r.confirmed
 	r.confirmed = driver.OutboxSettle{}
+	r.settling = append(r.settling, c.Published...)
 	return c
+}
+
+// doneSettling ends the settling of ids, which a claim settled or gave
+// back to confirmed.
+func (r *Relay) doneSettling(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	r.confirmedMu.Lock()
+	defer r.confirmedMu.Unlock()
+	r.settling = slices.DeleteFunc(r.settling, func(id int64) bool { return slices.Contains(ids, id) })
+}
+
+// settleDue reports whether rows confirmed at least settleDelay ago, or a
+// batch's worth of them, wait to be settled: under a steady stream of
+// handed rows no worker idles long enough to settle them otherwise.
+func (r *Relay) settleDue() bool {
+	r.confirmedMu.Lock()
+	defer r.confirmedMu.Unlock()
+	n := len(r.confirmed.Published)
+	return n > 0 && (n >= r.opts.BatchSize || time.Since(r.confirmedAt) >= r.settleDelay)
+}
+
+// WriteLease returns the write-time lease for the outbox rows of a
+// transaction about to run (driver.OutboxLease): rows it leases are handed
+// to this relay on commit. It reports false when rows are to be claimed
+// instead: the relay reads the write-ahead log, is not running, or knows
+// its broker to be unreachable.
+func (r *Relay) WriteLease() (driver.OutboxLease, bool) {
+	if r.opts.Mode != ModePoll || !r.leasing.Load() || r.unavailable() {
+		return driver.OutboxLease{}, false
+	}
+	r.confirmedMu.Lock()
+	confirmed := make([]int64, 0, len(r.confirmed.Published)+len(r.settling))
+	confirmed = append(append(confirmed, r.confirmed.Published...), r.settling...)
+	r.confirmedMu.Unlock()
+	return driver.OutboxLease{
+		Schema: r.db.Schema(), Lease: r.opts.Lease, ClaimedBy: r.name, Confirmed: confirmed,
+		Committed: func(leased []driver.OutboxRow, _ int) { r.Hand(leased) },
+	}, true
+}
+
+// Hand gives the relay committed rows written under its lease, for a worker
+// to publish without a claim. It never blocks.
+func (r *Relay) Hand(rows []driver.OutboxRow) {
+	if len(rows) == 0 {
+		return
+	}
+	r.handedMu.Lock()
+	r.handed = append(r.handed, rows)
+	r.handedMu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeHanded takes handed rows, oldest first, in whole groups: up to max
+// rows, or one group larger than that (all with 0).
+func (r *Relay) takeHanded(max int) []driver.OutboxRow {
+	r.handedMu.Lock()
+	defer r.handedMu.Unlock()
+	var rows []driver.OutboxRow
+	n := 0
+	for _, g := range r.handed {
+		if max > 0 && len(rows) > 0 && len(rows)+len(g) > max {
+			break
+		}
+		rows = append(rows, g...)
+		n++
+	}
+	r.handed = slices.Delete(r.handed, 0, n)
+	return rows
+}
+
+// hasHanded reports whether handed rows wait for a worker.
+func (r *Relay) hasHanded() bool {
+	r.handedMu.Lock()
+	defer r.handedMu.Unlock()
+	return len(r.handed) > 0
 }
 
 // unsettled reports whether rows confirmed wait for a claim to settle them.

@@ -1056,35 +1056,61 @@ WITH updated AS (
            unnest($22::text[]),
            unnest($23::text[]),
            nullif(unnest($24::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
+), message AS (
+    -- Set-returning functions in one select list run in lockstep: ordinality
+    -- numbers the messages in array order, the order of their ids.
+    SELECT unnest($25::uuid[]) AS message_id,
+           unnest($26::text[]) AS ordering_key,
+           unnest($27::text[]) AS kind,
+           unnest($28::text[]) AS type,
+           unnest($29::text[]) AS routing_key,
+           unnest($30::uuid[]) AS saga_id,
+           unnest($31::text[]) AS saga_type,
+           unnest($32::text[]) AS step,
+           unnest($33::integer[]) AS step_index,
+           unnest($34::integer[]) AS attempt,
+           unnest($35::text[]) AS reply_to,
+           unnest($36::text[]) AS correlation_id,
+           unnest($37::text[]) AS traceparent,
+           unnest($38::text[]) AS tracestate,
+           unnest($39::jsonb[]) AS headers,
+           unnest($40::bytea[]) AS payload,
+           unnest($41::timestamptz[]) AS created_at,
+           generate_series(1, cardinality($25::uuid[])) AS ordinality
+), leasable AS (
+    -- The lease is decided per key, once: a probe of the (ordering_key, id)
+    -- index of unpublished rows for an earlier row the relay has not
+    -- confirmed. No probe runs without a lease.
+    SELECT k.ordering_key
+    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
+    WHERE $42::float8 > 0 AND NOT EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
+        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
+          AND p.id <> ALL($43::bigint[])
+    )
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
         step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
-        headers, payload, created_at
+        headers, payload, created_at, claimed_until, claimed_by, publish_attempts
     )
-    SELECT unnest($25::uuid[]),
-           unnest($26::text[]),
-           unnest($27::text[]),
-           unnest($28::text[]),
-           unnest($29::text[]),
-           unnest($30::uuid[]),
-           unnest($31::text[]),
-           unnest($32::text[]),
-           unnest($33::integer[]),
-           unnest($34::integer[]),
-           unnest($35::text[]),
-           unnest($36::text[]),
-           unnest($37::text[]),
-           unnest($38::text[]),
-           unnest($39::jsonb[]),
-           unnest($40::bytea[]),
-           unnest($41::timestamptz[])
+    SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
+           m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
+           m.headers, m.payload, m.created_at,
+           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => $42::float8) END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN $44::text ELSE '' END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
+    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
+    ORDER BY m.ordinality
+    RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
 SELECT /* TEMPLATE: schema */sagabox_check(
     (SELECT count(*) FROM updated) = cardinality($1::uuid[]),
     '40001',
     'sagabox: a saga changed since its transition was computed; the transaction is run again'
-)::boolean AS ok
+)::boolean AS ok,
+coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
+coalesce((SELECT array_agg(o.message_id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::uuid[] AS leased_message_ids
 `
 
 type SagaWriteParams struct {
@@ -1129,6 +1155,15 @@ type SagaWriteParams struct {
 	OHeaders       [][]byte
 	OPayload       [][]byte
 	OCreatedAt     []time.Time
+	LeaseSeconds   float64
+	Confirmed      []int64
+	ClaimedBy      string
+}
+
+type SagaWriteRow struct {
+	Ok               bool
+	LeasedIds        []int64
+	LeasedMessageIds []uuid.UUID
 }
 
 // Writes transitions: the new state of the sagas @id (each checked against
@@ -1136,7 +1171,16 @@ type SagaWriteParams struct {
 // statement with a serialization failure, so that it is not committed and
 // the transaction is run again), their history and their outgoing messages.
 // A zero deadline or finished_at is stored as null.
-func (q *Queries) SagaWrite(ctx context.Context, db DBTX, arg *SagaWriteParams) (bool, error) {
+//
+// With @lease_seconds above zero the messages are written claimed by the
+// relay @claimed_by (the write-time lease: that relay publishes them once
+// the transaction commits, with no claim), except those whose ordering key
+// has an earlier unpublished row that is not among @confirmed (rows that
+// relay has published and not settled yet): those stay unclaimed, for a
+// claim to take in key order. Rows of one key written by this statement
+// are leased together. leased_ids and leased_message_ids name the rows
+// leased, in id order.
+func (q *Queries) SagaWrite(ctx context.Context, db DBTX, arg *SagaWriteParams) (*SagaWriteRow, error) {
 	row := db.QueryRow(ctx, sagaWrite,
 		arg.ID,
 		arg.Now,
@@ -1179,8 +1223,11 @@ func (q *Queries) SagaWrite(ctx context.Context, db DBTX, arg *SagaWriteParams) 
 		arg.OHeaders,
 		arg.OPayload,
 		arg.OCreatedAt,
+		arg.LeaseSeconds,
+		arg.Confirmed,
+		arg.ClaimedBy,
 	)
-	var ok bool
-	err := row.Scan(&ok)
-	return ok, err
+	var i SagaWriteRow
+	err := row.Scan(&i.Ok, &i.LeasedIds, &i.LeasedMessageIds)
+	return &i, err
 }

@@ -1,0 +1,181 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/message"
+)
+
+// leaseRecorder is a write-time lease whose Committed records what it was
+// told.
+type leaseRecorder struct {
+	driver.OutboxLease
+	calls    int
+	leased   []driver.OutboxRow
+	unleased int
+}
+
+func newLease(schema string, confirmed ...int64) *leaseRecorder {
+	l := &leaseRecorder{OutboxLease: driver.OutboxLease{Schema: schema, Lease: time.Minute, ClaimedBy: "relay-a", Confirmed: confirmed}}
+	l.Committed = func(leased []driver.OutboxRow, unleased int) {
+		l.calls++
+		l.leased = append(l.leased, leased...)
+		l.unleased += unleased
+	}
+	return l
+}
+
+// sagaCommand is the next command of saga id, for step.
+func sagaCommand(id uuid.UUID, step string) message.Message {
+	return message.Message{
+		Envelope: message.Envelope{MessageID: uuid.New(), Type: "payment.charge", Kind: message.KindCommand, SagaID: id, Step: step, ReplyTo: "orders", OrderingKey: id.String()},
+		Payload:  []byte(`{"amount":10}`),
+	}
+}
+
+// writeUnder writes, in a transaction of the engine that the write commits,
+// one transition of saga id sending msgs, under lease (none when nil).
+func writeUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, msgs ...message.Message) {
+	t.Helper()
+	ctx := context.Background()
+	if lease != nil {
+		ctx = driver.WithOutboxLease(ctx, &lease.OutboxLease)
+	}
+	rec, err := s.SagaGet(ctx, id)
+	require.NoError(t, err)
+	tr := driver.Transition{Saga: &rec, Messages: msgs, History: []driver.HistoryRecord{{SagaID: id, At: time.Now(), Event: "command-sent"}}}
+	require.NoError(t, s.WriteTransitions(ctx, s.Begin(), []driver.Transition{tr}, time.Now(), true))
+}
+
+// outboxRowOf returns the id, claimant and attempts of message mid's row.
+func outboxRowOf(t *testing.T, s *dbtest.DB, mid uuid.UUID) (id int64, claimedBy string, leasedFor time.Duration, attempts int) {
+	t.Helper()
+	var until *time.Time
+	require.NoError(t, s.Pool.QueryRow(context.Background(),
+		`SELECT id, claimed_by, claimed_until, publish_attempts FROM `+pgIdent(s.Schema())+`.sagabox_outbox WHERE message_id = $1`, mid).
+		Scan(&id, &claimedBy, &until, &attempts))
+	if until != nil {
+		leasedFor = time.Until(*until)
+	}
+	return id, claimedBy, leasedFor, attempts
+}
+
+func pgIdent(s string) string { return `"` + s + `"` }
+
+// The write-time lease: a transition's messages are written claimed by the
+// relay that will publish them on commit, and handed to it (Committed), as
+// a claim would have returned them; a message whose key has an earlier
+// unpublished row the relay has not confirmed is written unclaimed, for a
+// claim to take in key order; a write without a lease, or with another
+// schema's, claims nothing.
+func TestTransitionWriteTakesTheWriteTimeLease(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+
+	// The start's command is unpublished: the next command waits behind it.
+	held := newSaga("", time.Time{})
+	require.True(t, start(t, s, held, time.Now()))
+	lease := newLease(s.Schema())
+	next := sagaCommand(held.ID, "charge")
+	writeUnder(t, s, lease, held.ID, next)
+	require.Equal(t, 1, lease.calls, "Committed is called once the write committed")
+	require.Empty(t, lease.leased)
+	require.Equal(t, 1, lease.unleased)
+	_, by, _, attempts := outboxRowOf(t, s, next.MessageID)
+	require.Equal(t, "", by, "a row behind an unpublished row of its key is left to a claim")
+	require.Zero(t, attempts)
+
+	// Once the relay has confirmed the start's command (not settled yet),
+	// the next command is leased, with the command after it in the same
+	// write.
+	free := newSaga("", time.Time{})
+	require.True(t, start(t, s, free, time.Now()))
+	first := startCommandID(t, s, free.ID)
+	lease = newLease(s.Schema(), first)
+	a, b := sagaCommand(free.ID, "charge"), sagaCommand(free.ID, "ship")
+	writeUnder(t, s, lease, free.ID, a, b)
+	require.Equal(t, 0, lease.unleased)
+	require.Len(t, lease.leased, 2)
+	for i, m := range []message.Message{a, b} {
+		id, by, leasedFor, attempts := outboxRowOf(t, s, m.MessageID)
+		require.Equal(t, id, lease.leased[i].ID, "leased rows come in id order")
+		require.Equal(t, "relay-a", by)
+		require.InDelta(t, time.Minute.Seconds(), leasedFor.Seconds(), 10, "leased for the lease")
+		require.Equal(t, 1, attempts, "the lease counts as the row's first claim")
+		require.Equal(t, 1, lease.leased[i].PublishAttempts)
+	}
+
+	// Handed rows are the rows a claim returns: released, they are claimed
+	// as they were handed.
+	_, err := s.OutboxClaim(ctx, driver.OutboxClaimOpts{Lease: time.Minute, ClaimedBy: "r", Settle: driver.OutboxSettle{
+		Failed: []int64{lease.leased[0].ID, lease.leased[1].ID}, Published: []int64{first},
+	}})
+	require.NoError(t, err)
+	claimed, err := s.OutboxClaim(ctx, driver.OutboxClaimOpts{Max: 10, Lease: time.Minute, ClaimedBy: "r"})
+	require.NoError(t, err)
+	var got []driver.OutboxRow
+	for _, r := range claimed {
+		if r.Message.SagaID == free.ID {
+			got = append(got, r)
+		}
+	}
+	require.Len(t, got, 2)
+	for i := range got {
+		require.Equal(t, got[i].ID, lease.leased[i].ID)
+		require.Equal(t, got[i].Message, lease.leased[i].Message, "a handed row is published as claimed")
+	}
+
+	// No lease, or another schema's: nothing is claimed at write.
+	for _, l := range []*leaseRecorder{nil, newLease("another_schema")} {
+		other := newSaga("", time.Time{})
+		require.True(t, start(t, s, other, time.Now()))
+		m := sagaCommand(other.ID, "charge")
+		writeUnder(t, s, l, other.ID, m)
+		_, by, _, _ := outboxRowOf(t, s, m.MessageID)
+		require.Equal(t, "", by)
+		if l != nil {
+			require.Zero(t, l.calls, "a lease of another schema is not told of the write")
+		}
+	}
+}
+
+// startCommandID returns the outbox id of the command saga id's start
+// wrote.
+func startCommandID(t *testing.T, s *dbtest.DB, id uuid.UUID) int64 {
+	t.Helper()
+	var rowID int64
+	require.NoError(t, s.Pool.QueryRow(context.Background(),
+		`SELECT min(id) FROM `+pgIdent(s.Schema())+`.sagabox_outbox WHERE saga_id = $1`, id).Scan(&rowID))
+	return rowID
+}
+
+// The transition write is planned once per connection: it runs on its
+// generic plan (writePlan). Left to the plan cache, the write taking the
+// lease was planned anew at every execution, for more than it cost to run.
+func TestTransitionWriteKeepsItsGenericPlan(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	s := dbtest.StoreOnPool(t, pool)
+	lease := newLease(s.Schema())
+	const writes = 8
+	for range writes {
+		rec := newSaga("", time.Time{})
+		require.True(t, start(t, s, rec, time.Now()))
+		writeUnder(t, s, lease, rec.ID, sagaCommand(rec.ID, "charge"))
+	}
+	var generic, custom int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) FROM pg_prepared_statements
+		 WHERE statement LIKE '%name: SagaWrite %'`).Scan(&generic, &custom))
+	require.GreaterOrEqual(t, generic, int64(writes), "every write ran on the connection's generic plan")
+	require.Zero(t, custom, "no write was planned for its parameters")
+}
