@@ -3,7 +3,11 @@ package orchestrator_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -69,4 +73,43 @@ func TestGuaranteeAtomicStartLocalStepRejectionUndoesItsWrites(t *testing.T) {
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM %[2]s.reservations WHERE order_id = 'callers'`))
 	require.Zero(t, e.count(`SELECT count(*) FROM %[2]s.reservations WHERE order_id LIKE 'f-%%'`), "a failed Start leaves no local step's write")
 	require.Zero(t, e.count(`SELECT count(*) FROM %[1]s.sagabox_saga WHERE saga_type = 'local-fails'`))
+}
+
+// A saga started by a local step, in the transaction of the reply before
+// it, gets its first command published with no poll to fall back on (the
+// relay polls hourly here): the reply's transaction writes its own
+// commands under the relay's write-time lease, and the rows it writes
+// without it still reach a claim (the store tells the lease of them:
+// TestUnleasedWritesAreNoted).
+func TestSagaStartedByALocalStepIsPublishedAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	run(t, e.inventory(false).Run)
+	child := saga.MustNew("child", 1,
+		saga.Step("reserve", saga.Invoke(Reserve, func(o *Order) ReserveReq { return ReserveReq{OrderID: o.ID, Qty: 1} }, nil)))
+	var c *orchestrator.Client
+	var childID atomic.Value
+	parent := saga.MustNew("parent", 1,
+		saga.Step("reserve", saga.Invoke(Reserve, func(o *Order) ReserveReq { return ReserveReq{OrderID: o.ID, Qty: 1} }, nil)),
+		saga.LocalStep("spawn", func(ctx context.Context, o *Order) error {
+			st, err := orchestrator.Start(ctx, c, orchestrator.TxFromContext(ctx), child, Order{ID: o.ID + "-child"}, nil)
+			if err == nil {
+				childID.Store(st.ID)
+			}
+			return err
+		}))
+	cfg := e.orchConfig(parent, child)
+	cfg.Relay.PollInterval = time.Hour
+	c = e.runOrchestrator(cfg)
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	st, err := orchestrator.Start(ctx, c, tx, parent, Order{ID: "p"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	c.Wake()
+	waitStatus(t, c, st.ID, saga.StatusCompleted, 20*time.Second)
+	require.NotNil(t, childID.Load(), "the local step started the child")
+	waitStatus(t, c, childID.Load().(uuid.UUID), saga.StatusCompleted, 20*time.Second)
 }

@@ -180,6 +180,7 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 	if err := s.queries.DeliveryFinish(ctx, txOf(t).exec(ctx, true), p); err != nil {
 		return fmt.Errorf("finish delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}
+	driver.NoteUnleased(ctx, s.schema, len(p.MessageID))
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -178,4 +179,36 @@ func TestTransitionWriteKeepsItsGenericPlan(t *testing.T) {
 		 WHERE statement LIKE '%name: SagaWrite %'`).Scan(&generic, &custom))
 	require.GreaterOrEqual(t, generic, int64(writes), "every write ran on the connection's generic plan")
 	require.Zero(t, custom, "no write was planned for its parameters")
+}
+
+// The outbox writes under a delivery's lease that take none (a handler's
+// own messages, a saga started in the transaction, a write that does not
+// commit its transaction) tell the lease how many rows they wrote, so that
+// the engine wakes the relay for them.
+func TestUnleasedWritesAreNoted(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t)
+	ctx := context.Background()
+	lease := newLease(s.Schema())
+	noted := 0
+	lease.Unleased = func(n int) { noted += n }
+	lctx := driver.WithOutboxLease(ctx, &lease.OutboxLease)
+
+	rec := newSaga("", time.Time{})
+	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
+		_, err := s.StartSaga(lctx, tx, &driver.SagaStart{Saga: rec, Messages: []message.Message{sagaCommand(rec.ID, "reserve")}}, time.Now())
+		if err != nil {
+			return err
+		}
+		return s.OutboxWrite(lctx, tx, []message.Message{sagaCommand(rec.ID, "notify"), sagaCommand(rec.ID, "notify")})
+	}))
+	require.Equal(t, 3, noted, "a start's command and a caller's two messages")
+
+	got, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	tx := s.Begin()
+	defer tx.Rollback(ctx)
+	require.NoError(t, s.WriteTransitions(lctx, tx, []driver.Transition{{Saga: &got, Messages: []message.Message{sagaCommand(rec.ID, "charge")}}}, time.Now(), false))
+	require.Equal(t, 4, noted, "a write that leaves the commit to later takes no lease")
+	require.Zero(t, lease.calls)
 }

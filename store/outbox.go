@@ -43,6 +43,7 @@ func (s *executor) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Me
 	if err := s.queries.OutboxInsert(ctx, s.db(tx), p); err != nil {
 		return fmt.Errorf("write outbox: insert %d messages into schema %q: %w", len(msgs), s.schema, err)
 	}
+	driver.NoteUnleased(ctx, s.schema, len(msgs))
 	return nil
 }
 

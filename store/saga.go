@@ -111,6 +111,9 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 	if err != nil {
 		return false, fmt.Errorf("start saga %s (%s) in schema %q: %w", r.ID, r.Type, s.schema, err)
 	}
+	if inserted {
+		driver.NoteUnleased(ctx, s.schema, len(st.Messages))
+	}
 	return inserted, nil
 }
 
@@ -363,8 +366,11 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 	if err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
-	if lease != nil && len(msgs) > 0 && lease.Committed != nil {
+	switch {
+	case lease != nil && len(msgs) > 0 && lease.Committed != nil:
 		lease.Committed(leasedRows(msgs, row.LeasedIds, row.LeasedMessageIds), len(msgs)-len(row.LeasedIds))
+	case lease == nil:
+		driver.NoteUnleased(ctx, s.schema, len(msgs))
 	}
 	return nil
 }

@@ -26,6 +26,19 @@ type OutboxLease struct {
 	// Committed is called once a write under the lease has committed, with
 	// the rows it leased (in id order) and how many rows it wrote unleased.
 	Committed func(leased []OutboxRow, unleased int)
+	// Unleased is called by the other writes to the outbox under the
+	// lease's context, which take no lease (a handler's own messages, a
+	// saga started in the transaction), with how many rows they wrote: a
+	// claim must find them, so the relay is woken.
+	Unleased func(rows int)
+}
+
+// NoteUnleased tells the lease ctx carries for schema, if any, of rows
+// written to its outbox without it.
+func NoteUnleased(ctx context.Context, schema string, rows int) {
+	if l := OutboxLeaseFrom(ctx, schema); l != nil && l.Unleased != nil && rows > 0 {
+		l.Unleased(rows)
+	}
 }
 
 type outboxLeaseKey struct{}

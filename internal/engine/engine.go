@@ -429,7 +429,8 @@ func (e *Engine) process(ctx context.Context, d *transport.Delivery, attempt int
 // write-time lease did, once it committed.
 type leasedWrites struct {
 	// committed: a write under the lease committed; unleased counts the
-	// rows it wrote unclaimed (for a claim, which a wake-up brings).
+	// rows it and the transaction's other writes wrote unclaimed (for a
+	// claim, which a wake-up brings).
 	committed bool
 	unleased  int
 }
@@ -450,6 +451,7 @@ func (e *Engine) leaseWrites(ctx context.Context, w *leasedWrites) context.Conte
 		w.committed = true
 		w.unleased += unleased
 	}
+	l.Unleased = func(rows int) { w.unleased += rows }
 	return driver.WithOutboxLease(ctx, &l)
 }
 
