@@ -316,7 +316,7 @@ func (c *Client) processEvent(ctx context.Context, d *transport.Delivery) (engin
 	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
 		return engine.Result{}, err
 	}
-	c.committed(ctx, tr)
+	c.applied(ctx, tr)
 	return engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0}, nil
 }
 

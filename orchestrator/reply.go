@@ -160,7 +160,7 @@ func (c *Client) replyApplied(ctx context.Context, d *transport.Delivery, tr tra
 	// Latency since the saga's previous transition, normally the one that
 	// sent the command this reply answers.
 	c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
-	c.committed(ctx, tr)
+	c.applied(ctx, tr)
 	return engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0, SpanAttrs: []attribute.KeyValue{
 		telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)),
 	}}

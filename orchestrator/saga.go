@@ -208,13 +208,24 @@ func writes(trs ...transition) []driver.Transition {
 // committed does what follows the commit of transitions: wake the relay and
 // the sweeper, count metrics.
 func (c *Client) committed(ctx context.Context, trs ...transition) {
-	wake, admit := false, false
+	if c.applied(ctx, trs...) {
+		c.wakeRelay()
+	}
+}
+
+// applied is committed without the relay's wake-up, for a delivery's
+// transitions: the engine wakes the relay after the delivery when a
+// message its transaction wrote needs a claim (engine.Result.Wrote), and
+// not when the relay was handed them all (the write-time lease). It
+// reports whether the transitions sent messages.
+func (c *Client) applied(ctx context.Context, trs ...transition) (sent bool) {
+	admit := false
 	for _, tr := range trs {
 		if tr.res.Ignored {
 			continue
 		}
 		if len(tr.res.Emit) > 0 {
-			wake = true
+			sent = true
 		}
 		if !tr.rec.Deadline.IsZero() {
 			c.noteDeadline(tr.rec.Deadline)
@@ -234,10 +245,8 @@ func (c *Client) committed(ctx context.Context, trs ...transition) {
 			c.log.Log(ctx, lvl, "saga "+string(after), "saga_id", tr.rec.ID.String(), "saga_type", tr.rec.Type, "last_error", tr.rec.LastError)
 		}
 	}
-	if wake {
-		c.wakeRelay()
-	}
 	if admit && c.mayBeQueued.Load() {
 		c.wakeAdmission() // a place for a queued saga may have freed
 	}
+	return sent
 }

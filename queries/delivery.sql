@@ -98,12 +98,16 @@ SELECT inbox.fresh::boolean AS fresh,
        coalesce(action.outcome, '')::text AS action_outcome
 FROM inbox LEFT JOIN mark ON true LEFT JOIN action ON true;
 
--- name: DeliveryFinish :exec
+-- name: DeliveryFinish :one
 -- Finishes a delivery: sets the outcome and reply of the barrier mark it left
 -- (when @set_mark), marks the inbox entry of @inbox_message_id 'done' (when
 -- @settle_inbox: a delivery that began 'started' and ends in the same
 -- transaction) and writes its reply to the outbox (an empty @message_id
 -- array writes none). Sent with COMMIT.
+--
+-- With @lease_seconds above zero the reply is written under the relay's
+-- write-time lease, as SagaWrite writes a saga's commands (see there):
+-- leased_ids and leased_message_ids name the rows leased.
 WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
     SET outcome = @outcome::text, reply_kind = @reply_kind::text, reply_payload = @reply_payload::bytea
@@ -112,30 +116,51 @@ WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_inbox
     SET state = 'done'
     WHERE @settle_inbox::boolean AND message_id = @inbox_message_id::uuid AND state = 'started'
+), message AS (
+    SELECT unnest(@message_id::uuid[]) AS message_id,
+           unnest(@ordering_key::text[]) AS ordering_key,
+           unnest(@kind::text[]) AS kind,
+           unnest(@type::text[]) AS type,
+           unnest(@routing_key::text[]) AS routing_key,
+           nullif(unnest(@reply_saga_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid) AS saga_id,
+           unnest(@saga_type::text[]) AS saga_type,
+           unnest(@reply_step::text[]) AS step,
+           unnest(@step_index::integer[]) AS step_index,
+           unnest(@attempt::integer[]) AS attempt,
+           unnest(@reply_to::text[]) AS reply_to,
+           unnest(@correlation_id::text[]) AS correlation_id,
+           unnest(@traceparent::text[]) AS traceparent,
+           unnest(@tracestate::text[]) AS tracestate,
+           unnest(@headers::jsonb[]) AS headers,
+           unnest(@payload::bytea[]) AS payload,
+           unnest(@created_at::timestamptz[]) AS created_at,
+           generate_series(1, cardinality(@message_id::uuid[])) AS ordinality
+), leasable AS (
+    SELECT k.ordering_key
+    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
+    WHERE @lease_seconds::float8 > 0 AND NOT EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
+        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
+          AND p.id <> ALL(@confirmed::bigint[])
+    )
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at, claimed_until, claimed_by, publish_attempts
+    )
+    SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
+           m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
+           m.headers, m.payload, m.created_at,
+           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => @lease_seconds::float8) END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN @claimed_by::text ELSE '' END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
+    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
+    ORDER BY m.ordinality
+    RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
-INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
-    message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
-    step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
-    headers, payload, created_at
-)
-SELECT
-    unnest(@message_id::uuid[]),
-    unnest(@ordering_key::text[]),
-    unnest(@kind::text[]),
-    unnest(@type::text[]),
-    unnest(@routing_key::text[]),
-    nullif(unnest(@reply_saga_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid),
-    unnest(@saga_type::text[]),
-    unnest(@reply_step::text[]),
-    unnest(@step_index::integer[]),
-    unnest(@attempt::integer[]),
-    unnest(@reply_to::text[]),
-    unnest(@correlation_id::text[]),
-    unnest(@traceparent::text[]),
-    unnest(@tracestate::text[]),
-    unnest(@headers::jsonb[]),
-    unnest(@payload::bytea[]),
-    unnest(@created_at::timestamptz[]);
+SELECT coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
+       coalesce((SELECT array_agg(o.message_id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::uuid[] AS leased_message_ids;
 
 -- name: BarrierGet :one
 -- The mark of (saga, step, phase), for a delivery given up on.

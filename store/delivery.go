@@ -166,8 +166,10 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 	if m := end.Mark; m != nil {
 		p.SetMark, p.Outcome, p.ReplyKind, p.ReplyPayload = true, string(m.Outcome), string(m.ReplyKind), m.ReplyPayload
 	}
+	var reply []message.Message // as prepared and written
 	if end.Reply != nil {
-		o, err := outboxColumns([]message.Message{*end.Reply}, time.Now().UTC())
+		reply = []message.Message{*end.Reply}
+		o, err := outboxColumns(reply, time.Now().UTC())
 		if err != nil {
 			return fmt.Errorf("finish delivery of message %s: reply: %w", env.MessageID, err)
 		}
@@ -177,8 +179,30 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		p.ReplyTo, p.CorrelationID, p.Traceparent, p.Tracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 		p.Headers, p.Payload, p.CreatedAt = o.headers, o.payload, o.createdAt
 	}
-	if err := s.queries.DeliveryFinish(ctx, txOf(t).exec(ctx, true), p); err != nil {
+	// A delivery of its own takes the write-time lease of its reply (one of
+	// a group, whose statement is sent later and unread, does not). The
+	// statement runs under writePlan, as the transition write does, for
+	// the same reasons; the commit ends the setting, a subtransaction's
+	// release does not.
+	tx := txOf(t)
+	var lease *driver.OutboxLease
+	var then []string
+	if tx.sub {
+		then = []string{writePlanEnd}
+	} else if len(p.MessageID) > 0 {
+		lease = driver.OutboxLeaseFrom(ctx, s.schema)
+	}
+	p.Confirmed = []int64{}
+	if lease != nil {
+		p.LeaseSeconds, p.ClaimedBy, p.Confirmed = lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
+	}
+	row, err := s.queries.DeliveryFinish(ctx, tx.execAround(true, []string{writePlan}, then), p)
+	if err != nil {
 		return fmt.Errorf("finish delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
+	}
+	if lease != nil && lease.Committed != nil {
+		lease.Committed(leasedRows(reply, row.LeasedIds, row.LeasedMessageIds), len(p.MessageID)-len(row.LeasedIds))
+		return nil
 	}
 	driver.NoteUnleased(ctx, s.schema, len(p.MessageID))
 	return nil

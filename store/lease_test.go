@@ -13,6 +13,7 @@ import (
 	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/store"
 )
 
 // leaseRecorder is a write-time lease whose Committed records what it was
@@ -211,4 +212,66 @@ func TestUnleasedWritesAreNoted(t *testing.T) {
 	require.NoError(t, s.WriteTransitions(lctx, tx, []driver.Transition{{Saga: &got, Messages: []message.Message{sagaCommand(rec.ID, "charge")}}}, time.Now(), false))
 	require.Equal(t, 4, noted, "a write that leaves the commit to later takes no lease")
 	require.Zero(t, lease.calls)
+}
+
+// finishUnder delivers a command to saga id in a transaction of its own (or,
+// with sub, as one delivery of a group) under lease, and returns its reply
+// as written.
+func finishUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, sub bool) message.Message {
+	t.Helper()
+	ctx := driver.WithOutboxLease(context.Background(), &lease.OutboxLease)
+	env := command(id, message.KindCommand)
+	tx := s.Begin()
+	defer tx.Rollback(ctx)
+	dtx := tx
+	if sub {
+		dtx = tx.Sub()
+	}
+	d, err := s.BeginDelivery(ctx, dtx, env, []byte(`{}`))
+	require.NoError(t, err)
+	r := reply(env, message.KindReplySuccess, `{"ok":1}`)
+	r.OrderingKey = id.String()
+	end := driver.DeliveryEnd{Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{"ok":1}`)}, Reply: r}
+	require.NoError(t, s.FinishDelivery(ctx, dtx, env, d, end))
+	if sub {
+		require.NoError(t, tx.Commit(ctx))
+	}
+	return *r
+}
+
+// A participant's reply is written under the write-time lease of its
+// delivery, as an orchestrator's commands are; the reply of one delivery
+// of a group, whose statement goes out later unread, is not (it is noted
+// as unleased). Both run on their generic plans.
+func TestDeliveryReplyTakesTheWriteTimeLease(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
+	lease := newLease(s.Schema())
+	noted := 0
+	lease.Unleased = func(n int) { noted += n }
+
+	const deliveries = 6
+	for range deliveries {
+		r := finishUnder(t, s, lease, uuid.New(), false)
+		_, by, _, attempts := outboxRowOf(t, s, r.MessageID)
+		require.Equal(t, "relay-a", by)
+		require.Equal(t, 1, attempts)
+	}
+	require.Equal(t, deliveries, lease.calls)
+	require.Len(t, lease.leased, deliveries)
+	require.Zero(t, noted)
+
+	for range deliveries {
+		r := finishUnder(t, s, lease, uuid.New(), true)
+		_, by, _, _ := outboxRowOf(t, s, r.MessageID)
+		require.Equal(t, "", by, "a grouped delivery's reply goes the claim way")
+	}
+	require.Equal(t, deliveries, lease.calls)
+	require.Equal(t, deliveries, noted)
+
+	var custom int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT coalesce(sum(custom_plans), 0) FROM pg_prepared_statements WHERE statement LIKE '%name: DeliveryFinish %'`).Scan(&custom))
+	require.Zero(t, custom, "no finish was planned for its parameters")
 }

@@ -327,27 +327,44 @@ func (p *pipe) end(br pgx.BatchResults, stmtErr error) error {
 	return err
 }
 
-// Exec implements dbsqlc.DBTX. The statement that ends a subtransaction
-// is not sent at once: it goes out, with its RELEASE, ahead of the next
-// statement of the transaction (the next delivery's first, or COMMIT), so a
-// delivery of a group costs one round trip less. Should it fail, the whole
-// transaction fails to commit.
+// deferred reports whether the pipe's statement ends a subtransaction. Such
+// a statement is not sent at once: it goes out (with what goes around it
+// and its RELEASE) ahead of the next statement of the transaction (the
+// next delivery's first, or COMMIT), so a delivery of a group costs one
+// round trip less; its result is not read. Should it fail, the whole
+// transaction fails to commit. defer queues it.
+func (p *pipe) deferred() bool { return p.commit && p.t.sub }
+
+// queueDeferred queues a statement that ends a subtransaction (deferred).
+func (p *pipe) queueDeferred(sql string, args []any) error {
+	t := p.t
+	switch {
+	case t.done:
+		return pgx.ErrTxClosed
+	case t.err != nil:
+		return t.err
+	}
+	if !t.begun {
+		t.pending = append(t.pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
+		t.begun = true
+	}
+	for _, s := range p.before {
+		t.pending = append(t.pending, pendingStmt{sql: s})
+	}
+	t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)})
+	for _, s := range p.then {
+		t.pending = append(t.pending, pendingStmt{sql: s})
+	}
+	t.pending = append(t.pending, pendingStmt{sql: "release savepoint " + deliverySavepoint})
+	t.done = true
+	return nil
+}
+
+// Exec implements dbsqlc.DBTX; a statement that ends a subtransaction is
+// deferred.
 func (p *pipe) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t := p.t; p.commit && t.sub && len(p.before) == 0 && len(p.then) == 0 {
-		switch {
-		case t.done:
-			return pgconn.CommandTag{}, pgx.ErrTxClosed
-		case t.err != nil:
-			return pgconn.CommandTag{}, t.err
-		}
-		if !t.begun {
-			t.pending = append(t.pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
-			t.begun = true
-		}
-		t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)},
-			pendingStmt{sql: "release savepoint " + deliverySavepoint})
-		t.done = true
-		return pgconn.CommandTag{}, nil
+	if p.deferred() {
+		return pgconn.CommandTag{}, p.queueDeferred(sql, args)
 	}
 	br, err := p.send(ctx, sql, args)
 	if err != nil {
@@ -370,8 +387,13 @@ func (p *pipe) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 	return &pipeRows{Rows: rows, p: p, br: br}, nil
 }
 
-// QueryRow implements dbsqlc.DBTX.
+// QueryRow implements dbsqlc.DBTX. A statement that ends a subtransaction
+// is deferred: its row, never read, scans as nothing (the destinations keep
+// their zero values).
 func (p *pipe) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if p.deferred() {
+		return errRow{p.queueDeferred(sql, args)}
+	}
 	rows, err := p.Query(ctx, sql, args...)
 	if err != nil {
 		return errRow{err}

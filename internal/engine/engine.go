@@ -456,9 +456,11 @@ func (e *Engine) leaseWrites(ctx context.Context, w *leasedWrites) context.Conte
 }
 
 // wake wakes the relay after a committed transaction that wrote to the
-// outbox (res.Wrote), unless every row it wrote was leased and handed.
+// outbox (res.Wrote), unless every row it wrote was leased and handed, and
+// after one whose writes noted rows written unleased (a saga a local step
+// started).
 func (e *Engine) wake(res Result) {
-	if res.Wrote && (!res.leased.committed || res.leased.unleased > 0) {
+	if (res.Wrote && !res.leased.committed) || res.leased.unleased > 0 {
 		e.relay.Wake()
 	}
 }

@@ -376,6 +376,9 @@ func (r *Relay) work(ctx context.Context) {
 		if !probing && settle.Empty() && !r.settleDue() {
 			rows = r.takeHanded(r.opts.BatchSize)
 		}
+		// announced: a Wake since the latest claim began announced rows
+		// for a claim (a wake-up that only handed rows announced none).
+		announced := r.wakes.Load() > r.claimedUpTo.Load()
 		if len(rows) == 0 {
 			rows, err = r.claim(ctx, max, settle)
 		}
@@ -393,7 +396,7 @@ func (r *Relay) work(ctx context.Context) {
 		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
 		if len(rows) == 0 {
 			wait := r.opts.PollInterval
-			if woken && rechecks < maxRechecks {
+			if woken && (announced || rechecks > 0) && rechecks < maxRechecks {
 				wait = min(recheckDelay<<rechecks, r.opts.PollInterval)
 				rechecks++
 			} else {

@@ -307,42 +307,72 @@ func (q *Queries) DeliveryBeginCompensation(ctx context.Context, db DBTX, arg *D
 	return &i, err
 }
 
-const deliveryFinish = `-- name: DeliveryFinish :exec
+const deliveryFinish = `-- name: DeliveryFinish :one
 WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
-    SET outcome = $18::text, reply_kind = $19::text, reply_payload = $20::bytea
-    WHERE $21::boolean AND saga_id = $22::uuid AND step = $23::text AND phase = $24::text
+    SET outcome = $1::text, reply_kind = $2::text, reply_payload = $3::bytea
+    WHERE $4::boolean AND saga_id = $5::uuid AND step = $6::text AND phase = $7::text
 ), done AS (
     UPDATE /* TEMPLATE: schema */sagabox_inbox
     SET state = 'done'
-    WHERE $25::boolean AND message_id = $26::uuid AND state = 'started'
+    WHERE $8::boolean AND message_id = $9::uuid AND state = 'started'
+), message AS (
+    SELECT unnest($10::uuid[]) AS message_id,
+           unnest($11::text[]) AS ordering_key,
+           unnest($12::text[]) AS kind,
+           unnest($13::text[]) AS type,
+           unnest($14::text[]) AS routing_key,
+           nullif(unnest($15::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid) AS saga_id,
+           unnest($16::text[]) AS saga_type,
+           unnest($17::text[]) AS step,
+           unnest($18::integer[]) AS step_index,
+           unnest($19::integer[]) AS attempt,
+           unnest($20::text[]) AS reply_to,
+           unnest($21::text[]) AS correlation_id,
+           unnest($22::text[]) AS traceparent,
+           unnest($23::text[]) AS tracestate,
+           unnest($24::jsonb[]) AS headers,
+           unnest($25::bytea[]) AS payload,
+           unnest($26::timestamptz[]) AS created_at,
+           generate_series(1, cardinality($10::uuid[])) AS ordinality
+), leasable AS (
+    SELECT k.ordering_key
+    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
+    WHERE $27::float8 > 0 AND NOT EXISTS (
+        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
+        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
+          AND p.id <> ALL($28::bigint[])
+    )
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at, claimed_until, claimed_by, publish_attempts
+    )
+    SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
+           m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
+           m.headers, m.payload, m.created_at,
+           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => $27::float8) END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN $29::text ELSE '' END,
+           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
+    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
+    ORDER BY m.ordinality
+    RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
-INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
-    message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
-    step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
-    headers, payload, created_at
-)
-SELECT
-    unnest($1::uuid[]),
-    unnest($2::text[]),
-    unnest($3::text[]),
-    unnest($4::text[]),
-    unnest($5::text[]),
-    nullif(unnest($6::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid),
-    unnest($7::text[]),
-    unnest($8::text[]),
-    unnest($9::integer[]),
-    unnest($10::integer[]),
-    unnest($11::text[]),
-    unnest($12::text[]),
-    unnest($13::text[]),
-    unnest($14::text[]),
-    unnest($15::jsonb[]),
-    unnest($16::bytea[]),
-    unnest($17::timestamptz[])
+SELECT coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
+       coalesce((SELECT array_agg(o.message_id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::uuid[] AS leased_message_ids
 `
 
 type DeliveryFinishParams struct {
+	Outcome        string
+	ReplyKind      string
+	ReplyPayload   []byte
+	SetMark        bool
+	SagaID         uuid.UUID
+	Step           string
+	Phase          string
+	SettleInbox    bool
+	InboxMessageID uuid.UUID
 	MessageID      []uuid.UUID
 	OrderingKey    []string
 	Kind           []string
@@ -360,15 +390,14 @@ type DeliveryFinishParams struct {
 	Headers        [][]byte
 	Payload        [][]byte
 	CreatedAt      []time.Time
-	Outcome        string
-	ReplyKind      string
-	ReplyPayload   []byte
-	SetMark        bool
-	SagaID         uuid.UUID
-	Step           string
-	Phase          string
-	SettleInbox    bool
-	InboxMessageID uuid.UUID
+	LeaseSeconds   float64
+	Confirmed      []int64
+	ClaimedBy      string
+}
+
+type DeliveryFinishRow struct {
+	LeasedIds        []int64
+	LeasedMessageIds []uuid.UUID
 }
 
 // Finishes a delivery: sets the outcome and reply of the barrier mark it left
@@ -376,8 +405,21 @@ type DeliveryFinishParams struct {
 // @settle_inbox: a delivery that began 'started' and ends in the same
 // transaction) and writes its reply to the outbox (an empty @message_id
 // array writes none). Sent with COMMIT.
-func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFinishParams) error {
-	_, err := db.Exec(ctx, deliveryFinish,
+//
+// With @lease_seconds above zero the reply is written under the relay's
+// write-time lease, as SagaWrite writes a saga's commands (see there):
+// leased_ids and leased_message_ids name the rows leased.
+func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFinishParams) (*DeliveryFinishRow, error) {
+	row := db.QueryRow(ctx, deliveryFinish,
+		arg.Outcome,
+		arg.ReplyKind,
+		arg.ReplyPayload,
+		arg.SetMark,
+		arg.SagaID,
+		arg.Step,
+		arg.Phase,
+		arg.SettleInbox,
+		arg.InboxMessageID,
 		arg.MessageID,
 		arg.OrderingKey,
 		arg.Kind,
@@ -395,17 +437,13 @@ func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFini
 		arg.Headers,
 		arg.Payload,
 		arg.CreatedAt,
-		arg.Outcome,
-		arg.ReplyKind,
-		arg.ReplyPayload,
-		arg.SetMark,
-		arg.SagaID,
-		arg.Step,
-		arg.Phase,
-		arg.SettleInbox,
-		arg.InboxMessageID,
+		arg.LeaseSeconds,
+		arg.Confirmed,
+		arg.ClaimedBy,
 	)
-	return err
+	var i DeliveryFinishRow
+	err := row.Scan(&i.LeasedIds, &i.LeasedMessageIds)
+	return &i, err
 }
 
 const deliveryResume = `-- name: DeliveryResume :one
