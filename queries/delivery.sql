@@ -133,16 +133,7 @@ WITH mark AS (
            unnest(@tracestate::text[]) AS tracestate,
            unnest(@headers::jsonb[]) AS headers,
            unnest(@payload::bytea[]) AS payload,
-           unnest(@created_at::timestamptz[]) AS created_at,
-           generate_series(1, cardinality(@message_id::uuid[])) AS ordinality
-), leasable AS (
-    SELECT k.ordering_key
-    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
-    WHERE @lease_seconds::float8 > 0 AND NOT EXISTS (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
-          AND p.id <> ALL(@confirmed::bigint[])
-    )
+           unnest(@created_at::timestamptz[]) AS created_at
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -152,11 +143,15 @@ WITH mark AS (
     SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
            m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
            m.headers, m.payload, m.created_at,
-           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => @lease_seconds::float8) END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN @claimed_by::text ELSE '' END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
-    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
-    ORDER BY m.ordinality
+           CASE WHEN l.leased THEN now() + make_interval(secs => @lease_seconds::float8) END,
+           CASE WHEN l.leased THEN @claimed_by::text ELSE '' END,
+           CASE WHEN l.leased THEN 1 ELSE 0 END
+    -- The lease is decided per message, in array order (the order of the
+    -- ids), by sagabox_outbox_leasable; none is checked without a lease.
+    FROM message m CROSS JOIN LATERAL (
+        SELECT @lease_seconds::float8 > 0
+               AND /* TEMPLATE: schema */sagabox_outbox_leasable(m.ordering_key, @confirmed::bigint[]) AS leased
+    ) AS l
     RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
 SELECT coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,

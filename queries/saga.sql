@@ -282,8 +282,6 @@ WITH updated AS (
            unnest(@h_actor::text[]),
            nullif(unnest(@h_message_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
 ), message AS (
-    -- Set-returning functions in one select list run in lockstep: ordinality
-    -- numbers the messages in array order, the order of their ids.
     SELECT unnest(@o_message_id::uuid[]) AS message_id,
            unnest(@o_ordering_key::text[]) AS ordering_key,
            unnest(@o_kind::text[]) AS kind,
@@ -300,19 +298,7 @@ WITH updated AS (
            unnest(@o_tracestate::text[]) AS tracestate,
            unnest(@o_headers::jsonb[]) AS headers,
            unnest(@o_payload::bytea[]) AS payload,
-           unnest(@o_created_at::timestamptz[]) AS created_at,
-           generate_series(1, cardinality(@o_message_id::uuid[])) AS ordinality
-), leasable AS (
-    -- The lease is decided per key, once: a probe of the (ordering_key, id)
-    -- index of unpublished rows for an earlier row the relay has not
-    -- confirmed. No probe runs without a lease.
-    SELECT k.ordering_key
-    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
-    WHERE @lease_seconds::float8 > 0 AND NOT EXISTS (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
-          AND p.id <> ALL(@confirmed::bigint[])
-    )
+           unnest(@o_created_at::timestamptz[]) AS created_at
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -322,11 +308,15 @@ WITH updated AS (
     SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
            m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
            m.headers, m.payload, m.created_at,
-           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => @lease_seconds::float8) END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN @claimed_by::text ELSE '' END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
-    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
-    ORDER BY m.ordinality
+           CASE WHEN l.leased THEN now() + make_interval(secs => @lease_seconds::float8) END,
+           CASE WHEN l.leased THEN @claimed_by::text ELSE '' END,
+           CASE WHEN l.leased THEN 1 ELSE 0 END
+    -- The lease is decided per message, in array order (the order of the
+    -- ids), by sagabox_outbox_leasable; none is checked without a lease.
+    FROM message m CROSS JOIN LATERAL (
+        SELECT @lease_seconds::float8 > 0
+               AND /* TEMPLATE: schema */sagabox_outbox_leasable(m.ordering_key, @confirmed::bigint[]) AS leased
+    ) AS l
     RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
 SELECT /* TEMPLATE: schema */sagabox_check(

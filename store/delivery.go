@@ -180,23 +180,17 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		p.Headers, p.Payload, p.CreatedAt = o.headers, o.payload, o.createdAt
 	}
 	// A delivery of its own takes the write-time lease of its reply (one of
-	// a group, whose statement is sent later and unread, does not). The
-	// statement runs under writePlan, as the transition write does, for
-	// the same reasons; the commit ends the setting, a subtransaction's
-	// release does not.
+	// a group, whose statement is sent later and unread, does not).
 	tx := txOf(t)
 	var lease *driver.OutboxLease
-	var then []string
-	if tx.sub {
-		then = []string{writePlanEnd}
-	} else if len(p.MessageID) > 0 {
+	if !tx.sub && len(p.MessageID) > 0 {
 		lease = driver.OutboxLeaseFrom(ctx, s.schema)
 	}
 	p.Confirmed = []int64{}
 	if lease != nil {
 		p.LeaseSeconds, p.ClaimedBy, p.Confirmed = lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
 	}
-	row, err := s.queries.DeliveryFinish(ctx, tx.execAround(true, []string{writePlan}, then), p)
+	row, err := s.queries.DeliveryFinish(ctx, tx.exec(ctx, true), p)
 	if err != nil {
 		return fmt.Errorf("finish delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}

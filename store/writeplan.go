@@ -12,8 +12,8 @@ import (
 )
 
 // writePlan keeps the saga-row update of a transition write (SagaWrite)
-// off sequential scans and on its generic plan, and stashes the settings it
-// replaces for writePlanEnd to restore; all are local to the transaction.
+// off sequential scans, and stashes the setting it replaces for
+// writePlanEnd to restore; both are local to the transaction.
 //
 // The update finds its sagas by primary key among the ids of an array
 // parameter. Its generic plan, which a connection builds once and keeps,
@@ -25,18 +25,18 @@ import (
 // primary key. sqlc cannot express the lookup by tuple id that would make
 // any plan a primary-key probe, so the planner is told instead.
 //
-// The write also runs on its generic plan (plan_cache_mode), as the receipt
-// does (see planGeneric): left to choose, the plan cache judged the custom
-// plan of one transition cheaper once the write decided the write-time
-// lease (a custom plan drops the lease's probe when there is no lease), and
-// planned every write anew, about 1 ms of PostgreSQL's time per transition
-// in a three-step saga bench at 60 sagas/s, three times the execution.
+// The write decides the write-time lease in the same statement. The lease's
+// switch reaches it through an InitPlan (SELECT @lease_seconds), which no
+// plan folds: a custom plan costs what the generic plan costs, and the plan
+// cache keeps the generic one. Folded, a custom plan without a lease dropped
+// the lease's probe, looked cheaper, and the plan cache planned every write
+// anew: about 1 ms of PostgreSQL's time per transition in a three-step saga
+// bench at 60 sagas/s, three times the execution
+// (TestTransitionWriteKeepsItsGenericPlan).
 const (
 	writePlan = "select set_config('sagabox.enable_seqscan', current_setting('enable_seqscan'), true), " +
-		"set_config('sagabox.plan_cache_mode', current_setting('plan_cache_mode'), true), " +
-		"set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
-	writePlanEnd = "select set_config('enable_seqscan', current_setting('sagabox.enable_seqscan'), true), " +
-		"set_config('plan_cache_mode', current_setting('sagabox.plan_cache_mode'), true)"
+		"set_config('enable_seqscan', 'off', true)"
+	writePlanEnd = "select set_config('enable_seqscan', current_setting('sagabox.enable_seqscan'), true)"
 )
 
 // plannedTx runs single-row statements in a caller's transaction in one

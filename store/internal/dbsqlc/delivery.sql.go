@@ -333,16 +333,7 @@ WITH mark AS (
            unnest($23::text[]) AS tracestate,
            unnest($24::jsonb[]) AS headers,
            unnest($25::bytea[]) AS payload,
-           unnest($26::timestamptz[]) AS created_at,
-           generate_series(1, cardinality($10::uuid[])) AS ordinality
-), leasable AS (
-    SELECT k.ordering_key
-    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
-    WHERE $27::float8 > 0 AND NOT EXISTS (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
-          AND p.id <> ALL($28::bigint[])
-    )
+           unnest($26::timestamptz[]) AS created_at
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -352,11 +343,15 @@ WITH mark AS (
     SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
            m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
            m.headers, m.payload, m.created_at,
-           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => $27::float8) END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN $29::text ELSE '' END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
-    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
-    ORDER BY m.ordinality
+           CASE WHEN l.leased THEN now() + make_interval(secs => $27::float8) END,
+           CASE WHEN l.leased THEN $28::text ELSE '' END,
+           CASE WHEN l.leased THEN 1 ELSE 0 END
+    -- The lease is decided per message, in array order (the order of the
+    -- ids), by sagabox_outbox_leasable; none is checked without a lease.
+    FROM message m CROSS JOIN LATERAL (
+        SELECT $27::float8 > 0
+               AND /* TEMPLATE: schema */sagabox_outbox_leasable(m.ordering_key, $29::bigint[]) AS leased
+    ) AS l
     RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
 SELECT coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
@@ -391,8 +386,8 @@ type DeliveryFinishParams struct {
 	Payload        [][]byte
 	CreatedAt      []time.Time
 	LeaseSeconds   float64
-	Confirmed      []int64
 	ClaimedBy      string
+	Confirmed      []int64
 }
 
 type DeliveryFinishRow struct {
@@ -438,8 +433,8 @@ func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFini
 		arg.Payload,
 		arg.CreatedAt,
 		arg.LeaseSeconds,
-		arg.Confirmed,
 		arg.ClaimedBy,
+		arg.Confirmed,
 	)
 	var i DeliveryFinishRow
 	err := row.Scan(&i.LeasedIds, &i.LeasedMessageIds)

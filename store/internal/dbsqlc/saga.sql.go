@@ -1057,8 +1057,6 @@ WITH updated AS (
            unnest($23::text[]),
            nullif(unnest($24::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid)
 ), message AS (
-    -- Set-returning functions in one select list run in lockstep: ordinality
-    -- numbers the messages in array order, the order of their ids.
     SELECT unnest($25::uuid[]) AS message_id,
            unnest($26::text[]) AS ordering_key,
            unnest($27::text[]) AS kind,
@@ -1075,19 +1073,7 @@ WITH updated AS (
            unnest($38::text[]) AS tracestate,
            unnest($39::jsonb[]) AS headers,
            unnest($40::bytea[]) AS payload,
-           unnest($41::timestamptz[]) AS created_at,
-           generate_series(1, cardinality($25::uuid[])) AS ordinality
-), leasable AS (
-    -- The lease is decided per key, once: a probe of the (ordering_key, id)
-    -- index of unpublished rows for an earlier row the relay has not
-    -- confirmed. No probe runs without a lease.
-    SELECT k.ordering_key
-    FROM (SELECT DISTINCT m.ordering_key FROM message m) AS k
-    WHERE $42::float8 > 0 AND NOT EXISTS (
-        SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox p
-        WHERE p.ordering_key = k.ordering_key AND p.published_at IS NULL
-          AND p.id <> ALL($43::bigint[])
-    )
+           unnest($41::timestamptz[]) AS created_at
 ), outbox AS (
     INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
         message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
@@ -1097,11 +1083,15 @@ WITH updated AS (
     SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
            m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
            m.headers, m.payload, m.created_at,
-           CASE WHEN l.ordering_key IS NOT NULL THEN now() + make_interval(secs => $42::float8) END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN $44::text ELSE '' END,
-           CASE WHEN l.ordering_key IS NOT NULL THEN 1 ELSE 0 END
-    FROM message m LEFT JOIN leasable l ON l.ordering_key = m.ordering_key
-    ORDER BY m.ordinality
+           CASE WHEN l.leased THEN now() + make_interval(secs => $42::float8) END,
+           CASE WHEN l.leased THEN $43::text ELSE '' END,
+           CASE WHEN l.leased THEN 1 ELSE 0 END
+    -- The lease is decided per message, in array order (the order of the
+    -- ids), by sagabox_outbox_leasable; none is checked without a lease.
+    FROM message m CROSS JOIN LATERAL (
+        SELECT $42::float8 > 0
+               AND /* TEMPLATE: schema */sagabox_outbox_leasable(m.ordering_key, $44::bigint[]) AS leased
+    ) AS l
     RETURNING id, message_id, claimed_until IS NOT NULL AS leased
 )
 SELECT /* TEMPLATE: schema */sagabox_check(
@@ -1156,8 +1146,8 @@ type SagaWriteParams struct {
 	OPayload       [][]byte
 	OCreatedAt     []time.Time
 	LeaseSeconds   float64
-	Confirmed      []int64
 	ClaimedBy      string
+	Confirmed      []int64
 }
 
 type SagaWriteRow struct {
@@ -1224,8 +1214,8 @@ func (q *Queries) SagaWrite(ctx context.Context, db DBTX, arg *SagaWriteParams) 
 		arg.OPayload,
 		arg.OCreatedAt,
 		arg.LeaseSeconds,
-		arg.Confirmed,
 		arg.ClaimedBy,
+		arg.Confirmed,
 	)
 	var i SagaWriteRow
 	err := row.Scan(&i.Ok, &i.LeasedIds, &i.LeasedMessageIds)

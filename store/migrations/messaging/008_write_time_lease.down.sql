@@ -1,0 +1,1 @@
+DROP FUNCTION /* TEMPLATE: schema */sagabox_outbox_leasable(text, bigint[]);
