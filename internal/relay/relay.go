@@ -211,8 +211,8 @@ type Relay struct {
 	handedMu sync.Mutex
 	handed   [][]driver.OutboxRow
 	// leasing is true while the workers run: rows leased at write are
-	// published.
-	leasing atomic.Bool
+	// published. handing is true while a worker publishes handed rows.
+	leasing, handing atomic.Bool
 
 	// wakes counts the calls of Wake; claimedUpTo is the count when the
 	// latest claim began. A wake-up that no Wake followed since a claim
@@ -370,15 +370,33 @@ func (r *Relay) work(ctx context.Context) {
 		// Rows handed by their writers go out without a claim, unless the
 		// worker has a failed batch to record, or rows confirmed a while
 		// ago wait to be settled (the claim settles them, and takes what
-		// was written unleased meanwhile).
+		// was written unleased meanwhile). One worker at a time publishes
+		// handed rows: those handed meanwhile wait for its confirms and go
+		// out together in its next batch, so that batches grow with the
+		// load, as claimed ones do.
 		var rows []driver.OutboxRow
 		var err error
-		if !probing && settle.Empty() && !r.settleDue() {
-			rows = r.takeHanded(r.opts.BatchSize)
+		handing := false
+		mayHand := !probing && settle.Empty() && !r.settleDue()
+		if mayHand && r.handing.CompareAndSwap(false, true) {
+			if rows = r.takeHanded(r.opts.BatchSize); len(rows) > 0 {
+				handing = true
+			} else {
+				r.handing.Store(false)
+			}
 		}
 		// announced: a Wake since the latest claim began announced rows
 		// for a claim (a wake-up that only handed rows announced none).
 		announced := r.wakes.Load() > r.claimedUpTo.Load()
+		if len(rows) == 0 && mayHand && !announced && r.hasHanded() {
+			// Another worker is publishing handed rows and takes these
+			// next: nothing to claim for.
+			var ok bool
+			if woken, ok = r.idle(ctx, poll, min(r.settleDelay, r.opts.PollInterval), false); !ok {
+				return
+			}
+			continue
+		}
 		if len(rows) == 0 {
 			rows, err = r.claim(ctx, max, settle)
 		}
@@ -412,6 +430,9 @@ func (r *Relay) work(ctx context.Context) {
 		rechecks = 0
 		var pubErr error
 		settle, pubErr = r.publish(ctx, rows)
+		if handing {
+			r.handing.Store(false)
+		}
 		if errors.Is(pubErr, errCrashed) {
 			settle = driver.OutboxSettle{}
 			return
@@ -444,6 +465,9 @@ func (r *Relay) work(ctx context.Context) {
 		if len(rows) == r.opts.BatchSize {
 			r.Wake() // more rows are likely waiting: bring in another worker
 			continue
+		}
+		if handing && r.hasHanded() {
+			continue // handed while this batch was out: the next batch
 		}
 		// A short batch: the backlog is drained. Its settle waits for the
 		// next claim, which the next wake-up brings (soon, under load), so
@@ -633,9 +657,13 @@ func (r *Relay) settleDue() bool {
 // transaction about to run (driver.OutboxLease): rows it leases are handed
 // to this relay on commit. It reports false when rows are to be claimed
 // instead: the relay reads the write-ahead log, is not running, or knows
-// its broker to be unreachable.
+// its broker to be unreachable; and while handed rows are being published
+// or wait to be: under load, rows written meanwhile are claimed together,
+// in batches, which the one worker publishing handed rows would send one
+// or two at a time (measured at saturation: 5-10 % fewer sagas per second
+// with every row leased).
 func (r *Relay) WriteLease() (driver.OutboxLease, bool) {
-	if r.opts.Mode != ModePoll || !r.leasing.Load() || r.unavailable() {
+	if r.opts.Mode != ModePoll || !r.leasing.Load() || r.unavailable() || r.handing.Load() || r.hasHanded() {
 		return driver.OutboxLease{}, false
 	}
 	r.confirmedMu.Lock()
