@@ -14,6 +14,12 @@
 // (its first unpublished row first), so several relays never reorder one key,
 // and a claim's cost is bounded by the batch, whatever the backlog.
 //
+// Rows the client's own deliveries write can skip the claim: written under
+// the relay's write-time lease (WriteLease, driver.OutboxLease), they are
+// claimed by the statement that inserts them and handed to the relay on
+// commit (Hand), and one worker at a time publishes them. A row whose key
+// has an earlier unpublished row is written unleased, for a claim.
+//
 // A relay wakes at once when Wake is called (after a local commit), when a
 // NOTIFY arrives (optional), and otherwise polls.
 package relay
