@@ -342,7 +342,17 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 		err = Retrying(ctx, func() error {
 			var err error
 			leased = leasedWrites{}
-			results, err = bp.ProcessBatch(e.leaseWrites(ctx, &leased), items)
+			// The lease goes with every item's context too: code run for
+			// one item (a local step) writes in the batch's transaction.
+			bctx, leasedItems := ctx, items
+			if l := e.newLease(&leased); l != nil {
+				bctx = driver.WithOutboxLease(ctx, l)
+				leasedItems = make([]Item, len(items))
+				for i, it := range items {
+					leasedItems[i] = Item{Ctx: driver.WithOutboxLease(it.Ctx, l), Delivery: it.Delivery}
+				}
+			}
+			results, err = bp.ProcessBatch(bctx, leasedItems)
 			return err
 		})
 	}
@@ -441,9 +451,18 @@ type leasedWrites struct {
 // no claim. Without a lease to give (see relay.Relay.WriteLease) it returns
 // ctx.
 func (e *Engine) leaseWrites(ctx context.Context, w *leasedWrites) context.Context {
+	if l := e.newLease(w); l != nil {
+		return driver.WithOutboxLease(ctx, l)
+	}
+	return ctx
+}
+
+// newLease returns the relay's write-time lease recording into w, or nil
+// when the relay gives none.
+func (e *Engine) newLease(w *leasedWrites) *driver.OutboxLease {
 	l, ok := e.relay.WriteLease()
 	if !ok {
-		return ctx
+		return nil
 	}
 	hand := l.Committed
 	l.Committed = func(leased []driver.OutboxRow, unleased int) {
@@ -452,7 +471,7 @@ func (e *Engine) leaseWrites(ctx context.Context, w *leasedWrites) context.Conte
 		w.unleased += unleased
 	}
 	l.Unleased = func(rows int) { w.unleased += rows }
-	return driver.WithOutboxLease(ctx, &l)
+	return &l
 }
 
 // wake wakes the relay after a committed transaction that wrote to the

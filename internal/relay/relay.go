@@ -418,6 +418,11 @@ func (r *Relay) work(ctx context.Context) {
 			continue
 		}
 		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
+		if len(rows) == 0 && !probing && r.hasHanded() {
+			// A claim that settled what was due, where handed rows wait:
+			// their wake-up was this one.
+			continue
+		}
 		if len(rows) == 0 {
 			wait := r.opts.PollInterval
 			if woken && (announced || rechecks > 0) && rechecks < maxRechecks {
