@@ -186,19 +186,12 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 	if !tx.sub && len(p.MessageID) > 0 {
 		lease = driver.OutboxLeaseFrom(ctx, s.schema)
 	}
-	p.Confirmed = []int64{}
-	if lease != nil {
-		p.LeaseSeconds, p.ClaimedBy, p.Confirmed = lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
-	}
+	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
 	row, err := s.queries.DeliveryFinish(ctx, tx.exec(ctx, true), p)
 	if err != nil {
 		return fmt.Errorf("finish delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}
-	if lease != nil && lease.Committed != nil {
-		lease.Committed(leasedRows(reply, row.LeasedIds, row.LeasedMessageIds), len(p.MessageID)-len(row.LeasedIds))
-		return nil
-	}
-	driver.NoteUnleased(ctx, s.schema, len(p.MessageID))
+	s.reportLease(ctx, lease, reply, row.LeasedIds, row.LeasedMessageIds)
 	return nil
 }
 

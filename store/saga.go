@@ -358,21 +358,33 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 	p.OSagaID, p.OSagaType, p.OStep, p.OStepIndex, p.OAttempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
-	p.Confirmed = []int64{}
-	if lease != nil && len(msgs) > 0 {
-		p.LeaseSeconds, p.ClaimedBy, p.Confirmed = lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
-	}
+	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
 	row, err := s.queries.SagaWrite(ctx, db, p)
 	if err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
-	switch {
-	case lease != nil && len(msgs) > 0 && lease.Committed != nil:
-		lease.Committed(leasedRows(msgs, row.LeasedIds, row.LeasedMessageIds), len(msgs)-len(row.LeasedIds))
-	case lease == nil:
-		driver.NoteUnleased(ctx, s.schema, len(msgs))
-	}
+	s.reportLease(ctx, lease, msgs, row.LeasedIds, row.LeasedMessageIds)
 	return nil
+}
+
+// leaseArgs returns the lease parameters of a write under lease (none
+// when nil).
+func leaseArgs(lease *driver.OutboxLease) (seconds float64, claimedBy string, confirmed []int64) {
+	if lease == nil {
+		return 0, "", []int64{}
+	}
+	return lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
+}
+
+// reportLease tells what a committed write of msgs did: the rows ids (with
+// message ids mids) it leased go to lease.Committed; a write without a
+// lease notes its rows to the lease its context may carry (NoteUnleased).
+func (s *executor) reportLease(ctx context.Context, lease *driver.OutboxLease, msgs []message.Message, ids []int64, mids []uuid.UUID) {
+	if lease != nil && lease.Committed != nil && len(msgs) > 0 {
+		lease.Committed(leasedRows(msgs, ids, mids), len(msgs)-len(ids))
+		return
+	}
+	driver.NoteUnleased(ctx, s.schema, len(msgs))
 }
 
 // leasedRows returns the messages msgs, as written, that the rows ids
