@@ -92,6 +92,28 @@ WITH inbox AS (
 SELECT inbox.message_id, inbox.fresh::boolean AS fresh, locked.*
 FROM inbox LEFT JOIN locked ON locked.id = inbox.saga_id AND inbox.fresh;
 
+-- name: SagaReceiveKnown :exec
+-- Receives replies to sagas whose state the orchestrator kept from its own
+-- last write of them (its saga cache): records each in the inbox, and fails
+-- the transaction with a serialization failure if the inbox had any (a
+-- duplicate, or a concurrent delivery of the same message that committed
+-- first), for it to be run again the ordinary way (SagaReceive), which
+-- counts the duplicate. The sagas are neither read nor locked here: the
+-- transition written in the same transaction (SagaWrite) checks each one's
+-- revision, and fails the same way if a saga moved on meanwhile.
+WITH inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox (message_id, kind, type, saga_id, step)
+    SELECT unnest(@message_id::uuid[]), unnest(@kind::text[]), unnest(@type::text[]),
+           unnest(@saga_id::uuid[]), unnest(@step::text[])
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
+)
+SELECT /* TEMPLATE: schema */sagabox_check(
+    (SELECT count(*) FROM inbox) = cardinality(@message_id::uuid[]),
+    '40001',
+    'sagabox: a reply was received before; the transaction is run again'
+)::boolean AS ok;
+
 -- name: SagaLock :many
 -- Locks the sagas @ids, in id order, so that their events are applied one at
 -- a time. One primary-key lookup per saga, as in SagaReceive: a generic plan

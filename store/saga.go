@@ -113,6 +113,7 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 	}
 	if inserted {
 		driver.NoteUnleased(ctx, s.schema, len(st.Messages))
+		asWritten(&st.Saga, now, true)
 	}
 	return inserted, nil
 }
@@ -190,6 +191,26 @@ func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*mess
 		}
 	}
 	return out, nil
+}
+
+// ReceiveKnownReplies begins t with the replies envs to sagas whose state
+// the caller kept from its own last write of them: it records each in the
+// inbox in a statement that goes out with t's next one (the transitions'
+// write and COMMIT: one round trip for the whole transaction) and reads no
+// saga. If the inbox had any of them, t fails with an error for which
+// IsRetryable is true; so does the write if a saga moved on since the
+// caller's copy. Run the transaction again with ReceiveReplies then.
+func (s *executor) ReceiveKnownReplies(_ context.Context, t driver.Tx, envs []*message.Envelope) error {
+	n := len(envs)
+	p := &dbsqlc.SagaReceiveKnownParams{
+		MessageID: make([]uuid.UUID, n), Kind: make([]string, n), Type: make([]string, n),
+		SagaID: make([]uuid.UUID, n), Step: make([]string, n),
+	}
+	for i, e := range envs {
+		p.MessageID[i], p.Kind[i], p.Type[i], p.SagaID[i], p.Step[i] = e.MessageID, string(e.Kind), e.Type, e.SagaID, e.Step
+	}
+	// Queued: it cannot fail before it is sent.
+	return s.queries.SagaReceiveKnown(context.Background(), txOf(t).ahead(), p)
 }
 
 func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
@@ -364,7 +385,43 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
 	s.reportLease(ctx, lease, msgs, row.LeasedIds, row.LeasedMessageIds)
+	for i := range trs {
+		if r := trs[i].Saga; r != nil {
+			asWritten(r, now, false)
+		}
+	}
 	return nil
+}
+
+// asWritten makes r, a saga just written at now (inserted, or updated),
+// the row as PostgreSQL holds it: its revision advanced, its times at the
+// microsecond and in UTC, its text as stored. A copy of it is what reading
+// the row back in the same transaction would return, for a caller that
+// keeps sagas between transitions.
+func asWritten(r *driver.SagaRecord, now time.Time, inserted bool) {
+	now = storedTime(now)
+	if inserted {
+		r.Revision, r.CreatedAt = 1, now
+	} else {
+		r.Revision++
+	}
+	r.UpdatedAt = now
+	// As SagaStart and SagaWrite admit a saga: the first time it is written
+	// in a status other than 'queued'.
+	if r.AdmittedAt.IsZero() && r.Status != "queued" {
+		r.AdmittedAt = now
+	}
+	r.Deadline, r.FinishedAt = storedTime(r.Deadline), storedTime(r.FinishedAt)
+	r.LastError = storableText(r.LastError)
+}
+
+// storedTime is t as a timestamptz column holds it: microseconds, UTC. The
+// zero time stays zero (a null column).
+func storedTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.Truncate(time.Microsecond).UTC()
 }
 
 // leaseArgs returns the lease parameters of a write under lease (none

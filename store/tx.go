@@ -216,6 +216,42 @@ func (t *engineTx) execAround(commit bool, before, then []string) dbsqlc.DBTX {
 	return &pipe{t: t, before: before, then: then, commit: commit}
 }
 
+// ahead returns an executor that queues its statement to go out ahead of
+// t's next one, in the same round trip, and returns at once. Its result is
+// not read; should it fail, t cannot commit.
+func (t *engineTx) ahead() dbsqlc.DBTX { return aheadTx{t} }
+
+// aheadTx is the executor ahead returns. Only Exec is supported: a queued
+// statement has no result to read.
+type aheadTx struct{ t *engineTx }
+
+// Exec implements dbsqlc.DBTX.
+func (a aheadTx) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	switch t := a.t; {
+	case t.done:
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	case t.err != nil:
+		return pgconn.CommandTag{}, t.err
+	}
+	t := a.t
+	if t.sub && !t.begun {
+		t.pending = append(t.pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
+		t.begun = true
+	}
+	t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)})
+	return pgconn.CommandTag{}, nil
+}
+
+// Query implements dbsqlc.DBTX; a queued statement has no rows to read.
+func (a aheadTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("store: a statement sent ahead has no rows to read")
+}
+
+// QueryRow implements dbsqlc.DBTX; a queued statement has no row to read.
+func (a aheadTx) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{errors.New("store: a statement sent ahead has no row to read")}
+}
+
 // pipe is the executor of one statement of a Tx. It implements dbsqlc.DBTX
 // so that the sqlc-generated code runs through it unchanged.
 type pipe struct {

@@ -64,7 +64,8 @@ type Executor interface {
 	// commits. It prepares the messages (message.Message.Prepare). When the
 	// saga's start key is taken by a saga of the same type, it writes
 	// nothing and returns false (a concurrent start with the same key waits
-	// for the other transaction to end).
+	// for the other transaction to end). A saga written is left in st.Saga
+	// as stored (see WriteTransitions).
 	StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
 	// SagaAdmission reads, in tx (the caller's transaction), what a start
 	// of a saga of sagaType needs to run at once or be queued: its running
@@ -124,6 +125,13 @@ type Executor interface {
 	// a time. The receipts are in the order of envs; envs must not repeat a
 	// message id.
 	ReceiveReplies(ctx context.Context, t Tx, envs []*message.Envelope) ([]Receipt, error)
+	// ReceiveKnownReplies begins t with the replies envs to sagas whose
+	// state the caller kept from its own last write of them: their inbox
+	// record goes out with t's next statement, and no saga is read or
+	// locked. If the inbox had any of them, t fails with an error for which
+	// store.IsRetryable is true (as the write does if a saga moved on since
+	// the caller's copy): run the transaction again with ReceiveReplies.
+	ReceiveKnownReplies(ctx context.Context, t Tx, envs []*message.Envelope) error
 	// LockSagas locks the sagas ids in t, in id order, and returns those
 	// that exist.
 	LockSagas(ctx context.Context, t Tx, ids []uuid.UUID) ([]SagaRecord, error)
@@ -136,7 +144,9 @@ type Executor interface {
 	// commits t in the same round trip. A saga whose revision moved on since
 	// its transition was computed fails it with an error for which
 	// store.IsRetryable is true, and nothing is written: run the transaction
-	// again. The messages are prepared in place.
+	// again. The messages are prepared in place, and once the statement
+	// succeeds each trs[i].Saga is the row as stored: its revision
+	// advanced, its times at the microsecond in UTC, its text as kept.
 	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time, commit bool) error
 	// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
 	SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error)

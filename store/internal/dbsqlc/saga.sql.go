@@ -684,6 +684,48 @@ func (q *Queries) SagaReceive(ctx context.Context, db DBTX, arg *SagaReceivePara
 	return items, nil
 }
 
+const sagaReceiveKnown = `-- name: SagaReceiveKnown :exec
+WITH inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox (message_id, kind, type, saga_id, step)
+    SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
+           unnest($4::uuid[]), unnest($5::text[])
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
+)
+SELECT /* TEMPLATE: schema */sagabox_check(
+    (SELECT count(*) FROM inbox) = cardinality($1::uuid[]),
+    '40001',
+    'sagabox: a reply was received before; the transaction is run again'
+)::boolean AS ok
+`
+
+type SagaReceiveKnownParams struct {
+	MessageID []uuid.UUID
+	Kind      []string
+	Type      []string
+	SagaID    []uuid.UUID
+	Step      []string
+}
+
+// Receives replies to sagas whose state the orchestrator kept from its own
+// last write of them (its saga cache): records each in the inbox, and fails
+// the transaction with a serialization failure if the inbox had any (a
+// duplicate, or a concurrent delivery of the same message that committed
+// first), for it to be run again the ordinary way (SagaReceive), which
+// counts the duplicate. The sagas are neither read nor locked here: the
+// transition written in the same transaction (SagaWrite) checks each one's
+// revision, and fails the same way if a saga moved on meanwhile.
+func (q *Queries) SagaReceiveKnown(ctx context.Context, db DBTX, arg *SagaReceiveKnownParams) error {
+	_, err := db.Exec(ctx, sagaReceiveKnown,
+		arg.MessageID,
+		arg.Kind,
+		arg.Type,
+		arg.SagaID,
+		arg.Step,
+	)
+	return err
+}
+
 const sagaReleaseStartKey = `-- name: SagaReleaseStartKey :many
 WITH released AS (
     UPDATE /* TEMPLATE: schema */sagabox_saga
