@@ -86,6 +86,10 @@ type Client struct {
 	// waiters are the callers of Wait, woken when this Client ends their
 	// saga.
 	waiters waiters
+
+	// cache keeps running sagas as this Client last wrote them
+	// (Config.SagaCache); nil keeps none.
+	cache *sagaCache
 }
 
 // NewClient validates cfg and returns a Client. It connects to nothing yet:
@@ -119,6 +123,7 @@ func NewClient(cfg Config) (*Client, error) {
 		admitWake: make(chan struct{}, 1),
 		outage:    outageClock{grace: OutageRecoveryGrace},
 		sweepWake: make(chan struct{}, 1),
+		cache:     newSagaCache(cfg.SagaCache),
 	}
 	if cfg.Broker != nil {
 		c.engine, err = engine.New(engine.Config{

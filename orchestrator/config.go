@@ -32,6 +32,9 @@ const (
 	DefaultSweepInterval = time.Second
 	// DefaultSweepBatch is the most sagas one sweeper transaction claims.
 	DefaultSweepBatch = 100
+	// DefaultSagaCache is how many sagas' state a Client keeps between
+	// their transitions (Config.SagaCache).
+	DefaultSagaCache = 4096
 	// DefaultStopTimeout bounds the drain of replies and sweeps in flight
 	// when Run's context is cancelled.
 	DefaultStopTimeout = 30 * time.Second
@@ -102,6 +105,17 @@ type Config struct {
 	// BatchLinger bounds how long a batch waits for more replies. Defaults
 	// to transport.DefaultLinger (2ms).
 	BatchLinger time.Duration
+
+	// SagaCache is how many running sagas' state the Client keeps in
+	// memory from its own last write of each (the saga cache, like
+	// Temporal's sticky workflow cache), least recently used first out. A
+	// reply to a saga it keeps is applied in one round trip instead of two:
+	// the saga is not read, and the write checks that the saga's revision
+	// is still the one kept; if another process (an orchestrator replica,
+	// an operator) wrote the saga meanwhile, or the reply is a duplicate,
+	// the transaction fails and runs again the ordinary way, reading the
+	// saga. Defaults to DefaultSagaCache (4096); negative keeps none.
+	SagaCache int
 
 	// SweepInterval is the longest the deadline sweeper waits between two
 	// passes; it is also the worst-case lateness of a timeout written by
@@ -283,6 +297,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchLinger == 0 {
 		c.BatchLinger = transport.DefaultLinger
+	}
+	if c.SagaCache == 0 {
+		c.SagaCache = DefaultSagaCache
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval

@@ -121,6 +121,9 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	if err != nil || !write {
 		return sent, err
 	}
+	// The caller's commit, which this Client does not see, changes the
+	// saga: what the cache kept of it is out of date either way.
+	c.cache.forget(id)
 	if err := c.db.WriteTransitionsIn(ctx, tx, writes(tr), tr.at); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package orchestrator
 import (
 	"context"
 
+	"github.com/google/uuid"
+
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -27,3 +29,10 @@ func (c *Client) ProcessBatch(ctx context.Context, ds []*transport.Delivery) ([]
 // RoomFreshnessForTest is how long a Start trusts another Start's
 // admission count.
 const RoomFreshnessForTest = roomFreshness
+
+// KeptRevisionForTest returns the revision of saga id in the Client's saga
+// cache, and whether it keeps the saga.
+func (c *Client) KeptRevisionForTest(id uuid.UUID) (int64, bool) {
+	rec, ok := c.cache.get(id)
+	return rec.Revision, ok
+}

@@ -39,10 +39,13 @@ const componentName = "orchestrator"
 // reply to its saga.
 type processor struct{ c *Client }
 
-// Process applies one reply in one transaction of two round trips: the
-// inbox record and the saga's row lock go out with BEGIN, the new state, its
-// history and the next commands with COMMIT, and the saga core decides in
-// between.
+// Process applies one reply in one transaction. A reply to a saga the
+// Client kept from its own last write (Config.SagaCache) takes one round
+// trip: the inbox record, the new state (checked against the revision
+// kept), its history and the next commands go out with BEGIN and COMMIT,
+// and the saga core decides before. Any other takes two: the inbox record
+// and the saga's row lock go out with BEGIN, the write with COMMIT, and the
+// core decides in between.
 func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (engine.Result, error) {
 	c := p.c
 	if d.Kind == message.KindEvent {
@@ -51,6 +54,11 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 	if !d.Kind.IsReply() {
 		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
 			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}
+	}
+	if rec, ok := c.cache.get(d.SagaID); ok {
+		if res, done, err := p.processKnown(ctx, d, rec); done {
+			return res, err
+		}
 	}
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
@@ -75,18 +83,60 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 	return c.replyApplied(ctx, d, tr), nil
 }
 
-// ProcessBatch applies a batch of replies in one transaction of two round
-// trips, as Process applies one (group commit): one statement records them
-// all in the inbox and locks their sagas, the core decides on each, and one
-// statement writes every transition and commits. It applies at most one
-// reply per saga (a saga's second reply in the batch needs the state the
-// first one leaves), deferring the others, and defers what is not a reply,
-// so that each gets the treatment of one delivery.
-func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
+// processKnown applies the reply d to rec, its saga as this Client last
+// wrote it, in one round trip. A saga written meanwhile by someone else, or
+// a duplicate reply, fails the transaction with a retryable error (the
+// engine runs Process again, which then reads the saga). When the core
+// ignores or refuses the reply, which it may do because rec is out of date,
+// processKnown writes nothing and reports done false: the reply is to be
+// applied the ordinary way. Either way the saga is no longer kept.
+func (p processor) processKnown(ctx context.Context, d *transport.Delivery, rec driver.SagaRecord) (res engine.Result, done bool, err error) {
 	c := p.c
-	results := make([]engine.Result, len(items))
-	envs := make([]*message.Envelope, 0, len(items))
-	at := make([]int, 0, len(items))
+	t := c.db.Begin()
+	defer t.Rollback(ctx)
+	if err := c.db.ReceiveKnownReplies(ctx, t, []*message.Envelope{&d.Envelope}); err != nil {
+		c.cache.forget(d.SagaID)
+		return engine.Result{}, true, err
+	}
+	tr, err := c.applyReply(ctx, t, d, rec)
+	if err != nil || tr.res.Ignored {
+		c.cache.forget(d.SagaID)
+		return engine.Result{}, false, nil
+	}
+	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
+		c.cache.forget(d.SagaID)
+		return engine.Result{}, true, err
+	}
+	return c.replyApplied(ctx, d, tr), true, nil
+}
+
+// ProcessBatch applies a batch of replies in one transaction, as Process
+// applies one (group commit): the inbox records of the replies to sagas the
+// Client kept and one statement that records the others and locks their
+// sagas go out with BEGIN, the core decides on each, and one statement
+// writes every transition and commits. When every saga was kept, that is
+// one round trip. It applies at most one reply per saga (a saga's second
+// reply in the batch needs the state the first one leaves), deferring the
+// others, and defers what is not a reply, so that each gets the treatment
+// of one delivery. Should the core ignore or refuse a reply to a kept saga,
+// the batch is applied again reading every saga.
+func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
+	results, again, err := p.processBatch(ctx, items, true)
+	if again {
+		results, _, err = p.processBatch(ctx, items, false)
+	}
+	return results, err
+}
+
+// processBatch is ProcessBatch, using the sagas kept if useKept. It reports
+// again, having written nothing, when a reply to a kept saga is to be
+// applied reading its saga.
+func (p processor) processBatch(ctx context.Context, items []engine.Item, useKept bool) (results []engine.Result, again bool, err error) {
+	c := p.c
+	results = make([]engine.Result, len(items))
+	var envs, knownEnvs []*message.Envelope
+	var at, knownAt []int
+	var known []driver.SagaRecord
 	seen := make(map[uuid.UUID]struct{}, 2*len(items))
 	for i, it := range items {
 		d := it.Delivery
@@ -97,22 +147,57 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 			continue
 		}
 		seen[d.MessageID], seen[d.SagaID] = struct{}{}, struct{}{}
+		if rec, ok := c.cache.get(d.SagaID); ok && useKept {
+			knownEnvs, knownAt, known = append(knownEnvs, &d.Envelope), append(knownAt, i), append(known, rec)
+			continue
+		}
 		envs = append(envs, &d.Envelope)
 		at = append(at, i)
 	}
-	if len(envs) == 0 {
-		return results, nil
+	if len(envs)+len(knownEnvs) == 0 {
+		return results, false, nil
+	}
+	forgetKnown := func() {
+		for _, rec := range known {
+			c.cache.forget(rec.ID)
+		}
 	}
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	rcpts, err := c.db.ReceiveReplies(ctx, t, envs)
-	if err != nil {
-		return nil, err
+	if len(knownEnvs) > 0 {
+		// Sent ahead of the receipt of the others, or of the write.
+		if err := c.db.ReceiveKnownReplies(ctx, t, knownEnvs); err != nil {
+			forgetKnown()
+			return nil, false, err
+		}
 	}
-	trs := make([]transition, len(rcpts))
-	applied := make([]bool, len(rcpts))
+	var rcpts []driver.Receipt
+	if len(envs) > 0 {
+		if rcpts, err = c.db.ReceiveReplies(ctx, t, envs); err != nil {
+			forgetKnown()
+			return nil, false, err
+		}
+	}
+	var trs []transition
+	var applied []int
 	var write []driver.Transition
 	var now time.Time
+	apply := func(i int, rec driver.SagaRecord) error {
+		tr, err := c.applyReply(items[i].Ctx, t, items[i].Delivery, rec)
+		if err != nil {
+			return err
+		}
+		trs, applied = append(trs, tr), append(applied, i)
+		write = append(write, tr.write)
+		now = tr.at
+		return nil
+	}
+	for k, i := range knownAt {
+		if err := apply(i, known[k]); err != nil || trs[len(trs)-1].res.Ignored {
+			forgetKnown()
+			return nil, true, nil
+		}
+	}
 	for k, r := range rcpts {
 		i := at[k]
 		d := items[i].Delivery
@@ -125,13 +210,10 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 			results[i] = engine.Result{Outcome: telemetry.OutcomeUnknownSaga}
 			continue
 		}
-		tr, err := c.applyReply(items[i].Ctx, t, d, *r.Saga)
-		if err != nil {
-			return nil, err
+		if err := apply(i, *r.Saga); err != nil {
+			forgetKnown()
+			return nil, false, err
 		}
-		trs[k], applied[k] = tr, true
-		write = append(write, tr.write)
-		now = tr.at
 	}
 	if len(write) == 0 {
 		err = t.Commit(ctx)
@@ -139,15 +221,13 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 		err = c.db.WriteTransitions(ctx, t, write, now, true)
 	}
 	if err != nil {
-		return nil, err
+		forgetKnown()
+		return nil, false, err
 	}
-	for k, ok := range applied {
-		if ok {
-			i := at[k]
-			results[i] = c.replyApplied(items[i].Ctx, items[i].Delivery, trs[k])
-		}
+	for k, i := range applied {
+		results[i] = c.replyApplied(items[i].Ctx, items[i].Delivery, trs[k])
 	}
-	return results, nil
+	return results, false, nil
 }
 
 // replyApplied does what follows the commit of tr, the transition of the

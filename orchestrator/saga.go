@@ -224,6 +224,9 @@ func (c *Client) applied(ctx context.Context, trs ...transition) (sent bool) {
 		if tr.res.Ignored {
 			continue
 		}
+		if tr.write.Saga != nil {
+			c.cache.put(tr.write.Saga) // as stored (driver.Executor.WriteTransitions)
+		}
 		if len(tr.res.Emit) > 0 {
 			sent = true
 		}

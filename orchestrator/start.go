@@ -283,12 +283,17 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uu
 	if err := applyToRecord(&rec, &res.Instance, now); err != nil {
 		return saga.Result{}, false, err
 	}
-	inserted, err := c.db.StartSaga(ctx, tx, &driver.SagaStart{
+	st := &driver.SagaStart{
 		Saga: rec, History: historyRecords(id, res.History), Messages: c.messages(ctx, &res.Instance, res.Emit),
-	}, now)
+	}
+	inserted, err := c.db.StartSaga(ctx, tx, st, now)
 	if err != nil || !inserted {
 		return res, false, err
 	}
+	// Kept before the caller commits: its first reply can only follow the
+	// commit, and an entry for a saga whose start rolled back is never
+	// asked for (its id is new).
+	c.cache.put(&st.Saga)
 	if c.cfg.Relay.Notify {
 		if err := c.db.Notify(ctx, tx); err != nil {
 			return res, false, err

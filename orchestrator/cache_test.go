@@ -1,0 +1,71 @@
+package orchestrator_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/saga"
+)
+
+// TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga: an
+// orchestrator keeps a saga waiting on shipping in its saga cache; another
+// Client (an operator's tool on the same schema) terminates it; the
+// shipping reply then reaches the first orchestrator, whose copy is out of
+// date. The reply's one-round-trip write fails its revision check, and the
+// reply is applied to the saga as stored: it stays terminated. Applied to
+// the kept copy, the reply would have completed it (a lost update).
+func TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := orderSaga(1, time.Minute, 1)
+	run(t, e.inventory(false).Run) // shipping comes later
+	run(t, e.payment(true).Run)
+	c := e.runOrchestrator(e.orchConfig(def))
+	ctx := context.Background()
+
+	st := e.start(c, def, Order{ID: "stale", Qty: 1, Amount: 10, Address: "here"}, nil)
+	waitFor(t, 30*time.Second, "the saga to wait on shipping", func() bool {
+		s, err := c.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return s.CurrentStep == 2
+	})
+	kept, ok := c.KeptRevisionForTest(st.ID)
+	require.True(t, ok, "the orchestrator keeps the saga it wrote")
+
+	cfg := e.orchConfig(def)
+	cfg.Broker = nil
+	ops := e.newOrchestrator(cfg)
+	s, err := ops.Terminate(ctx, st.ID, "bob", "elsewhere")
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusTerminated, s.Status)
+	require.Greater(t, s.Revision, kept, "the other Client wrote the saga")
+	stale, ok := c.KeptRevisionForTest(st.ID)
+	require.True(t, ok)
+	require.Equal(t, kept, stale, "the orchestrator's copy is out of date")
+
+	shipping, err := newShipping(e)
+	require.NoError(t, err)
+	run(t, shipping.Run)
+	waitFor(t, 30*time.Second, "the shipping reply to be received", func() bool {
+		return e.count(`SELECT count(*) FROM %[1]s.sagabox_inbox WHERE saga_id = $1 AND step = 'ship'`, st.ID) == 1
+	})
+	got, err := c.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusTerminated, got.Status, "the reply was applied to the stored saga")
+	require.Equal(t, s.Revision, got.Revision, "and changed nothing")
+	_, ok = c.KeptRevisionForTest(st.ID)
+	require.False(t, ok, "a saga whose copy was out of date is no longer kept")
+	e.checkBusiness(Order{ID: "stale"}, saga.StatusCompleted) // the participants did their part
+}
+
+// TestSagaCacheConfig: the cache's size defaults, and a negative size
+// keeps none.
+func TestSagaCacheConfig(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, orchestrator.DefaultSagaCache, orchestrator.Config{}.WithDefaults().SagaCache)
+	require.Equal(t, -1, orchestrator.Config{SagaCache: -1}.WithDefaults().SagaCache)
+}
