@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"bytes"
 	"container/list"
 	"sync"
 
@@ -61,14 +62,18 @@ func (c *sagaCache) put(rec *driver.SagaRecord) {
 		c.forget(rec.ID)
 		return
 	}
+	// A copy of its own: the caller's record (an operator's result, say)
+	// may share its bytes with code that changes them.
+	kept := *rec
+	kept.Data, kept.Steps = bytes.Clone(rec.Data), bytes.Clone(rec.Steps)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.byID[rec.ID]; ok {
-		e.Value = *rec
+		e.Value = kept
 		c.lru.MoveToFront(e)
 		return
 	}
-	c.byID[rec.ID] = c.lru.PushFront(*rec)
+	c.byID[rec.ID] = c.lru.PushFront(kept)
 	for c.lru.Len() > c.max {
 		last := c.lru.Back()
 		delete(c.byID, c.lru.Remove(last).(driver.SagaRecord).ID)

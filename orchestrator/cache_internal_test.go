@@ -33,6 +33,12 @@ func TestSagaCacheKeepsRecentRunningSagas(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, int64(2), got.Revision, "the last write is kept")
 
+	a.Data = []byte(`{"qty":1}`)
+	c.put(a)
+	a.Data[7] = '9' // the caller's bytes, changed after the put
+	got, _ = c.get(a.ID)
+	require.JSONEq(t, `{"qty":1}`, string(got.Data), "the cache keeps its own copy")
+
 	a.Status = "completed"
 	c.put(a)
 	_, ok = c.get(a.ID)

@@ -69,3 +69,45 @@ func TestSagaCacheConfig(t *testing.T) {
 	require.Equal(t, orchestrator.DefaultSagaCache, orchestrator.Config{}.WithDefaults().SagaCache)
 	require.Equal(t, -1, orchestrator.Config{SagaCache: -1}.WithDefaults().SagaCache)
 }
+
+// TestEventKeptWhileAReplyIsAppliedIsNotLost: a webhook's transaction keeps
+// an outside event for a saga (it holds the saga's row lock, and changes
+// nothing of the saga row) while the reply that brings the saga to the step
+// waiting for that event arrives at an orchestrator that keeps the saga.
+// The reply waits for the sender's commit and then finds the event: the
+// saga completes. Applied to the kept copy without the lock, the reply
+// would have missed the uncommitted event, and the saga would wait for an
+// event already there until its wait timed out.
+func TestEventKeptWhileAReplyIsAppliedIsNotLost(t *testing.T) {
+	t.Parallel()
+	e := newEventEnv(t)
+	def := paidOrderSaga(time.Hour)
+	c := e.runOrchestrator(e.orchConfig(def))
+	ctx := context.Background()
+
+	// No inventory yet: the saga waits on its reservation.
+	st := e.start(c, def, Order{ID: "racing", Qty: 1, Address: "here"}, nil)
+	_, ok := c.KeptRevisionForTest(st.ID)
+	require.True(t, ok, "the orchestrator keeps the saga it started")
+
+	tx := mustBegin(t, e)
+	sent, err := orchestrator.SendEvent(ctx, c, tx, orchestrator.SagaRef{ID: st.ID}, paymentConfirmed, "evt-racing", PaymentConfirmed{Ref: "pay-racing"})
+	require.NoError(t, err)
+	require.Equal(t, orchestrator.EventKept, sent.Outcome)
+
+	run(t, e.inventory(true).Run)
+	waitFor(t, 30*time.Second, "the reply to wait for the sender's lock on the saga", func() bool {
+		var n int
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, e.orch.Schema()).Scan(&n))
+		return n > 0
+	})
+	require.NoError(t, tx.Commit(ctx))
+
+	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := orchestrator.Await(wait, c, def, st.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, out.Status, out.LastError)
+	require.Equal(t, "pay-racing", out.Data.ChargeID)
+}

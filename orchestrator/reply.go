@@ -55,7 +55,7 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
 			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}
 	}
-	if rec, ok := c.cache.get(d.SagaID); ok {
+	if rec, ok := c.kept(d.SagaID); ok {
 		if res, done, err := p.processKnown(ctx, d, rec); done {
 			return res, err
 		}
@@ -73,7 +73,7 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 		c.log.Warn("reply for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String())
 		return engine.Result{Outcome: telemetry.OutcomeUnknownSaga}, t.Commit(ctx)
 	}
-	tr, err := c.applyReply(ctx, t, d, *rcpts[0].Saga)
+	tr, err := c.applyReply(ctx, t, d, *rcpts[0].Saga, false)
 	if err != nil {
 		return engine.Result{}, err
 	}
@@ -81,6 +81,18 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 		return engine.Result{}, err
 	}
 	return c.replyApplied(ctx, d, tr), nil
+}
+
+// kept returns the saga id as this Client last wrote it, if it keeps it
+// and a reply to it may be applied to the copy: its definition, registered
+// here, has no local step (see applyReply).
+func (c *Client) kept(id uuid.UUID) (driver.SagaRecord, bool) {
+	rec, ok := c.cache.get(id)
+	if !ok {
+		return rec, false
+	}
+	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	return rec, err == nil && !hasLocalStep(runner)
 }
 
 // processKnown applies the reply d to rec, its saga as this Client last
@@ -98,7 +110,7 @@ func (p processor) processKnown(ctx context.Context, d *transport.Delivery, rec 
 		c.cache.forget(d.SagaID)
 		return engine.Result{}, true, err
 	}
-	tr, err := c.applyReply(ctx, t, d, rec)
+	tr, err := c.applyReply(ctx, t, d, rec, true)
 	if err != nil || tr.res.Ignored {
 		c.cache.forget(d.SagaID)
 		return engine.Result{}, false, nil
@@ -111,11 +123,12 @@ func (p processor) processKnown(ctx context.Context, d *transport.Delivery, rec 
 }
 
 // ProcessBatch applies a batch of replies in one transaction, as Process
-// applies one (group commit): the inbox records of the replies to sagas the
-// Client kept and one statement that records the others and locks their
-// sagas go out with BEGIN, the core decides on each, and one statement
-// writes every transition and commits. When every saga was kept, that is
-// one round trip. It applies at most one reply per saga (a saga's second
+// applies one (group commit): one statement that records them all in the
+// inbox and locks their sagas goes out with BEGIN, the core decides on
+// each, and one statement writes every transition and commits. When the
+// Client kept every saga of the batch, none is read and that is one round
+// trip (a batch with any saga not kept reads them all, so that every batch
+// takes its row locks in id order at BEGIN). It applies at most one reply per saga (a saga's second
 // reply in the batch needs the state the first one leaves), deferring the
 // others, and defers what is not a reply, so that each gets the treatment
 // of one delivery. Should the core ignore or refuse a reply to a kept saga,
@@ -147,12 +160,19 @@ func (p processor) processBatch(ctx context.Context, items []engine.Item, useKep
 			continue
 		}
 		seen[d.MessageID], seen[d.SagaID] = struct{}{}, struct{}{}
-		if rec, ok := c.cache.get(d.SagaID); ok && useKept {
+		if rec, ok := c.kept(d.SagaID); ok && useKept {
 			knownEnvs, knownAt, known = append(knownEnvs, &d.Envelope), append(knownAt, i), append(known, rec)
 			continue
 		}
 		envs = append(envs, &d.Envelope)
 		at = append(at, i)
+	}
+	if len(envs) > 0 && len(knownEnvs) > 0 {
+		// A mixed batch reads every saga: its locks are then all taken at
+		// BEGIN, in id order, as every other batch takes them (the kept
+		// sagas' would only be taken by the write, against that order).
+		envs, at = append(envs, knownEnvs...), append(at, knownAt...)
+		knownEnvs, knownAt, known = nil, nil, nil
 	}
 	if len(envs)+len(knownEnvs) == 0 {
 		return results, false, nil
@@ -165,7 +185,7 @@ func (p processor) processBatch(ctx context.Context, items []engine.Item, useKep
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
 	if len(knownEnvs) > 0 {
-		// Sent ahead of the receipt of the others, or of the write.
+		// Sent ahead of the write.
 		if err := c.db.ReceiveKnownReplies(ctx, t, knownEnvs); err != nil {
 			forgetKnown()
 			return nil, false, err
@@ -182,8 +202,8 @@ func (p processor) processBatch(ctx context.Context, items []engine.Item, useKep
 	var applied []int
 	var write []driver.Transition
 	var now time.Time
-	apply := func(i int, rec driver.SagaRecord) error {
-		tr, err := c.applyReply(items[i].Ctx, t, items[i].Delivery, rec)
+	apply := func(i int, rec driver.SagaRecord, kept bool) error {
+		tr, err := c.applyReply(items[i].Ctx, t, items[i].Delivery, rec, kept)
 		if err != nil {
 			return err
 		}
@@ -193,8 +213,8 @@ func (p processor) processBatch(ctx context.Context, items []engine.Item, useKep
 		return nil
 	}
 	for k, i := range knownAt {
-		if err := apply(i, known[k]); err != nil || trs[len(trs)-1].res.Ignored {
-			forgetKnown()
+		if err := apply(i, known[k], true); err != nil || trs[len(trs)-1].res.Ignored {
+			c.cache.forget(known[k].ID)
 			return nil, true, nil
 		}
 	}
@@ -210,7 +230,7 @@ func (p processor) processBatch(ctx context.Context, items []engine.Item, useKep
 			results[i] = engine.Result{Outcome: telemetry.OutcomeUnknownSaga}
 			continue
 		}
-		if err := apply(i, *r.Saga); err != nil {
+		if err := apply(i, *r.Saga, false); err != nil {
 			forgetKnown()
 			return nil, false, err
 		}
@@ -246,12 +266,26 @@ func (c *Client) replyApplied(ctx context.Context, d *transport.Delivery, tr tra
 	}}
 }
 
-// applyReply runs the saga core on the reply d to the saga rec, locked in t.
+// errReadTheSaga is applyReply's refusal to apply a reply to a kept copy
+// of its saga (kept): the reply is to be applied to the saga read and
+// locked.
+var errReadTheSaga = errors.New("orchestrator: the reply is applied to its saga as stored")
+
+// applyReply runs the saga core on the reply d to the saga rec, locked in t,
+// or, with kept, as this Client last wrote it (not locked). A kept saga
+// whose definition has local steps, or whose transition reaches a step
+// waiting for an event, is refused with errReadTheSaga.
 // A reply that no retry can apply (its definition is not registered here,
 // its payload breaks the command's contract, the stored saga is corrupt) is
 // poison.
-func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Delivery, rec driver.SagaRecord) (transition, error) {
+func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Delivery, rec driver.SagaRecord, kept bool) (transition, error) {
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
+	if kept && (err != nil || hasLocalStep(runner)) {
+		// A local step runs user code that the saga's row lock serializes
+		// with the sweeper, operators and event senders: only a saga read
+		// and locked runs one.
+		return transition{}, errReadTheSaga
+	}
 	if err != nil {
 		return transition{}, &engine.Poison{Class: telemetry.ReasonUnknownDefinition, Reason: fmt.Sprintf(
 			"reply %s for saga %s cannot be applied: %v; this orchestrator runs %v (deploy an orchestrator that registers %s v%d, then move the message back from the dead-letter queue)",
@@ -277,6 +311,12 @@ func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Deliv
 		return transition{}, &engine.Poison{Class: telemetry.ReasonInvalidInstance, Reason: fmt.Sprintf("reply %s for saga %s: %v", d.MessageID, rec.ID, err)}
 	case err != nil:
 		return transition{}, err
+	}
+	if kept && awaited(runner, &res.Instance) != "" {
+		// Whether an event is kept for the saga is read from the events,
+		// whose senders hold the saga's row lock, not its revision: a
+		// sender about to commit one would go unseen.
+		return transition{}, errReadTheSaga
 	}
 	tr, err := c.transition(ctx, rec, res, now)
 	if err == nil {

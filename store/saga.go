@@ -394,10 +394,12 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 }
 
 // asWritten makes r, a saga just written at now (inserted, or updated),
-// the row as PostgreSQL holds it: its revision advanced, its times at the
-// microsecond and in UTC, its text as stored. A copy of it is what reading
-// the row back in the same transaction would return, for a caller that
-// keeps sagas between transitions.
+// the row as PostgreSQL holds it, for a caller that keeps sagas between
+// transitions: its revision advanced, its admission, its times at the
+// microsecond (in UTC, where a read gives the local zone: the same
+// instants), its error text as stored. Data and Steps stay the bytes
+// written; jsonb may store them re-formatted (key order, spacing, number
+// forms), which decodes to the same values.
 func asWritten(r *driver.SagaRecord, now time.Time, inserted bool) {
 	now = storedTime(now)
 	if inserted {

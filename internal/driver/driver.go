@@ -146,7 +146,8 @@ type Executor interface {
 	// store.IsRetryable is true, and nothing is written: run the transaction
 	// again. The messages are prepared in place, and once the statement
 	// succeeds each trs[i].Saga is the row as stored: its revision
-	// advanced, its times at the microsecond in UTC, its text as kept.
+	// advanced, its times at the microsecond in UTC, its error text as
+	// kept (its JSON as written, which jsonb may re-format).
 	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time, commit bool) error
 	// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
 	SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error)
