@@ -160,13 +160,7 @@ func (s *executor) ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, sta
 // receipts are in the order of envs; envs must not repeat a message id.
 func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*message.Envelope) ([]driver.Receipt, error) {
 	n := len(envs)
-	p := &dbsqlc.SagaReceiveParams{
-		MessageID: make([]uuid.UUID, n), Kind: make([]string, n), Type: make([]string, n),
-		SagaID: make([]uuid.UUID, n), Step: make([]string, n),
-	}
-	for i, e := range envs {
-		p.MessageID[i], p.Kind[i], p.Type[i], p.SagaID[i], p.Step[i] = e.MessageID, string(e.Kind), e.Type, e.SagaID, e.Step
-	}
+	p := receiptColumns(envs)
 	// Planned once per connection, not per reply (see planGeneric); the
 	// session's setting is back before any user code runs in t (a local
 	// step), in the same round trip.
@@ -201,16 +195,23 @@ func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*mess
 // IsRetryable is true; so does the write if a saga moved on since the
 // caller's copy. Run the transaction again with ReceiveReplies then.
 func (s *executor) ReceiveKnownReplies(_ context.Context, t driver.Tx, envs []*message.Envelope) error {
+	p := dbsqlc.SagaReceiveKnownParams(*receiptColumns(envs))
+	// Queued: it cannot fail before it is sent.
+	return s.queries.SagaReceiveKnown(context.Background(), txOf(t).ahead(), &p)
+}
+
+// receiptColumns are the inbox columns of the replies envs, as the
+// parameters of a receipt (SagaReceive, SagaReceiveKnown).
+func receiptColumns(envs []*message.Envelope) *dbsqlc.SagaReceiveParams {
 	n := len(envs)
-	p := &dbsqlc.SagaReceiveKnownParams{
+	p := &dbsqlc.SagaReceiveParams{
 		MessageID: make([]uuid.UUID, n), Kind: make([]string, n), Type: make([]string, n),
 		SagaID: make([]uuid.UUID, n), Step: make([]string, n),
 	}
 	for i, e := range envs {
 		p.MessageID[i], p.Kind[i], p.Type[i], p.SagaID[i], p.Step[i] = e.MessageID, string(e.Kind), e.Type, e.SagaID, e.Step
 	}
-	// Queued: it cannot fail before it is sent.
-	return s.queries.SagaReceiveKnown(context.Background(), txOf(t).ahead(), p)
+	return p
 }
 
 func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
