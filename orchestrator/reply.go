@@ -85,7 +85,9 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (e
 
 // kept returns the saga id as this Client last wrote it, if it keeps it
 // and a reply to it may be applied to the copy: its definition, registered
-// here, has no local step (see applyReply).
+// here, has no local step. A local step runs user code, which the saga's
+// row lock orders with the sweeper, operators and event senders: only a
+// saga read and locked runs one.
 func (c *Client) kept(id uuid.UUID) (driver.SagaRecord, bool) {
 	rec, ok := c.cache.get(id)
 	if !ok {
@@ -272,20 +274,14 @@ func (c *Client) replyApplied(ctx context.Context, d *transport.Delivery, tr tra
 var errReadTheSaga = errors.New("orchestrator: the reply is applied to its saga as stored")
 
 // applyReply runs the saga core on the reply d to the saga rec, locked in t,
-// or, with kept, as this Client last wrote it (not locked). A kept saga
-// whose definition has local steps, or whose transition reaches a step
-// waiting for an event, is refused with errReadTheSaga.
+// or, with kept, as this Client last wrote it (not locked; kept returned
+// it, so its definition has no local step). A kept saga whose transition
+// reaches a step waiting for an event is refused with errReadTheSaga.
 // A reply that no retry can apply (its definition is not registered here,
 // its payload breaks the command's contract, the stored saga is corrupt) is
 // poison.
 func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Delivery, rec driver.SagaRecord, kept bool) (transition, error) {
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
-	if kept && (err != nil || hasLocalStep(runner)) {
-		// A local step runs user code that the saga's row lock serializes
-		// with the sweeper, operators and event senders: only a saga read
-		// and locked runs one.
-		return transition{}, errReadTheSaga
-	}
 	if err != nil {
 		return transition{}, &engine.Poison{Class: telemetry.ReasonUnknownDefinition, Reason: fmt.Sprintf(
 			"reply %s for saga %s cannot be applied: %v; this orchestrator runs %v (deploy an orchestrator that registers %s v%d, then move the message back from the dead-letter queue)",
