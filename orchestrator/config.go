@@ -87,15 +87,16 @@ type Config struct {
 	Workers int
 
 	// Prefetch is how many unacknowledged replies the broker may hand out.
-	// Defaults to 2 × Workers, and is raised to 2 × MaxBatch per worker
+	// Defaults to 2 × Workers, and is raised to 2 × MaxBatch × Workers
 	// when batching.
 	Prefetch int
 
 	// MaxBatch is the most replies a worker applies in one transaction
-	// (group commit): when replies arrive faster than one at a time, a
-	// worker takes those waiting, up to MaxBatch, and waits up to
-	// BatchLinger for more, then applies them in one transaction of two
-	// round trips, at most one reply per saga. Each reply keeps its own
+	// (group commit): a free worker takes the replies that came while every
+	// worker was busy, up to MaxBatch (so batches grow with the load), and
+	// once replies come faster than one at a time waits up to BatchLinger
+	// for more; it applies them in one transaction of two round trips, at
+	// most one reply per saga. Each reply keeps its own
 	// span, outcome, retries and dead-lettering: a batch whose transaction
 	// fails is applied again one reply at a time. An idle queue's replies
 	// are applied one by one, at once. Defaults to DefaultMaxBatch (32); 1

@@ -110,14 +110,15 @@ type Config struct {
 	Workers int
 
 	// Prefetch is how many unacknowledged deliveries the broker may hand
-	// out. Defaults to 2 × Workers, and is raised to 2 × MaxBatch per
-	// worker when batching.
+	// out. Defaults to 2 × Workers, and is raised to 2 × MaxBatch ×
+	// Workers when batching.
 	Prefetch int
 
 	// MaxBatch, above 1, lets a worker handle up to MaxBatch deliveries
-	// that arrive together in one transaction (group commit): when
-	// deliveries come faster than one at a time, a worker takes those
-	// waiting, waits up to BatchLinger for more, and runs each one's
+	// that arrive together in one transaction (group commit): a free
+	// worker takes the deliveries that came while every worker was busy
+	// (so batches grow with the load), once deliveries come faster than
+	// one at a time waits up to BatchLinger for more, and runs each one's
 	// handler, inbox record, barrier mark and reply in a subtransaction of
 	// one transaction that commits once. A handler that fails is rolled
 	// back to its savepoint without touching the others, and its delivery

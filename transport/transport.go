@@ -202,15 +202,18 @@ type SubscribeOpts struct {
 	// Defaults to 1.
 	Concurrency int
 	// Prefetch is how many unacknowledged deliveries the broker may hand out.
-	// Defaults to 2 × Concurrency, and to at least 2 × MaxBatch per
-	// concurrent handler when batching.
+	// Defaults to 2 × Concurrency, and to at least 2 × MaxBatch ×
+	// Concurrency when batching.
 	Prefetch int
 	// MaxBatch, above 1 with a BatchHandler, is the most deliveries handed
-	// to it at once. A batch takes the deliveries already waiting and, once
-	// deliveries come faster than one at a time (the previous batch had
-	// several, or more are waiting now), waits up to Linger for more: an
-	// idle queue's deliveries are handled one by one, at once. Defaults to
-	// 1 (no batching).
+	// to it at once. A batch goes to the first of the Concurrency handlers
+	// that is free and holds the deliveries that came while all were busy,
+	// so that batches grow with the load by themselves; once deliveries
+	// come faster than one at a time (the previous batch had several, or
+	// more are waiting now), it also waits up to Linger for more. An idle
+	// queue's deliveries are handled one by one, at once. Concurrent
+	// batches settle only their own deliveries. Defaults to 1 (no
+	// batching).
 	MaxBatch int
 	// Linger bounds how long a batch waits for more deliveries. Defaults to
 	// DefaultLinger (2ms).

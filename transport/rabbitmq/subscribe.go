@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"runtime"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -126,7 +125,9 @@ func isPermanent(err error) bool {
 
 // consume runs o.Concurrency consumers of spec's queue on sess, each on a
 // channel of its own, until ctx is done or a channel closes, then waits for
-// their handlers. started reports whether consuming began.
+// their handlers. A batching subscription runs one consumer instead, whose
+// batches are handled by o.Concurrency workers (consumeBatches). started
+// reports whether consuming began.
 func (b *Broker) consume(ctx context.Context, sess *session, spec transport.QueueSpec, h transport.Handler, o transport.SubscribeOpts) (started bool, err error) {
 	ch, err := sess.conn.Channel()
 	if err != nil {
@@ -140,19 +141,18 @@ func (b *Broker) consume(ctx context.Context, sess *session, spec transport.Queu
 	queue := b.QueueName(spec.Name)
 	bh, batching := h.(transport.BatchHandler)
 	batching = batching && o.MaxBatch > 1
+	consumers := o.Concurrency
 	prefetch := (o.Prefetch + o.Concurrency - 1) / o.Concurrency
 	if batching {
-		prefetch = max(prefetch, 2*o.MaxBatch)
+		consumers, prefetch = 1, max(o.Prefetch, 2*o.MaxBatch*o.Concurrency)
 	}
 
-	// Each consumer has a channel of its own, so that a batch can be
-	// acknowledged with one multiple-ack: every earlier delivery of the
-	// channel is settled by then.
+	// Each consumer has a channel of its own.
 	workCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
-	closedErr := make(chan error, o.Concurrency)
-	for i := range o.Concurrency {
+	closedErr := make(chan error, consumers)
+	for i := range consumers {
 		if i > 0 {
 			if ch, err = sess.conn.Channel(); err != nil {
 				stop()
@@ -218,179 +218,30 @@ func (b *Broker) consumeOne(ctx context.Context, name, queue string, h transport
 			if !ok {
 				return
 			}
-			b.handle(ctx, name, queue, h, d)
+			b.handle(ctx, name, queue, h, d, nil)
 		}
 	}
 }
 
-// consumeBatches hands deliveries to h in batches (see
-// transport.SubscribeOpts.MaxBatch) until ctx is done or the channel closes,
-// and acknowledges each batch's handled deliveries with one multiple-ack.
-func (b *Broker) consumeBatches(ctx context.Context, name, queue string, h transport.BatchHandler, deliveries <-chan amqp.Delivery, ch *amqp.Channel, o transport.SubscribeOpts) {
-	linger := o.Linger
-	if linger <= 0 {
-		linger = transport.DefaultLinger
-	}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	previous := 0
-	for {
-		var batch []amqp.Delivery
-		select {
-		case <-ctx.Done():
-			return
-		case d, ok := <-deliveries:
-			if !ok {
-				return
-			}
-			batch = append(batch, d)
-		}
-		// Take what is waiting; linger only once deliveries come faster
-		// than one at a time, so that an idle queue's deliveries are handled
-		// at once.
-		open := true
-		for open && len(batch) < o.MaxBatch {
-			d, ok, waiting := receiveWaiting(deliveries)
-			if !waiting {
-				break
-			}
-			if !ok {
-				open = false
-				break
-			}
-			batch = append(batch, d)
-		}
-		if open && len(batch) < o.MaxBatch && (previous > 1 || len(batch) > 1) {
-			timer.Reset(linger)
-		lingering:
-			for len(batch) < o.MaxBatch {
-				select {
-				case d, ok := <-deliveries:
-					if !ok {
-						open = false
-						break lingering
-					}
-					batch = append(batch, d)
-				case <-timer.C:
-					break lingering
-				case <-ctx.Done():
-					break lingering
-				}
-			}
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
-		}
-		previous = len(batch)
-		b.handleBatch(ctx, name, queue, h, batch, ch)
-		if !open {
-			return
-		}
-	}
-}
-
-// receiveWaiting takes a delivery from deliveries if one is waiting there:
-// waiting is false when none is, ok false when deliveries is closed. amqp091
-// hands deliveries over from a goroutine of its own that, after each
-// hand-off, must run again before it offers the next, so a receive that
-// finds nothing yields once and tries again: without that, a backlog
-// already in the client's buffer looks empty and is taken one at a time.
-func receiveWaiting(deliveries <-chan amqp.Delivery) (d amqp.Delivery, ok, waiting bool) {
-	for try := 0; ; try++ {
-		select {
-		case d, ok = <-deliveries:
-			return d, ok, true
-		default:
-		}
-		if try == 1 {
-			return d, false, false
-		}
-		runtime.Gosched()
-	}
-}
-
-// handleBatch decodes batch, runs h on the deliveries that decode and
-// settles each by its outcome: the acknowledged ones with one multiple-ack
-// of the last, once the others are settled one by one.
-func (b *Broker) handleBatch(ctx context.Context, name, queue string, h transport.BatchHandler, batch []amqp.Delivery, ch *amqp.Channel) {
-	if len(batch) == 1 {
-		b.handle(ctx, name, queue, h, batch[0])
-		return
-	}
-	raws := make([]amqp.Delivery, 0, len(batch))
-	dels := make([]*transport.Delivery, 0, len(batch))
-	for _, d := range batch {
-		del, err := DecodeDelivery(d)
-		if err != nil {
-			b.malformed(ctx, queue, d, err)
-			continue
-		}
-		del.Queue = name
-		raws, dels = append(raws, d), append(dels, del)
-	}
-	if len(dels) == 0 {
-		return
-	}
-	outs := b.callBatch(ctx, queue, h, dels)
-	var last uint64
-	acked := 0
-	for i, d := range raws {
-		switch out := outs[i]; out.Action {
-		case transport.ActionAck:
-			last, acked = max(last, d.DeliveryTag), acked+1
-		case transport.ActionDeadLetter:
-			b.deadLetter(ctx, queue, d, &dels[i].Envelope, out.Reason, true)
-		default:
-			b.retry(ctx, name, queue, d, dels[i], out.Delay)
-		}
-	}
-	if acked > 0 {
-		// Every delivery of this channel up to last is settled but the
-		// acknowledged ones: one multiple-ack settles them all.
-		b.settle(ch.Ack(last, true), queue, raws[0], "multiple ack")
-	}
-}
-
-// callBatch runs h on ds, turning a panic (or a wrong number of outcomes)
-// into Retry for every delivery.
-func (b *Broker) callBatch(ctx context.Context, queue string, h transport.BatchHandler, ds []*transport.Delivery) (outs []transport.Outcome) {
-	retryAll := func() []transport.Outcome {
-		outs := make([]transport.Outcome, len(ds))
-		for i := range outs {
-			outs[i] = transport.Retry(panicRetryDelay)
-		}
-		return outs
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			b.log.Error("rabbitmq batch handler panicked; retrying its deliveries", "queue", queue, "deliveries", len(ds),
-				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			outs = retryAll()
-		}
-	}()
-	outs = h.HandleBatch(ctx, ds)
-	if len(outs) != len(ds) {
-		b.log.Error("rabbitmq batch handler returned the wrong number of outcomes; retrying its deliveries", "queue", queue, "deliveries", len(ds), "outcomes", len(outs))
-		return retryAll()
-	}
-	return outs
-}
-
-// handle decodes d, runs h and settles d according to its outcome.
-func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery) {
+// handle decodes d, runs h and settles d according to its outcome. With
+// acks (a batching consumer's) an acknowledgement goes through acks, and a
+// delivery settled otherwise is reported to it; without, d is acknowledged
+// on its own.
+func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery, acks *ackWindow) {
 	del, err := DecodeDelivery(d)
 	if err != nil {
 		b.malformed(ctx, queue, d, err)
+		acks.settled(d.DeliveryTag)
 		return
 	}
 	del.Queue = name
 	out := b.call(ctx, queue, h, del)
 	switch out.Action {
 	case transport.ActionAck:
+		if acks != nil {
+			acks.ack(d.DeliveryTag)
+			return
+		}
 		b.settle(d.Ack(false), queue, d, "ack")
 	case transport.ActionDeadLetter:
 		b.deadLetter(ctx, queue, d, &del.Envelope, out.Reason, true)
@@ -400,6 +251,7 @@ func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Han
 		}
 		b.retry(ctx, name, queue, d, del, out.Delay)
 	}
+	acks.settled(d.DeliveryTag)
 }
 
 // malformed dead-letters a delivery that does not decode.

@@ -87,6 +87,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 		{"ConcurrencyRespected", s.concurrency},
 		{"BatchesSettleEachOutcome", s.batches},
 		{"IdleQueueHandsBatchesOfOne", s.idleBatches},
+		{"ConcurrentBatchesSettleOnlyTheirOwn", s.concurrentBatches},
 		{"DeclareIdempotent", s.declareIdempotent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -458,6 +459,81 @@ func (s suite) batches(t *testing.T) {
 	stop = subscribe(t, b, again, &transport.SubscribeOpts{MaxBatch: maxBatch})
 	require.Equal(t, probe.MessageID, next(t, again.handled), "only the probe is left in the queue")
 	require.NoError(t, stop())
+}
+
+// concurrentBatches checks that batches handled at once settle only their
+// own deliveries: while one delivery is still being handled, the batches of
+// the deliveries after it are acknowledged (they do not come back), and the
+// one being handled is settled by its own outcome (asked to be retried, it
+// comes back).
+func (s suite) concurrentBatches(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	slow := Command("svc.do")
+	taken, release := make(chan struct{}), make(chan struct{})
+	handled := make(chan uuid.UUID, 1024)
+	var mu sync.Mutex
+	seen := map[uuid.UUID]int{}
+	h := batchFunc(func(ds []*transport.Delivery) []transport.Outcome {
+		outs := make([]transport.Outcome, len(ds))
+		for i, d := range ds {
+			mu.Lock()
+			seen[d.MessageID]++
+			mu.Unlock()
+			outs[i] = transport.Ack()
+			if d.MessageID == slow.MessageID && !d.Redelivered {
+				close(taken)
+				<-release
+				outs[i] = transport.Retry(0)
+			}
+		}
+		for _, d := range ds {
+			handled <- d.MessageID
+		}
+		return outs
+	})
+	stop := subscribe(t, b, h, &transport.SubscribeOpts{Concurrency: 2, MaxBatch: 4})
+	require.NoError(t, b.Publish(ctx, slow))
+	next(t, taken)
+	// More than MaxBatch × Concurrency deliveries wait behind the slow one.
+	const n = 20
+	others := make([]message.Message, n)
+	for i := range others {
+		others[i] = Command("svc.do")
+	}
+	require.NoError(t, b.Publish(ctx, others...))
+	for range n {
+		require.NotEqual(t, slow.MessageID, next(t, handled))
+	}
+	close(release)
+	require.Equal(t, slow.MessageID, next(t, handled), "the slow delivery's own batch")
+	require.Equal(t, slow.MessageID, next(t, handled), "the slow delivery, retried, comes back")
+	require.NoError(t, stop())
+	mu.Lock()
+	for _, m := range others {
+		require.Equal(t, 1, seen[m.MessageID], "message %s", m.MessageID)
+	}
+	mu.Unlock()
+
+	// Nothing acknowledged comes back.
+	again := newBatchHandler(func(*transport.Delivery) transport.Outcome { return transport.Ack() })
+	probe := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, probe))
+	stop = subscribe(t, b, again, &transport.SubscribeOpts{MaxBatch: 4})
+	require.Equal(t, probe.MessageID, next(t, again.handled), "only the probe is left in the queue")
+	require.NoError(t, stop())
+}
+
+// batchFunc is a BatchHandler of a function.
+type batchFunc func(ds []*transport.Delivery) []transport.Outcome
+
+func (f batchFunc) HandleDelivery(_ context.Context, d *transport.Delivery) transport.Outcome {
+	return f([]*transport.Delivery{d})[0]
+}
+
+func (f batchFunc) HandleBatch(_ context.Context, ds []*transport.Delivery) []transport.Outcome {
+	return f(ds)
 }
 
 // idleBatches checks that deliveries that come one at a time are handed
