@@ -22,11 +22,12 @@ import (
 const (
 	// DefaultWorkers is how many deliveries a Client handles at once.
 	DefaultWorkers = 4
-	// MaxBatchLimit is the largest Config.MaxBatch: a delivery of a batch
-	// runs in two subtransactions (its own and its handler's), and
-	// PostgreSQL keeps the ids of only 64 subtransactions per transaction in
-	// shared memory; past that, every snapshot taken in the database while
-	// the transaction runs gets slower.
+	// MaxBatchLimit is the largest Config.MaxBatch: the handler of a
+	// delivery of a batch that writes runs in a subtransaction (or more, if
+	// it begins savepoints of its own), and PostgreSQL keeps the ids of only
+	// 64 subtransactions per transaction in shared memory; past that, every
+	// snapshot taken in the database while the transaction runs gets
+	// slower.
 	MaxBatchLimit = 32
 	// DefaultMaxPayloadBytes is the largest payload a Client accepts (1
 	// MiB): a larger command is answered with a failure reply
@@ -118,12 +119,15 @@ type Config struct {
 	// that arrive together in one transaction (group commit): a free
 	// worker takes the deliveries that came while every worker was busy
 	// (so batches grow with the load), once deliveries come faster than
-	// one at a time waits up to BatchLinger for more, and runs each one's
-	// handler, inbox record, barrier mark and reply in a subtransaction of
-	// one transaction that commits once. A handler that fails is rolled
-	// back to its savepoint without touching the others, and its delivery
-	// is handled again on its own, with its retries. An idle queue's
-	// deliveries are handled one by one, at once.
+	// one at a time waits up to BatchLinger for more, and handles them in
+	// one transaction of two round trips besides the handlers' own
+	// statements: one statement records every inbox entry and barrier mark,
+	// the handlers run one after the other, each under a savepoint of its
+	// own, and one statement writes the replies and commits. A handler that
+	// fails is rolled back to its savepoint and its delivery's inbox entry
+	// and marks removed, without touching the others, and it is handled
+	// again on its own, with its retries. An idle queue's deliveries are
+	// handled one by one, at once.
 	//
 	// Opt in when handlers are short database work: a batch holds the locks
 	// its handlers take until it commits, and a handler's writes become

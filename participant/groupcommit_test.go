@@ -3,6 +3,7 @@ package participant_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -10,9 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/saga"
 )
 
 // TestGroupCommitIsolatesEachDelivery shows group commit at a participant
@@ -85,12 +88,82 @@ func TestGroupCommitIsolatesEachDelivery(t *testing.T) {
 		require.Equal(t, 1, e.outboxReplies(m.MessageID), "one reply to %s", m.MessageID)
 		require.Equal(t, 0, e.duplicates(m.MessageID), "%s recorded once", m.MessageID)
 	}
-	deliveries := 0
+	deliveries, groups := 0, 0
 	for _, tx := range rts.Transactions() {
 		if tx.Has("DeliveryBeginAction") {
 			deliveries++
 		}
+		if !tx.Has("DeliveryBeginMany") {
+			continue
+		}
+		deliveries++
+		groups++
+		// One round trip begins the group with its inbox records and marks,
+		// one finishes it with its replies and COMMIT; each handler's
+		// savepoint goes out with its first statement's round trip before
+		// it, and its release with the next one.
+		handlers := 0
+		for _, s := range tx.Statements() {
+			if strings.HasPrefix(s, "UPDATE "+e.table("stock")) {
+				handlers++
+			}
+		}
+		require.Len(t, tx.RoundTrips, 2+2*handlers, "round trips of a group of %d handlers: %v", handlers, tx.RoundTrips)
+		require.True(t, tx.Has("DeliveryFinishMany"), "a group finishes in one statement")
 	}
-	t.Logf("%d commands handled in %d transactions", len(msgs), deliveries)
+	t.Logf("%d commands handled in %d transactions, %d of them groups", len(msgs), deliveries, groups)
 	require.LessOrEqual(t, deliveries, len(msgs)/2, "waiting commands are handled several to a transaction")
+	require.Positive(t, groups)
+}
+
+// TestGroupCommitDefersASecondMessageOfOneStep shows that a group applies
+// at most one message of a message id and of a saga step: a duplicate
+// copy, and a step's compensation queued right behind its action, are
+// handled after the group commits, on their own, so they see what the first
+// did. The duplicate counts itself and changes nothing; the compensation
+// undoes the action (and in the other order, the late action is not
+// applied).
+func TestGroupCommitDefersASecondMessageOfOneStep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.setStock("a", 100)
+	const sagas = 6
+	var msgs []message.Message
+	var actions, comps []message.Message
+	for i := range sagas {
+		saga := uuid.New()
+		a, c := reserve(saga, "a", 1), release(saga, "a", 1)
+		actions, comps = append(actions, a), append(comps, c)
+		if i%2 == 0 {
+			msgs = append(msgs, a, a, c) // the action twice, then its compensation
+		} else {
+			msgs = append(msgs, c, a) // the compensation first: the action is never applied
+		}
+	}
+	b := e.newBroker()
+	cfg := e.config(b)
+	cfg.Workers, cfg.MaxBatch = 1, 16
+	c, err := participant.NewClient(cfg)
+	require.NoError(t, err)
+	inventory(e, c)
+	require.NoError(t, b.Declare(context.Background(), c.QueueSpec()))
+	e.publish(msgs...)
+	e.start(c, b)
+	for i := range sagas {
+		reply := e.replies.wait(t, actions[i].MessageID)
+		requireSuccess(t, e.replies.wait(t, comps[i].MessageID))
+		if i%2 == 0 {
+			requireSuccess(t, reply)
+			require.Equal(t, 1, e.duplicates(actions[i].MessageID), "the copy of the action counted itself")
+			require.Equal(t, map[message.Phase]driver.BarrierOutcome{
+				message.PhaseAction: driver.BarrierApplied, message.PhaseCompensation: driver.BarrierApplied,
+			}, e.barrier(actions[i].SagaID))
+		} else {
+			requireFailure(t, reply, saga.CodeCompensatedBeforeRun)
+			require.Equal(t, map[message.Phase]driver.BarrierOutcome{
+				message.PhaseAction: driver.BarrierBlocked, message.PhaseCompensation: driver.BarrierSkipped,
+			}, e.barrier(actions[i].SagaID))
+		}
+	}
+	require.Equal(t, 100, e.stock("a"), "every applied action was compensated once, no other one applied")
 }

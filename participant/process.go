@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
@@ -55,33 +56,77 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 }
 
 // ProcessBatch handles a batch of deliveries in one transaction (group
-// commit, Config.MaxBatch): each runs as it would on its own, in a
-// subtransaction of the batch's, and the batch commits once. A delivery
-// that fails is rolled back to its savepoint, leaving the others' work in
-// place, and is deferred: the engine processes it again on its own, with
-// its retries and dead-lettering. So is a message of an outside handler,
-// which needs transactions of its own, and a poison message.
+// commit, Config.MaxBatch) of two round trips besides the handlers' own
+// statements: the inbox records and barrier marks of all of them go out
+// with BEGIN in one statement, the handlers run one after the other, each
+// under a savepoint of its own begun with its first statement, and the
+// replies and the marks' outcomes go out with COMMIT in one statement. A
+// delivery whose handler fails leaves nothing (its savepoint is rolled back
+// and its inbox record and marks removed) and is deferred: the engine
+// processes it again on its own, with its retries and dead-lettering. So is
+// a message of an outside handler, which needs transactions of its own, a
+// poison message, and a second message of one message id or saga step in
+// the batch, which must see the first one's outcome.
 func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
 	c := p.c
+	results := make([]engine.Result, len(items))
+	type member struct {
+		at   int
+		h    *handler
+		data any
+	}
+	type stepKey struct {
+		saga uuid.UUID
+		step string
+		run  int
+	}
+	var group []member
+	var envs []*message.Envelope
+	var blocked [][]byte
+	ids := make(map[uuid.UUID]bool, len(items))
+	steps := make(map[stepKey]bool, len(items))
+	for i, it := range items {
+		d := it.Delivery
+		h, data, poison := c.dispatch(d)
+		key := stepKey{d.SagaID, d.Step, d.Run}
+		saga := d.Kind != message.KindEvent
+		if poison != nil || h.outside != nil || ids[d.MessageID] || (saga && steps[key]) {
+			results[i].Defer = true
+			continue
+		}
+		ids[d.MessageID] = true
+		if saga {
+			steps[key] = true
+		}
+		group = append(group, member{at: i, h: h, data: data})
+		envs = append(envs, &d.Envelope)
+		blocked = append(blocked, blockedReply(d))
+	}
+	if len(group) == 0 {
+		return results, nil
+	}
 	t := c.db.Begin()
 	defer t.Rollback(ctx)
-	results := make([]engine.Result, len(items))
-	for i, it := range items {
-		h, data, poison := c.dispatch(it.Delivery)
-		if poison != nil || h.outside != nil {
-			results[i].Defer = true
-			continue
-		}
-		sub := t.Sub()
-		res, err := c.deliver(it.Ctx, sub, it.Delivery, h, data, 1)
-		sub.Rollback(it.Ctx)
-		if err != nil {
-			results[i].Defer = true
-			continue
-		}
-		results[i] = res
+	dels, err := c.db.BeginDeliveries(ctx, t, envs, blocked)
+	if err != nil {
+		return nil, err
 	}
-	if err := t.Commit(ctx); err != nil {
+	ends := make([]driver.DeliveryEnd, len(group))
+	for k, m := range group {
+		it := items[m.at]
+		end, res, err := c.decide(it.Ctx, it.Delivery, dels[k], m.h, m.data, 1)
+		if err != nil {
+			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Defer: true}
+		}
+		if err := c.db.EndDelivery(it.Ctx, dels[k], end); err != nil {
+			return nil, err
+		}
+		// The handler may have written messages of its own (Publish),
+		// besides the reply: the relay looks either way.
+		res.Wrote = !res.Defer && res.Outcome != telemetry.OutcomeDuplicate
+		ends[k], results[m.at] = end, res
+	}
+	if err := c.db.FinishDeliveries(ctx, t, envs, dels, ends); err != nil {
 		return nil, err
 	}
 	if c.testHookAfterCommit != nil {
@@ -102,19 +147,29 @@ func (c *Client) deliver(ctx context.Context, t driver.Tx, d *transport.Delivery
 	if err != nil {
 		return engine.Result{}, err
 	}
+	end, res, err := c.decide(ctx, d, del, h, data, attempt)
+	if err != nil {
+		return engine.Result{}, err
+	}
+	return c.finish(ctx, t, d, del, end, res)
+}
+
+// decide runs d's handler, when the inbox and the barrier say it runs, and
+// returns how its delivery del ends.
+func (c *Client) decide(ctx context.Context, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (driver.DeliveryEnd, engine.Result, error) {
 	if del.Duplicate {
-		return c.finish(ctx, t, d, del, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
+		return driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate}, nil
 	}
 	switch d.Kind {
 	case message.KindCommand:
-		return c.action(ctx, t, d, del, h, data, attempt)
+		return c.action(ctx, d, del, h, data, attempt)
 	case message.KindCompensation:
-		return c.compensation(ctx, t, d, del, h, data, attempt)
+		return c.compensation(ctx, d, del, h, data, attempt)
 	}
 	if err := c.callErr(ctx, del, h, d, data, attempt); err != nil {
-		return engine.Result{}, err
+		return driver.DeliveryEnd{}, engine.Result{}, err
 	}
-	return c.finish(ctx, t, d, del, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeApplied, Note: "event handled"})
+	return driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeApplied, Note: "event handled"}, nil
 }
 
 // dispatch finds the handler of d and decodes its payload, or says why d is
@@ -154,30 +209,30 @@ func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery,
 // message of a (saga, step) runs the handler; every later one (a re-send
 // after a timeout, or an action arriving after its compensation) gets the
 // reply recorded in the barrier and runs nothing.
-func (c *Client) action(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
+func (c *Client) action(ctx context.Context, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (driver.DeliveryEnd, engine.Result, error) {
 	if !del.Marked {
 		note := "action already handled for this saga step; answered with the first reply"
 		if del.Prior.Outcome == driver.BarrierBlocked {
 			note = "action arrived after its compensation; not applied"
 		}
-		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
-			engine.Result{Outcome: telemetry.OutcomeApplied, Note: note})
+		return driver.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
+			engine.Result{Outcome: telemetry.OutcomeApplied, Note: note}, nil
 	}
 	reply, err := c.call(ctx, del.Tx, h, d, data, attempt)
 	switch {
 	case err == nil:
 		mark := &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: reply}
-		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, reply)},
-			engine.Result{Outcome: telemetry.OutcomeApplied, Note: "applied"})
+		return driver.DeliveryEnd{Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, reply)},
+			engine.Result{Outcome: telemetry.OutcomeApplied, Note: "applied"}, nil
 	case errors.Is(err, saga.ErrRejected):
 		// The rejection keeps the inbox record and the barrier mark but none
 		// of the handler's writes.
 		failure := encodeFailure(failureOf(err))
 		mark := &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure}
-		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Discard: true, Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, failure)},
-			engine.Result{Outcome: telemetry.OutcomeRejected, Note: "rejected"})
+		return driver.DeliveryEnd{Discard: true, Mark: mark, Reply: c.reply(ctx, d, mark.ReplyKind, failure)},
+			engine.Result{Outcome: telemetry.OutcomeRejected, Note: "rejected"}, nil
 	}
-	return engine.Result{}, err
+	return driver.DeliveryEnd{}, engine.Result{}, err
 }
 
 // compensation processes a step's compensation behind the barrier. It runs
@@ -185,10 +240,10 @@ func (c *Client) action(ctx context.Context, t driver.Tx, d *transport.Delivery,
 // per (saga, step). When the action never arrived the barrier left the
 // action's mark itself ("blocked"), so that a late action is not applied,
 // and the compensation succeeds: there is nothing to undo.
-func (c *Client) compensation(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
+func (c *Client) compensation(ctx context.Context, d *transport.Delivery, del *driver.Delivery, h *handler, data any, attempt int) (driver.DeliveryEnd, engine.Result, error) {
 	if !del.Marked {
-		return c.finish(ctx, t, d, del, driver.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
-			engine.Result{Outcome: telemetry.OutcomeApplied, Note: "compensation already done; answered with its reply"})
+		return driver.DeliveryEnd{Reply: c.reply(ctx, d, del.Prior.ReplyKind, del.Prior.ReplyPayload)},
+			engine.Result{Outcome: telemetry.OutcomeApplied, Note: "compensation already done; answered with its reply"}, nil
 	}
 	success := []byte("{}")
 	end := driver.DeliveryEnd{Reply: c.reply(ctx, d, message.KindReplySuccess, success)}
@@ -196,7 +251,7 @@ func (c *Client) compensation(ctx context.Context, t driver.Tx, d *transport.Del
 	switch del.Action {
 	case driver.BarrierApplied:
 		if err := c.callErr(ctx, del, h, d, data, attempt); err != nil {
-			return engine.Result{}, err
+			return driver.DeliveryEnd{}, engine.Result{}, err
 		}
 	case driver.BarrierBlocked:
 		end.Mark, note = &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
@@ -204,12 +259,12 @@ func (c *Client) compensation(ctx context.Context, t driver.Tx, d *transport.Del
 	case driver.BarrierStarted:
 		// The action calls an outside system and its outcome is not
 		// recorded yet: wait for it rather than guess.
-		return engine.Result{}, errActionInFlight(d)
+		return driver.DeliveryEnd{}, engine.Result{}, errActionInFlight(d)
 	default:
 		end.Mark, note = &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: success},
 			"nothing to compensate: the action was "+string(del.Action)
 	}
-	return c.finish(ctx, t, d, del, end, engine.Result{Outcome: telemetry.OutcomeApplied, Note: note})
+	return end, engine.Result{Outcome: telemetry.OutcomeApplied, Note: note}, nil
 }
 
 // callErr runs a compensation or event handler; only a command can reject,

@@ -205,3 +205,134 @@ ORDER BY created_at, step, phase;
 UPDATE /* TEMPLATE: schema */sagabox_inbox
 SET duplicates = duplicates + 1, last_duplicate_at = now()
 WHERE message_id = @message_id::uuid;
+
+-- name: DeliveryBeginMany :many
+-- Begins the deliveries of a group applied in one transaction (group
+-- commit), in one statement: what DeliveryBeginAction,
+-- DeliveryBeginCompensation and InboxRecord do for one message, for every
+-- row of the arrays (@kind is 'command', 'compensation' or 'event'). Rows
+-- must not repeat a message id nor a saga step (@saga_id, @step): the
+-- caller leaves such a delivery out of the group. Inbox entries are
+-- inserted in message id order and marks in (saga, step) order, so that two
+-- groups take their locks in one order. The result has one row per input
+-- row, in @ord order.
+WITH d AS (
+    SELECT unnest(@ord::integer[]) AS ord,
+           unnest(@message_id::uuid[]) AS message_id,
+           unnest(@kind::text[]) AS kind,
+           unnest(@type::text[]) AS type,
+           unnest(@saga_id::uuid[]) AS saga_id,
+           unnest(@step::text[]) AS step,
+           unnest(@blocked_reply::bytea[]) AS blocked_reply
+), inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)
+    SELECT d.message_id, d.kind, d.type, nullif(d.saga_id, '00000000-0000-0000-0000-000000000000'::uuid), d.step, 'done'
+    FROM d ORDER BY d.message_id
+    ON CONFLICT (message_id) DO UPDATE
+    SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
+        attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
+    RETURNING i.message_id, (xmax = 0) AS fresh, i.state, i.attempt
+), mark AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT d.saga_id, d.step, CASE WHEN d.kind = 'command' THEN 'action' ELSE 'compensation' END, d.message_id, 'applied',
+           CASE WHEN d.kind = 'command' THEN '' ELSE 'reply-success' END,
+           CASE WHEN d.kind = 'command' THEN NULL ELSE '{}'::bytea END
+    FROM d JOIN inbox ON inbox.message_id = d.message_id
+    WHERE inbox.fresh AND d.kind IN ('command', 'compensation')
+    ORDER BY d.saga_id, d.step
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING b.saga_id, b.step, (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
+), action AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT d.saga_id, d.step, 'action', d.message_id, 'blocked', 'reply-failure', d.blocked_reply
+    FROM d JOIN mark ON mark.saga_id = d.saga_id AND mark.step = d.step
+    WHERE d.kind = 'compensation' AND mark.inserted
+    ORDER BY d.saga_id, d.step
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING b.saga_id, b.step, (xmax = 0) AS inserted, b.outcome
+)
+SELECT d.ord::integer AS ord,
+       inbox.fresh::boolean AS fresh,
+       (NOT inbox.fresh AND inbox.state = 'started')::boolean AS resumed,
+       inbox.attempt::integer AS inbox_attempt,
+       coalesce(mark.inserted, false)::boolean AS marked,
+       coalesce(mark.outcome, '')::text AS outcome,
+       coalesce(mark.reply_kind, '')::text AS reply_kind,
+       mark.reply_payload,
+       coalesce(action.inserted, false)::boolean AS action_blocked,
+       coalesce(action.outcome, '')::text AS action_outcome
+FROM d
+JOIN inbox ON inbox.message_id = d.message_id
+LEFT JOIN mark ON d.kind IN ('command', 'compensation') AND mark.saga_id = d.saga_id AND mark.step = d.step
+LEFT JOIN action ON d.kind = 'compensation' AND action.saga_id = d.saga_id AND action.step = d.step
+ORDER BY d.ord;
+
+-- name: DeliveryFinishMany :one
+-- Finishes the deliveries of a group begun with DeliveryBeginMany, in one
+-- statement sent with COMMIT: sets the outcome and reply of the barrier
+-- marks they left (the @mark_ arrays), removes what the begin wrote for the
+-- deliveries that failed (the @undo_ arrays: their inbox entries and the
+-- marks they left, which this transaction inserted), and writes the
+-- replies to the outbox, under the write-time lease as DeliveryFinish
+-- does.
+WITH mark AS (
+    UPDATE /* TEMPLATE: schema */sagabox_barrier AS b
+    SET outcome = m.outcome, reply_kind = m.reply_kind, reply_payload = m.reply_payload
+    FROM (
+        SELECT unnest(@mark_saga_id::uuid[]) AS saga_id,
+               unnest(@mark_step::text[]) AS step,
+               unnest(@mark_phase::text[]) AS phase,
+               unnest(@mark_outcome::text[]) AS outcome,
+               unnest(@mark_reply_kind::text[]) AS reply_kind,
+               unnest(@mark_reply_payload::bytea[]) AS reply_payload
+    ) AS m
+    WHERE b.saga_id = m.saga_id AND b.step = m.step AND b.phase = m.phase
+), undo AS (
+    SELECT unnest(@undo_message_id::uuid[]) AS message_id,
+           unnest(@undo_saga_id::uuid[]) AS saga_id,
+           unnest(@undo_step::text[]) AS step
+), undone_inbox AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_inbox AS i
+    USING undo WHERE i.message_id = undo.message_id
+), undone_marks AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_barrier AS b
+    USING undo WHERE b.saga_id = undo.saga_id AND b.step = undo.step AND b.message_id = undo.message_id
+), message AS (
+    SELECT unnest(@message_id::uuid[]) AS message_id,
+           unnest(@ordering_key::text[]) AS ordering_key,
+           unnest(@kind::text[]) AS kind,
+           unnest(@type::text[]) AS type,
+           unnest(@routing_key::text[]) AS routing_key,
+           nullif(unnest(@reply_saga_id::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid) AS saga_id,
+           unnest(@saga_type::text[]) AS saga_type,
+           unnest(@reply_step::text[]) AS step,
+           unnest(@step_index::integer[]) AS step_index,
+           unnest(@attempt::integer[]) AS attempt,
+           unnest(@reply_to::text[]) AS reply_to,
+           unnest(@correlation_id::text[]) AS correlation_id,
+           unnest(@traceparent::text[]) AS traceparent,
+           unnest(@tracestate::text[]) AS tracestate,
+           unnest(@headers::jsonb[]) AS headers,
+           unnest(@payload::bytea[]) AS payload,
+           unnest(@created_at::timestamptz[]) AS created_at
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at, claimed_until, claimed_by, publish_attempts
+    )
+    SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
+           m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
+           m.headers, m.payload, m.created_at,
+           CASE WHEN l.leased THEN now() + make_interval(secs => @lease_seconds::float8) END,
+           CASE WHEN l.leased THEN @claimed_by::text ELSE '' END,
+           CASE WHEN l.leased THEN 1 ELSE 0 END
+    FROM message m CROSS JOIN LATERAL (
+        SELECT @lease_seconds::float8 > 0
+               AND /* TEMPLATE: schema */sagabox_outbox_leasable(m.ordering_key, @confirmed::bigint[]) AS leased
+    ) AS l
+    RETURNING id, message_id, claimed_until IS NOT NULL AS leased
+)
+SELECT coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
+       coalesce((SELECT array_agg(o.message_id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::uuid[] AS leased_message_ids;

@@ -9,24 +9,49 @@ import (
 
 // handlerTx is the transaction a participant's handler is given: the
 // savepoint handlerSavepoint of the delivery's transaction, begun in the
-// round trip that began the delivery. Its statements run in the delivery's
-// transaction; its Commit releases the savepoint and its Rollback rolls back
-// to it, so that a handler that ends "its" transaction cannot end the one
-// that also holds the inbox record, the barrier mark and the reply. Begin
-// starts a savepoint inside it.
+// round trip that began the delivery (or, lazy, in the one of the handler's
+// first statement: a handler that does not touch the database costs no
+// savepoint). Its statements run in the delivery's transaction; its Commit
+// releases the savepoint and its Rollback rolls back to it, so that a
+// handler that ends "its" transaction cannot end the one that also holds
+// the inbox record, the barrier mark and the reply. Begin starts a
+// savepoint inside it.
 type handlerTx struct {
 	pgx.Tx
 	t *engineTx
+	// lazy is set while the savepoint waits for the handler's first
+	// statement.
+	lazy bool
 	// closed is set once the savepoint is released or rolled back, or the
 	// delivery finished; released once the handler released it.
 	closed, released bool
+}
+
+// open begins a lazy savepoint, with the statements the transaction has
+// pending, before the handler's first statement.
+func (h *handlerTx) open(ctx context.Context) error {
+	if h.closed {
+		return pgx.ErrTxClosed
+	}
+	if !h.lazy {
+		return nil
+	}
+	if _, err := h.t.exec(ctx, false).Exec(ctx, "savepoint "+handlerSavepoint); err != nil {
+		return h.t.lost(err)
+	}
+	h.lazy = false
+	return nil
 }
 
 func (h *handlerTx) Commit(ctx context.Context) error {
 	if h.closed {
 		return pgx.ErrTxClosed
 	}
-	h.closed, h.released = true, true
+	h.closed = true
+	if h.lazy {
+		return nil // nothing to release: the handler wrote nothing
+	}
+	h.released = true
 	_, err := h.Tx.Exec(ctx, "release savepoint "+handlerSavepoint)
 	return err
 }
@@ -36,28 +61,31 @@ func (h *handlerTx) Rollback(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	h.closed = true
+	if h.lazy {
+		return nil
+	}
 	_, err := h.Tx.Exec(ctx, "rollback to savepoint "+handlerSavepoint)
 	return err
 }
 
 func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if h.closed {
-		return nil, pgx.ErrTxClosed
+	if err := h.open(ctx); err != nil {
+		return nil, err
 	}
 	return h.Tx.Begin(ctx)
 }
 
 func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if h.closed {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	if err := h.open(ctx); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	tag, err := h.Tx.Exec(ctx, sql, args...)
 	return tag, h.t.lost(err)
 }
 
 func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if h.closed {
-		return nil, pgx.ErrTxClosed
+	if err := h.open(ctx); err != nil {
+		return nil, err
 	}
 	rows, err := h.Tx.Query(ctx, sql, args...)
 	if err != nil {
@@ -67,8 +95,8 @@ func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 }
 
 func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if h.closed {
-		return errRow{pgx.ErrTxClosed}
+	if err := h.open(ctx); err != nil {
+		return errRow{err}
 	}
 	return handlerRow{row: h.Tx.QueryRow(ctx, sql, args...), t: h.t}
 }
@@ -92,15 +120,15 @@ type handlerRow struct {
 func (r handlerRow) Scan(dest ...any) error { return r.t.lost(r.row.Scan(dest...)) }
 
 func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if h.closed {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	if err := h.open(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	return h.Tx.SendBatch(ctx, b)
 }
 
 func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error) {
-	if h.closed {
-		return 0, pgx.ErrTxClosed
+	if err := h.open(ctx); err != nil {
+		return 0, err
 	}
 	return h.Tx.CopyFrom(ctx, table, columns, rows)
 }

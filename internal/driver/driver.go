@@ -190,6 +190,23 @@ type Executor interface {
 	// up on, begun with RecordInbox), as end says, and commits t, in one
 	// round trip.
 	FinishDelivery(ctx context.Context, t Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error
+	// BeginDeliveries begins t with the deliveries envs of a group applied
+	// in one transaction (group commit), in one round trip with BEGIN: what
+	// BeginDelivery does for each, in one statement. envs must not repeat a
+	// message id nor a saga step, and hold commands, compensations and
+	// events only. blockedReplies[i] is envs[i]'s (see BeginDelivery). Each
+	// Delivery's Tx is its handler's: a savepoint of t begun with the
+	// handler's first statement. The handlers run one after the other, each
+	// ended with EndDelivery before the next begins.
+	BeginDeliveries(ctx context.Context, t Tx, envs []*message.Envelope, blockedReplies [][]byte) ([]*Delivery, error)
+	// EndDelivery ends the handler's savepoint of d, a delivery of a group,
+	// as end says: released, or rolled back when end discards the
+	// handler's writes (Discard, Undo), with t's next statement.
+	EndDelivery(ctx context.Context, d *Delivery, end DeliveryEnd) error
+	// FinishDeliveries ends the deliveries dels of envs, a group begun with
+	// BeginDeliveries, as ends say (ends[i] for envs[i]) and commits t, in
+	// one round trip. The replies take the write-time lease ctx may carry.
+	FinishDeliveries(ctx context.Context, t Tx, envs []*message.Envelope, dels []*Delivery, ends []DeliveryEnd) error
 	// RecordInbox records env in the inbox in t (the first statement of a
 	// delivery given up on) and reports whether it is new there; a
 	// duplicate counts itself.

@@ -399,6 +399,11 @@ type DeliveryEnd struct {
 	// Settle marks the message's "started" inbox entry "done": an outside
 	// handler's delivery that ends in the transaction that began it.
 	Settle bool
+	// Undo, for a delivery of a group (Executor.BeginDeliveries), leaves
+	// nothing of it: its handler failed, so its handler's writes are rolled
+	// back and its inbox entry and barrier marks removed, and it is
+	// delivered again on its own.
+	Undo bool
 }
 
 // BarrierRecord is one barrier mark as stored, for inspection.

@@ -307,6 +307,131 @@ func (q *Queries) DeliveryBeginCompensation(ctx context.Context, db DBTX, arg *D
 	return &i, err
 }
 
+const deliveryBeginMany = `-- name: DeliveryBeginMany :many
+WITH d AS (
+    SELECT unnest($1::integer[]) AS ord,
+           unnest($2::uuid[]) AS message_id,
+           unnest($3::text[]) AS kind,
+           unnest($4::text[]) AS type,
+           unnest($5::uuid[]) AS saga_id,
+           unnest($6::text[]) AS step,
+           unnest($7::bytea[]) AS blocked_reply
+), inbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_inbox AS i (message_id, kind, type, saga_id, step, state)
+    SELECT d.message_id, d.kind, d.type, nullif(d.saga_id, '00000000-0000-0000-0000-000000000000'::uuid), d.step, 'done'
+    FROM d ORDER BY d.message_id
+    ON CONFLICT (message_id) DO UPDATE
+    SET duplicates = i.duplicates + CASE WHEN i.state = 'started' THEN 0 ELSE 1 END,
+        last_duplicate_at = CASE WHEN i.state = 'started' THEN i.last_duplicate_at ELSE now() END,
+        attempt = i.attempt + CASE WHEN i.state = 'started' THEN 1 ELSE 0 END
+    RETURNING i.message_id, (xmax = 0) AS fresh, i.state, i.attempt
+), mark AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT d.saga_id, d.step, CASE WHEN d.kind = 'command' THEN 'action' ELSE 'compensation' END, d.message_id, 'applied',
+           CASE WHEN d.kind = 'command' THEN '' ELSE 'reply-success' END,
+           CASE WHEN d.kind = 'command' THEN NULL ELSE '{}'::bytea END
+    FROM d JOIN inbox ON inbox.message_id = d.message_id
+    WHERE inbox.fresh AND d.kind IN ('command', 'compensation')
+    ORDER BY d.saga_id, d.step
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING b.saga_id, b.step, (xmax = 0) AS inserted, b.outcome, b.reply_kind, b.reply_payload
+), action AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_barrier AS b (saga_id, step, phase, message_id, outcome, reply_kind, reply_payload)
+    SELECT d.saga_id, d.step, 'action', d.message_id, 'blocked', 'reply-failure', d.blocked_reply
+    FROM d JOIN mark ON mark.saga_id = d.saga_id AND mark.step = d.step
+    WHERE d.kind = 'compensation' AND mark.inserted
+    ORDER BY d.saga_id, d.step
+    ON CONFLICT (saga_id, step, phase) DO UPDATE SET outcome = b.outcome
+    RETURNING b.saga_id, b.step, (xmax = 0) AS inserted, b.outcome
+)
+SELECT d.ord::integer AS ord,
+       inbox.fresh::boolean AS fresh,
+       (NOT inbox.fresh AND inbox.state = 'started')::boolean AS resumed,
+       inbox.attempt::integer AS inbox_attempt,
+       coalesce(mark.inserted, false)::boolean AS marked,
+       coalesce(mark.outcome, '')::text AS outcome,
+       coalesce(mark.reply_kind, '')::text AS reply_kind,
+       mark.reply_payload,
+       coalesce(action.inserted, false)::boolean AS action_blocked,
+       coalesce(action.outcome, '')::text AS action_outcome
+FROM d
+JOIN inbox ON inbox.message_id = d.message_id
+LEFT JOIN mark ON d.kind IN ('command', 'compensation') AND mark.saga_id = d.saga_id AND mark.step = d.step
+LEFT JOIN action ON d.kind = 'compensation' AND action.saga_id = d.saga_id AND action.step = d.step
+ORDER BY d.ord
+`
+
+type DeliveryBeginManyParams struct {
+	Ord          []int32
+	MessageID    []uuid.UUID
+	Kind         []string
+	Type         []string
+	SagaID       []uuid.UUID
+	Step         []string
+	BlockedReply [][]byte
+}
+
+type DeliveryBeginManyRow struct {
+	Ord           int32
+	Fresh         bool
+	Resumed       bool
+	InboxAttempt  int32
+	Marked        bool
+	Outcome       string
+	ReplyKind     string
+	ReplyPayload  []byte
+	ActionBlocked bool
+	ActionOutcome string
+}
+
+// Begins the deliveries of a group applied in one transaction (group
+// commit), in one statement: what DeliveryBeginAction,
+// DeliveryBeginCompensation and InboxRecord do for one message, for every
+// row of the arrays (@kind is 'command', 'compensation' or 'event'). Rows
+// must not repeat a message id nor a saga step (@saga_id, @step): the
+// caller leaves such a delivery out of the group. Inbox entries are
+// inserted in message id order and marks in (saga, step) order, so that two
+// groups take their locks in one order. The result has one row per input
+// row, in @ord order.
+func (q *Queries) DeliveryBeginMany(ctx context.Context, db DBTX, arg *DeliveryBeginManyParams) ([]*DeliveryBeginManyRow, error) {
+	rows, err := db.Query(ctx, deliveryBeginMany,
+		arg.Ord,
+		arg.MessageID,
+		arg.Kind,
+		arg.Type,
+		arg.SagaID,
+		arg.Step,
+		arg.BlockedReply,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*DeliveryBeginManyRow{}
+	for rows.Next() {
+		var i DeliveryBeginManyRow
+		if err := rows.Scan(
+			&i.Ord,
+			&i.Fresh,
+			&i.Resumed,
+			&i.InboxAttempt,
+			&i.Marked,
+			&i.Outcome,
+			&i.ReplyKind,
+			&i.ReplyPayload,
+			&i.ActionBlocked,
+			&i.ActionOutcome,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const deliveryFinish = `-- name: DeliveryFinish :one
 WITH mark AS (
     UPDATE /* TEMPLATE: schema */sagabox_barrier
@@ -437,6 +562,150 @@ func (q *Queries) DeliveryFinish(ctx context.Context, db DBTX, arg *DeliveryFini
 		arg.Confirmed,
 	)
 	var i DeliveryFinishRow
+	err := row.Scan(&i.LeasedIds, &i.LeasedMessageIds)
+	return &i, err
+}
+
+const deliveryFinishMany = `-- name: DeliveryFinishMany :one
+WITH mark AS (
+    UPDATE /* TEMPLATE: schema */sagabox_barrier AS b
+    SET outcome = m.outcome, reply_kind = m.reply_kind, reply_payload = m.reply_payload
+    FROM (
+        SELECT unnest($1::uuid[]) AS saga_id,
+               unnest($2::text[]) AS step,
+               unnest($3::text[]) AS phase,
+               unnest($4::text[]) AS outcome,
+               unnest($5::text[]) AS reply_kind,
+               unnest($6::bytea[]) AS reply_payload
+    ) AS m
+    WHERE b.saga_id = m.saga_id AND b.step = m.step AND b.phase = m.phase
+), undo AS (
+    SELECT unnest($7::uuid[]) AS message_id,
+           unnest($8::uuid[]) AS saga_id,
+           unnest($9::text[]) AS step
+), undone_inbox AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_inbox AS i
+    USING undo WHERE i.message_id = undo.message_id
+), undone_marks AS (
+    DELETE FROM /* TEMPLATE: schema */sagabox_barrier AS b
+    USING undo WHERE b.saga_id = undo.saga_id AND b.step = undo.step AND b.message_id = undo.message_id
+), message AS (
+    SELECT unnest($10::uuid[]) AS message_id,
+           unnest($11::text[]) AS ordering_key,
+           unnest($12::text[]) AS kind,
+           unnest($13::text[]) AS type,
+           unnest($14::text[]) AS routing_key,
+           nullif(unnest($15::uuid[]), '00000000-0000-0000-0000-000000000000'::uuid) AS saga_id,
+           unnest($16::text[]) AS saga_type,
+           unnest($17::text[]) AS step,
+           unnest($18::integer[]) AS step_index,
+           unnest($19::integer[]) AS attempt,
+           unnest($20::text[]) AS reply_to,
+           unnest($21::text[]) AS correlation_id,
+           unnest($22::text[]) AS traceparent,
+           unnest($23::text[]) AS tracestate,
+           unnest($24::jsonb[]) AS headers,
+           unnest($25::bytea[]) AS payload,
+           unnest($26::timestamptz[]) AS created_at
+), outbox AS (
+    INSERT INTO /* TEMPLATE: schema */sagabox_outbox (
+        message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step,
+        step_index, attempt, reply_to, correlation_id, traceparent, tracestate,
+        headers, payload, created_at, claimed_until, claimed_by, publish_attempts
+    )
+    SELECT m.message_id, m.ordering_key, m.kind, m.type, m.routing_key, m.saga_id, m.saga_type, m.step,
+           m.step_index, m.attempt, m.reply_to, m.correlation_id, m.traceparent, m.tracestate,
+           m.headers, m.payload, m.created_at,
+           CASE WHEN l.leased THEN now() + make_interval(secs => $27::float8) END,
+           CASE WHEN l.leased THEN $28::text ELSE '' END,
+           CASE WHEN l.leased THEN 1 ELSE 0 END
+    FROM message m CROSS JOIN LATERAL (
+        SELECT $27::float8 > 0
+               AND /* TEMPLATE: schema */sagabox_outbox_leasable(m.ordering_key, $29::bigint[]) AS leased
+    ) AS l
+    RETURNING id, message_id, claimed_until IS NOT NULL AS leased
+)
+SELECT coalesce((SELECT array_agg(o.id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::bigint[] AS leased_ids,
+       coalesce((SELECT array_agg(o.message_id ORDER BY o.id) FROM outbox o WHERE o.leased), '{}')::uuid[] AS leased_message_ids
+`
+
+type DeliveryFinishManyParams struct {
+	MarkSagaID       []uuid.UUID
+	MarkStep         []string
+	MarkPhase        []string
+	MarkOutcome      []string
+	MarkReplyKind    []string
+	MarkReplyPayload [][]byte
+	UndoMessageID    []uuid.UUID
+	UndoSagaID       []uuid.UUID
+	UndoStep         []string
+	MessageID        []uuid.UUID
+	OrderingKey      []string
+	Kind             []string
+	Type             []string
+	RoutingKey       []string
+	ReplySagaID      []uuid.UUID
+	SagaType         []string
+	ReplyStep        []string
+	StepIndex        []int32
+	Attempt          []int32
+	ReplyTo          []string
+	CorrelationID    []string
+	Traceparent      []string
+	Tracestate       []string
+	Headers          [][]byte
+	Payload          [][]byte
+	CreatedAt        []time.Time
+	LeaseSeconds     float64
+	ClaimedBy        string
+	Confirmed        []int64
+}
+
+type DeliveryFinishManyRow struct {
+	LeasedIds        []int64
+	LeasedMessageIds []uuid.UUID
+}
+
+// Finishes the deliveries of a group begun with DeliveryBeginMany, in one
+// statement sent with COMMIT: sets the outcome and reply of the barrier
+// marks they left (the @mark_ arrays), removes what the begin wrote for the
+// deliveries that failed (the @undo_ arrays: their inbox entries and the
+// marks they left, which this transaction inserted), and writes the
+// replies to the outbox, under the write-time lease as DeliveryFinish
+// does.
+func (q *Queries) DeliveryFinishMany(ctx context.Context, db DBTX, arg *DeliveryFinishManyParams) (*DeliveryFinishManyRow, error) {
+	row := db.QueryRow(ctx, deliveryFinishMany,
+		arg.MarkSagaID,
+		arg.MarkStep,
+		arg.MarkPhase,
+		arg.MarkOutcome,
+		arg.MarkReplyKind,
+		arg.MarkReplyPayload,
+		arg.UndoMessageID,
+		arg.UndoSagaID,
+		arg.UndoStep,
+		arg.MessageID,
+		arg.OrderingKey,
+		arg.Kind,
+		arg.Type,
+		arg.RoutingKey,
+		arg.ReplySagaID,
+		arg.SagaType,
+		arg.ReplyStep,
+		arg.StepIndex,
+		arg.Attempt,
+		arg.ReplyTo,
+		arg.CorrelationID,
+		arg.Traceparent,
+		arg.Tracestate,
+		arg.Headers,
+		arg.Payload,
+		arg.CreatedAt,
+		arg.LeaseSeconds,
+		arg.ClaimedBy,
+		arg.Confirmed,
+	)
+	var i DeliveryFinishManyRow
 	err := row.Scan(&i.LeasedIds, &i.LeasedMessageIds)
 	return &i, err
 }
