@@ -179,11 +179,10 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		p.ReplyTo, p.CorrelationID, p.Traceparent, p.Tracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 		p.Headers, p.Payload, p.CreatedAt = o.headers, o.payload, o.createdAt
 	}
-	// A delivery of its own takes the write-time lease of its reply (one of
-	// a group, whose statement is sent later and unread, does not).
+	// The delivery takes the write-time lease of its reply.
 	tx := txOf(t)
 	var lease *driver.OutboxLease
-	if !tx.sub && len(p.MessageID) > 0 {
+	if len(p.MessageID) > 0 {
 		lease = driver.OutboxLeaseFrom(ctx, s.schema)
 	}
 	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)

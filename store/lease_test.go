@@ -228,34 +228,34 @@ func TestUnleasedWritesAreNoted(t *testing.T) {
 }
 
 // finishUnder delivers a command to saga id in a transaction of its own (or,
-// with sub, as one delivery of a group) under lease, and returns its reply
-// as written.
-func finishUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, sub bool) message.Message {
+// with group, as the one delivery of a group) under lease, and returns its
+// reply as written.
+func finishUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, group bool) message.Message {
 	t.Helper()
 	ctx := driver.WithOutboxLease(context.Background(), &lease.OutboxLease)
 	env := command(id, message.KindCommand)
 	tx := s.Begin()
 	defer tx.Rollback(ctx)
-	dtx := tx
-	if sub {
-		dtx = tx.Sub()
-	}
-	d, err := s.BeginDelivery(ctx, dtx, env, []byte(`{}`))
-	require.NoError(t, err)
 	r := reply(env, message.KindReplySuccess, `{"ok":1}`)
 	r.OrderingKey = id.String()
 	end := driver.DeliveryEnd{Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{"ok":1}`)}, Reply: r}
-	require.NoError(t, s.FinishDelivery(ctx, dtx, env, d, end))
-	if sub {
-		require.NoError(t, tx.Commit(ctx))
+	if group {
+		envs := []*message.Envelope{env}
+		dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil})
+		require.NoError(t, err)
+		require.NoError(t, s.EndDelivery(ctx, dels[0], end))
+		require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, []driver.DeliveryEnd{end}))
+		return *r
 	}
+	d, err := s.BeginDelivery(ctx, tx, env, []byte(`{}`))
+	require.NoError(t, err)
+	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, end))
 	return *r
 }
 
 // A participant's reply is written under the write-time lease of its
-// delivery, as an orchestrator's commands are; the reply of one delivery
-// of a group, whose statement goes out later unread, is not (it is noted
-// as unleased). Both run on the connection's generic plan.
+// delivery, as an orchestrator's commands are, and so are the replies of a
+// group. The finishes run on the connection's generic plan.
 func TestDeliveryReplyTakesTheWriteTimeLease(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
@@ -277,15 +277,17 @@ func TestDeliveryReplyTakesTheWriteTimeLease(t *testing.T) {
 
 	for range deliveries {
 		r := finishUnder(t, s, lease, uuid.New(), true)
-		_, by, _, _ := outboxRowOf(t, s, r.MessageID)
-		require.Equal(t, "", by, "a grouped delivery's reply goes the claim way")
+		_, by, _, attempts := outboxRowOf(t, s, r.MessageID)
+		require.Equal(t, "relay-a", by, "a group's reply is leased too")
+		require.Equal(t, 1, attempts)
 	}
-	require.Equal(t, deliveries, lease.calls)
-	require.Equal(t, deliveries, noted)
+	require.Equal(t, 2*deliveries, lease.calls)
+	require.Len(t, lease.leased, 2*deliveries)
+	require.Zero(t, noted)
 
 	generic, custom := plansOf(t, pool, "DeliveryFinish")
 	require.LessOrEqual(t, custom, int64(customPlansFirst), "finishes planned for their parameters")
-	require.GreaterOrEqual(t, generic, int64(2*deliveries-customPlansFirst), "finishes on the connection's generic plan")
+	require.GreaterOrEqual(t, generic, int64(deliveries-customPlansFirst), "finishes on the connection's generic plan")
 }
 
 // The lease's probe finds a key's unpublished rows through the index of

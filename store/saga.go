@@ -292,20 +292,18 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 // transition was computed fails it with an error for which IsRetryable is
 // true, and nothing is written: run the transaction again.
 func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
-	// Under writePlan, sent in the same round trip (inside a
-	// subtransaction's savepoint); a commit ends the setting with the
-	// transaction, anything else restores it, a subtransaction's release
-	// included (a released savepoint keeps its local settings).
+	// Under writePlan, sent in the same round trip; a commit ends the
+	// setting with the transaction, anything else restores it.
 	tx := txOf(t)
 	var then []string
-	if !commit || tx.sub {
+	if !commit {
 		then = []string{writePlanEnd}
 	}
 	// A write that commits its own transaction takes the write-time lease
 	// of the delivery it is for (driver.OutboxLease): its rows are handed
 	// to the relay once the commit is known.
 	var lease *driver.OutboxLease
-	if commit && !tx.sub {
+	if commit {
 		lease = driver.OutboxLeaseFrom(ctx, s.schema)
 	}
 	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), trs, now, lease)

@@ -498,9 +498,8 @@ func TestTransitionWriteSendsItsPlannerSetting(t *testing.T) {
 }
 
 // Wherever the engine writes transitions, its planner setting ends with the
-// write: in a transaction that goes on, in a subtransaction released
-// (which keeps its local settings) and in one rolled back after the
-// write, the rest of the transaction plans with the session's setting.
+// write: in a transaction that goes on, the rest of the transaction plans
+// with the session's setting.
 func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -511,14 +510,6 @@ func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 		{"the transaction goes on", func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition) {
 			require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{tr}, time.Now(), false))
 		}},
-		{"a subtransaction commits", func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition) {
-			require.NoError(t, s.WriteTransitions(context.Background(), tx.Sub(), []driver.Transition{tr}, time.Now(), true))
-		}},
-		{"a subtransaction rolls back", func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition) {
-			sub := tx.Sub()
-			require.NoError(t, s.WriteTransitions(context.Background(), sub, []driver.Transition{tr}, time.Now(), false))
-			sub.Rollback(context.Background())
-		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -527,8 +518,6 @@ func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 			tx := s.Begin()
 			defer tx.Rollback(ctx)
 			tc.write(t, s, tx, tr)
-			// A statement of the transaction sends what a subtransaction's
-			// end left to send (its RELEASE or ROLLBACK TO).
 			_, err := s.LockSagas(ctx, tx, []uuid.UUID{tr.Saga.ID})
 			require.NoError(t, err)
 			sp, err := tx.Savepoint(ctx)

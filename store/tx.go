@@ -15,10 +15,6 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// deliverySavepoint is the savepoint a delivery of a group runs under
-// (driver.Tx.Sub).
-const deliverySavepoint = "sagabox_delivery"
-
 // planGeneric makes the statements after it, in its transaction, run on
 // their generic plans, and stashes the setting it replaces for planSession
 // to restore. It is for statements whose parameters are arrays (a batch's
@@ -34,16 +30,14 @@ const (
 	planSession = "select set_config('plan_cache_mode', current_setting('sagabox.plan_cache_mode'), true)"
 )
 
-// session is the connection and transaction that an engineTx and its
-// subtransactions share.
+// session is the connection and transaction of an engineTx.
 type session struct {
 	s    *Store
 	conn *pgxpool.Conn
 	// tx is the connection's transaction once BEGIN was sent.
 	tx pgx.Tx
 	// pending are statements sent ahead of the next operation's: a
-	// savepoint rolled back or released, a statement timeout, the last
-	// statement of a subtransaction.
+	// handler's savepoint released or rolled back, a statement sent ahead.
 	pending []pendingStmt
 	// err is the failure of a statement sent ahead: the transaction cannot
 	// commit any more.
@@ -58,14 +52,10 @@ type pendingStmt struct {
 
 // engineTx is driver.Tx on a connection of the pool: BEGIN goes out in one
 // batch with the first operation's statement (pgx's Batch.BeginTx), and
-// COMMIT with the last one's. A subtransaction (Sub) is an engineTx on its
-// parent's session whose first statement goes out with SAVEPOINT and whose
-// last one with RELEASE instead.
+// COMMIT with the last one's.
 type engineTx struct {
 	*session
-	// sub marks a subtransaction; begun is set once its savepoint was sent.
-	sub, begun bool
-	done       bool
+	done bool
 }
 
 // Begin implements driver.Executor.
@@ -74,23 +64,13 @@ func (s *executor) Begin() driver.Tx { return &engineTx{session: &session{s: s.S
 // txOf returns the engineTx behind t, which this package's Begin made.
 func txOf(t driver.Tx) *engineTx { return t.(*engineTx) }
 
-// Sub implements driver.Tx.
-func (t *engineTx) Sub() driver.Tx { return &engineTx{session: t.session, sub: true} }
-
 // Rollback implements driver.Tx: it ends t without committing what it did
-// and gives its connection back. A subtransaction's rollback is sent with
-// the parent's next statement.
+// and gives its connection back.
 func (t *engineTx) Rollback(ctx context.Context) {
 	if t.done {
 		return
 	}
 	t.done = true
-	if t.sub {
-		if t.begun {
-			t.queue("rollback to savepoint "+deliverySavepoint, "release savepoint "+deliverySavepoint)
-		}
-		return
-	}
 	if t.conn == nil {
 		return
 	}
@@ -109,7 +89,7 @@ func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	if t.done {
 		return nil, pgx.ErrTxClosed
 	}
-	if t.tx == nil || (t.sub && !t.begun) {
+	if t.tx == nil {
 		if err := t.begin(ctx); err != nil {
 			return nil, err
 		}
@@ -117,18 +97,10 @@ func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	return t.tx.Begin(ctx)
 }
 
-// Commit implements driver.Tx. A subtransaction's commit releases its
-// savepoint with the parent's next statement: it costs no round trip.
+// Commit implements driver.Tx.
 func (t *engineTx) Commit(ctx context.Context) error {
 	if t.done {
 		return pgx.ErrTxClosed
-	}
-	if t.sub {
-		t.done = true
-		if t.begun {
-			t.queue("release savepoint " + deliverySavepoint)
-		}
-		return nil
 	}
 	if t.err != nil {
 		return t.err
@@ -138,7 +110,7 @@ func (t *engineTx) Commit(ctx context.Context) error {
 			t.Rollback(ctx)
 			return nil
 		}
-		// Statements of subtransactions wait to go out: with BEGIN.
+		// Statements sent ahead wait to go out: with BEGIN.
 		_, err := t.exec(ctx, true).Exec(ctx, "select 1")
 		return err
 	}
@@ -179,9 +151,8 @@ func (t *engineTx) readPending(br pgx.BatchResults, pending []pendingStmt) error
 	return nil
 }
 
-// begin sends BEGIN (or a subtransaction's SAVEPOINT) and the pending
-// statements on their own, for a caller that needs the transaction before
-// any operation.
+// begin sends BEGIN and the pending statements on their own, for a caller
+// that needs the transaction before any operation.
 func (t *engineTx) begin(ctx context.Context) error {
 	_, err := t.exec(ctx, false).Exec(ctx, "select 1")
 	return err
@@ -209,9 +180,8 @@ func (t *engineTx) execThen(then ...string) dbsqlc.DBTX {
 }
 
 // execAround is exec with statements without arguments sent right before
-// the statement (after a subtransaction's SAVEPOINT, so that they belong to
-// it) and right after it, in the same round trip: a planner setting and its
-// restore.
+// the statement and right after it, in the same round trip: a planner
+// setting and its restore.
 func (t *engineTx) execAround(commit bool, before, then []string) dbsqlc.DBTX {
 	return &pipe{t: t, before: before, then: then, commit: commit}
 }
@@ -234,10 +204,6 @@ func (a aheadTx) Exec(_ context.Context, sql string, args ...any) (pgconn.Comman
 		return pgconn.CommandTag{}, t.err
 	}
 	t := a.t
-	if t.sub && !t.begun {
-		t.pending = append(t.pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
-		t.begun = true
-	}
 	t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)})
 	return pgconn.CommandTag{}, nil
 }
@@ -283,10 +249,6 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 	}
 	pending := t.pending
 	t.pending = nil
-	if t.sub && !t.begun {
-		pending = append(pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
-		t.begun = true
-	}
 	for _, s := range pending {
 		b.Queue(s.sql, s.args...)
 	}
@@ -298,7 +260,7 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 		b.Queue(s)
 	}
 	if p.commit {
-		b.Queue(p.commitSQL())
+		b.Queue("commit")
 	}
 	br := t.conn.SendBatch(ctx, b)
 	if t.tx == nil {
@@ -319,15 +281,6 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 		}
 	}
 	return br, nil
-}
-
-// commitSQL is the statement that ends the pipe's transaction: COMMIT, or a
-// subtransaction's RELEASE.
-func (p *pipe) commitSQL() string {
-	if p.t.sub {
-		return "release savepoint " + deliverySavepoint
-	}
-	return "commit"
 }
 
 // end reads the rest of a batch (COMMIT) after the statement's result, and
@@ -355,53 +308,14 @@ func (p *pipe) end(br pgx.BatchResults, stmtErr error) error {
 	}
 	if p.commit && err == nil {
 		p.t.done = true
-		if !p.t.sub {
-			p.t.conn.Release()
-			p.t.conn = nil
-		}
+		p.t.conn.Release()
+		p.t.conn = nil
 	}
 	return err
 }
 
-// deferred reports whether the pipe's statement ends a subtransaction. Such
-// a statement is not sent at once: it goes out (with what goes around it
-// and its RELEASE) ahead of the next statement of the transaction (the
-// next delivery's first, or COMMIT), so a delivery of a group costs one
-// round trip less; its result is not read. Should it fail, the whole
-// transaction fails to commit. defer queues it.
-func (p *pipe) deferred() bool { return p.commit && p.t.sub }
-
-// queueDeferred queues a statement that ends a subtransaction (deferred).
-func (p *pipe) queueDeferred(sql string, args []any) error {
-	t := p.t
-	switch {
-	case t.done:
-		return pgx.ErrTxClosed
-	case t.err != nil:
-		return t.err
-	}
-	if !t.begun {
-		t.pending = append(t.pending, pendingStmt{sql: "savepoint " + deliverySavepoint})
-		t.begun = true
-	}
-	for _, s := range p.before {
-		t.pending = append(t.pending, pendingStmt{sql: s})
-	}
-	t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)})
-	for _, s := range p.then {
-		t.pending = append(t.pending, pendingStmt{sql: s})
-	}
-	t.pending = append(t.pending, pendingStmt{sql: "release savepoint " + deliverySavepoint})
-	t.done = true
-	return nil
-}
-
-// Exec implements dbsqlc.DBTX; a statement that ends a subtransaction is
-// deferred.
+// Exec implements dbsqlc.DBTX.
 func (p *pipe) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if p.deferred() {
-		return pgconn.CommandTag{}, p.queueDeferred(sql, args)
-	}
 	br, err := p.send(ctx, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, p.t.lost(err)
@@ -423,13 +337,8 @@ func (p *pipe) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 	return &pipeRows{Rows: rows, p: p, br: br}, nil
 }
 
-// QueryRow implements dbsqlc.DBTX. A statement that ends a subtransaction
-// is deferred: its row, never read, scans as nothing (the destinations keep
-// their zero values).
+// QueryRow implements dbsqlc.DBTX.
 func (p *pipe) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if p.deferred() {
-		return errRow{p.queueDeferred(sql, args)}
-	}
 	rows, err := p.Query(ctx, sql, args...)
 	if err != nil {
 		return errRow{err}

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -14,68 +15,104 @@ import (
 	"github.com/sagabox/sagabox/store"
 )
 
-// Deliveries of a group run in subtransactions of one transaction: what a
-// committed one did commits with the transaction, what a rolled-back one
-// did is gone, and neither costs a round trip of its own: a delivery's
-// first statement goes out with its SAVEPOINT (and the previous delivery's
-// last statement and RELEASE), the last delivery's with COMMIT.
-func TestSubtransactionsOfAGroup(t *testing.T) {
+// The deliveries of a group are begun in one statement sent with BEGIN and
+// finished in one sent with COMMIT, whatever their number: a delivery
+// undone leaves no inbox record, barrier mark or reply; the others commit
+// with their handlers' writes, each made under a savepoint that goes out
+// with the handler's first statement (a rejection's rolled back), and the
+// handlers that touch nothing cost no round trip.
+func TestDeliveriesOfAGroup(t *testing.T) {
 	t.Parallel()
 	var rts dbtest.RoundTrips
 	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rts })
 	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
 	ctx := context.Background()
-	kept, dropped, last := command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand)
-	applied := driver.DeliveryEnd{Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)}}
+	_, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %q.effect (message_id uuid PRIMARY KEY)", s.Schema()))
+	require.NoError(t, err)
+	kept, undone, rejected, quiet := command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand),
+		command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCompensation)
+	envs := []*message.Envelope{kept, undone, rejected, quiet}
+	applied := &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)}
 
 	rts.Start()
 	tx := s.Begin()
 	defer tx.Rollback(ctx)
-	for _, env := range []*message.Envelope{kept, dropped, last} {
-		sub := tx.Sub()
-		d, err := s.BeginDelivery(ctx, sub, env, nil)
-		require.NoError(t, err)
-		require.True(t, d.Marked)
-		if env == dropped {
-			sub.Rollback(ctx)
-			continue
+	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil, nil, []byte(`{"reason":"blocked"}`)})
+	require.NoError(t, err)
+	ends := make([]driver.DeliveryEnd, len(envs))
+	for i, env := range envs {
+		d := dels[i]
+		require.True(t, d.Marked, "message %d marks its step", i)
+		require.False(t, d.Duplicate)
+		switch env {
+		case kept, undone, rejected:
+			_, err := d.Tx.Exec(ctx, fmt.Sprintf("INSERT INTO %q.effect VALUES ($1)", s.Schema()), env.MessageID)
+			require.NoError(t, err)
+			ends[i] = driver.DeliveryEnd{Mark: applied, Reply: reply(env, message.KindReplySuccess, `{}`)}
+		case quiet:
+			require.Equal(t, driver.BarrierBlocked, d.Action, "the compensation came first: its action is blocked")
+			ends[i] = driver.DeliveryEnd{Mark: &driver.BarrierMark{Outcome: driver.BarrierSkipped, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
+				Reply: reply(env, message.KindReplySuccess, `{}`)}
 		}
-		end := applied
-		end.Reply = reply(env, message.KindReplySuccess, `{}`)
-		require.NoError(t, s.FinishDelivery(ctx, sub, env, d, end))
+		switch env {
+		case undone:
+			ends[i] = driver.DeliveryEnd{Undo: true}
+		case rejected:
+			ends[i] = driver.DeliveryEnd{Discard: true, Mark: &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{}`)},
+				Reply: reply(env, message.KindReplyFailure, `{}`)}
+		}
+		require.NoError(t, s.EndDelivery(ctx, d, ends[i]))
 	}
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
 	rts.Stop()
 
-	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox`), "the rolled-back delivery left no inbox record")
-	require.Equal(t, 0, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox WHERE message_id = $1`, dropped.MessageID))
-	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_barrier WHERE outcome = 'applied'`), "nor barrier mark")
-	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "nor reply")
+	require.Equal(t, 3, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox`), "the undone delivery left no inbox record")
+	require.Equal(t, 0, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox WHERE message_id = $1`, undone.MessageID))
+	require.Equal(t, 0, count.n(t, s, `SELECT count(*) FROM %q.sagabox_barrier WHERE saga_id = $1`, undone.SagaID), "nor barrier mark")
+	require.Equal(t, 3, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "nor reply")
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.effect`), "only the kept handler's write committed")
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.effect WHERE message_id = $1`, kept.MessageID))
+	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_barrier WHERE saga_id = $1 AND outcome = 'rejected'`, rejected.SagaID))
+	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_barrier WHERE saga_id = $1`, quiet.SagaID), "the compensation's mark and its action's, blocked")
 	txs := rts.Transactions()
 	require.Len(t, txs, 1)
 	for _, rt := range txs[0].RoundTrips {
-		t.Logf("round trip: %d statements, last %.30q", len(rt.SQL), rt.SQL[len(rt.SQL)-1])
+		t.Logf("round trip: %d statements, last %.40q", len(rt.SQL), rt.SQL[len(rt.SQL)-1])
 	}
-	require.Len(t, txs[0].RoundTrips, 4, "one round trip per delivery and COMMIT")
+	require.Len(t, txs[0].RoundTrips, 2+2*3, "begin, each writing handler's savepoint and statement, finish")
+
+	// The same messages again: duplicates, each counted once, nothing run.
+	tx = s.Begin()
+	defer tx.Rollback(ctx)
+	dels, err = s.BeginDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, [][]byte{nil, nil})
+	require.NoError(t, err)
+	for _, d := range dels {
+		require.True(t, d.Duplicate)
+		require.NoError(t, s.EndDelivery(ctx, d, driver.DeliveryEnd{}))
+	}
+	require.NoError(t, s.FinishDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, dels, make([]driver.DeliveryEnd, 2)))
+	require.Equal(t, 2, count.n(t, s, `SELECT sum(duplicates)::int FROM %q.sagabox_inbox`))
 }
 
-// The last statement of a subtransaction goes out with the next one's
-// first: when it fails, the whole transaction fails and commits nothing.
-func TestSubtransactionDeferredFailureFailsTheTransaction(t *testing.T) {
+// A finish that fails (a reply PostgreSQL cannot hold) commits nothing of
+// the group.
+func TestDeliveriesOfAGroupFailTogether(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
 	first, second := command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand)
+	envs := []*message.Envelope{first, second}
 	tx := s.Begin()
 	defer tx.Rollback(ctx)
-	sub := tx.Sub()
-	d, err := s.BeginDelivery(ctx, sub, first, nil)
+	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil})
 	require.NoError(t, err)
 	bad := reply(first, message.KindReplySuccess, `{}`)
 	bad.RoutingKey = "nul\x00byte" // PostgreSQL text cannot hold NUL
-	require.NoError(t, s.FinishDelivery(ctx, sub, first, d, driver.DeliveryEnd{Reply: bad}), "the statement waits to go out")
-	_, err = s.BeginDelivery(ctx, tx.Sub(), second, nil)
-	require.Error(t, err, "the next statement reports the failure")
-	require.Error(t, tx.Commit(ctx), "and the transaction cannot commit")
+	ends := []driver.DeliveryEnd{{Reply: bad}, {Reply: reply(second, message.KindReplySuccess, `{}`)}}
+	for i, d := range dels {
+		require.NoError(t, s.EndDelivery(ctx, d, ends[i]))
+	}
+	require.Error(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	tx.Rollback(ctx)
 	require.Equal(t, 0, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox`), "nothing was committed")
 }

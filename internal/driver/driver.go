@@ -32,15 +32,6 @@ type Tx interface {
 	// Rollback ends the transaction without committing what it did. It is a
 	// no-op once it is over, so it can be deferred.
 	Rollback(ctx context.Context)
-	// Sub returns a subtransaction of the transaction, for one unit of work
-	// of a group applied together (group commit): its operations run in the
-	// transaction under a savepoint, begun with its first statement; its
-	// Commit releases the savepoint and its Rollback rolls back to it, each
-	// sent with the transaction's next statement, so neither costs a round
-	// trip, and the transaction's Commit commits what every committed
-	// subtransaction did. One subtransaction is used at a time, and its
-	// transaction is not used meanwhile.
-	Sub() Tx
 	// Savepoint returns a savepoint of the transaction, as pgx.Tx, for code
 	// that does its own writes in it (a local step): its Commit releases
 	// the savepoint, its Rollback rolls back to it, and it cannot end the
