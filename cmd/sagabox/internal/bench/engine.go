@@ -99,7 +99,7 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 	orch, err := orchestrator.NewClient(orchestrator.Config{
 		Pool: pool, Schema: schemas[svcOrch], Service: svcOrch, Broker: broker,
 		Definitions: []saga.Runner{benchSaga}, Workers: cfg.Workers, Logger: logger, TracerProvider: probeTP,
-		Admission: orchestrator.AdmissionConfig{MaxRunning: cfg.MaxRunning},
+		Admission: orchestrator.AdmissionConfig{MaxRunning: cfg.MaxRunning}, BatchLinger: cfg.Linger,
 	})
 	if err != nil {
 		return nil, err
@@ -107,13 +107,13 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 	ok := func(context.Context, pgx.Tx, *participant.Request[benchData]) (saga.None, error) {
 		return saga.None{}, nil
 	}
-	alpha, err := participant.NewClient(participant.Config{Pool: pool, Schema: schemas[svcAlpha], Service: svcAlpha, Broker: broker, Workers: cfg.Workers, MaxBatch: cfg.ParticipantBatch, Logger: logger, TracerProvider: probeTP})
+	alpha, err := participant.NewClient(participant.Config{Pool: pool, Schema: schemas[svcAlpha], Service: svcAlpha, Broker: broker, Workers: cfg.Workers, MaxBatch: cfg.ParticipantBatch, BatchLinger: cfg.Linger, Logger: logger, TracerProvider: probeTP})
 	if err != nil {
 		return nil, err
 	}
 	participant.HandleCommand(alpha, benchStep1, ok)
 	participant.HandleCommand(alpha, benchStep3, ok)
-	beta, err := participant.NewClient(participant.Config{Pool: pool, Schema: schemas[svcBeta], Service: svcBeta, Broker: broker, Workers: cfg.Workers, MaxBatch: cfg.ParticipantBatch, Logger: logger, TracerProvider: probeTP})
+	beta, err := participant.NewClient(participant.Config{Pool: pool, Schema: schemas[svcBeta], Service: svcBeta, Broker: broker, Workers: cfg.Workers, MaxBatch: cfg.ParticipantBatch, BatchLinger: cfg.Linger, Logger: logger, TracerProvider: probeTP})
 	if err != nil {
 		return nil, err
 	}

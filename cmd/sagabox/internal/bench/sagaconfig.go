@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sagabox/sagabox/participant"
+	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
@@ -61,6 +62,10 @@ type SagaConfig struct {
 	// in a transaction of its own. The orchestrator runs its default
 	// MaxBatch. Defaults to DefaultParticipantBatch (32).
 	ParticipantBatch int
+	// Linger is the engine clients' BatchLinger: how long a batch waits
+	// for more deliveries once they come faster than one at a time.
+	// Defaults to transport.DefaultLinger (2ms).
+	Linger time.Duration
 	// MaxRunning is the engine orchestrator's Admission.MaxRunning (flow
 	// control): 0 its default, negative no limit.
 	MaxRunning int
@@ -108,6 +113,9 @@ func (c SagaConfig) WithDefaults() SagaConfig {
 	if c.QueueType == "" {
 		c.QueueType = rabbitmq.DefaultQueueType
 	}
+	if c.Linger == 0 {
+		c.Linger = transport.DefaultLinger
+	}
 	if c.Duration == 0 {
 		c.Duration = DefaultDuration
 	}
@@ -143,6 +151,9 @@ func (c SagaConfig) validate() error {
 	}
 	if c.Duration < 0 {
 		errs = append(errs, fmt.Errorf("Duration %s: want a positive duration", c.Duration))
+	}
+	if c.Linger < 0 {
+		errs = append(errs, fmt.Errorf("Linger %s: want a positive duration", c.Linger))
 	}
 	return errors.Join(errs...)
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sagabox/sagabox/orchestrator"
-	"github.com/sagabox/sagabox/transport"
 )
 
 // SagaReport is what RunSagas measured. Its JSON form is the --json output
@@ -39,11 +38,13 @@ type SagaReport struct {
 	Workers   int             `json:"workers"`
 	// OrchestratorBatch and ParticipantBatch are the engine clients'
 	// MaxBatch (group commit).
-	OrchestratorBatch int     `json:"orchestrator_batch"`
-	ParticipantBatch  int     `json:"participant_batch"`
-	Sagas             int     `json:"sagas"`
-	Concurrency       int     `json:"concurrency"`
-	Machine           Machine `json:"machine"`
+	OrchestratorBatch int `json:"orchestrator_batch"`
+	ParticipantBatch  int `json:"participant_batch"`
+	// LingerMS is the engine clients' BatchLinger, in milliseconds.
+	LingerMS    float64 `json:"linger_ms"`
+	Sagas       int     `json:"sagas"`
+	Concurrency int     `json:"concurrency"`
+	Machine     Machine `json:"machine"`
 }
 
 // PipelineReport is one pipeline's saturated run.
@@ -144,7 +145,7 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	rep := &SagaReport{
 		PoolSize: cfg.PoolSize, QueueType: string(cfg.QueueType), Workers: cfg.Workers,
 		OrchestratorBatch: orchestrator.DefaultMaxBatch, ParticipantBatch: cfg.ParticipantBatch,
-		Sagas: cfg.Sagas, Concurrency: cfg.Concurrency,
+		LingerMS: float64(cfg.Linger) / float64(time.Millisecond), Sagas: cfg.Sagas, Concurrency: cfg.Concurrency,
 	}
 	var err error
 	if rep.Machine, err = readMachine(ctx, cfg); err != nil {
@@ -532,7 +533,7 @@ func (r *SagaReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "setup:   %d sagas from %d goroutines per pipeline; one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n",
 		r.Sagas, r.Concurrency, r.PoolSize, r.QueueType, r.Workers, GroupConsumers, GroupMaxBatch, GroupLinger)
 	fmt.Fprintf(w, "engine:  orchestrator MaxBatch %d, participants MaxBatch %d (group commit; %s linger)\n\n",
-		r.OrchestratorBatch, r.ParticipantBatch, transport.DefaultLinger)
+		r.OrchestratorBatch, r.ParticipantBatch, time.Duration(r.LingerMS*float64(time.Millisecond)))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "pipeline\tsagas/s\t× baseline\tCPU µs/saga PG\tRMQ\tGo\ttotal\tp50 ms\tp99 ms\t")
 	for _, row := range []struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/bench"
 	relaypkg "github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
@@ -99,6 +100,7 @@ an open-loop run at half the engine's rate (--rate to choose it).`,
 	f.IntVar(&sagaCfg.Concurrency, "concurrency", bench.DefaultConcurrency, "goroutines starting sagas in the saturated runs")
 	f.IntVar(&sagaCfg.PoolSize, "pool", bench.DefaultPoolSize, "connections of each pipeline's one pool (the engine's clients share theirs)")
 	f.IntVar(&sagaCfg.ParticipantBatch, "participant-batch", bench.DefaultParticipantBatch, "the engine's participants' MaxBatch (group commit; 1 turns it off)")
+	f.DurationVar(&sagaCfg.Linger, "linger", transport.DefaultLinger, "the engine clients' BatchLinger: how long a batch waits for more deliveries once they come faster than one at a time")
 	f.IntVar(&sagaCfg.MaxRunning, "max-running", 0, "the engine orchestrator's limit of running sagas (flow control; 0: its default, -1: none)")
 	f.IntVar(&sagaCfg.Workers, "workers", bench.DefaultWorkers, "deliveries of one queue handled at once (engine clients' Workers, baseline consumers per queue)")
 	f.StringVar(&queueType, "queue-type", string(rabbitmq.DefaultQueueType), "queue type of every queue: quorum or classic")
