@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,6 +43,33 @@ func (h *handlerTx) open(ctx context.Context) error {
 	}
 	h.lazy = false
 	return nil
+}
+
+// Conn returns the delivery's connection. A lazy savepoint is begun first,
+// so that statements the handler sends on the connection directly run
+// inside it; should beginning it fail, the delivery's transaction cannot
+// commit any more.
+func (h *handlerTx) Conn() *pgx.Conn {
+	if err := h.open(context.Background()); err != nil && !errors.Is(err, pgx.ErrTxClosed) && h.t.err == nil {
+		h.t.err = fmt.Errorf("begin the handler's savepoint: %w", err)
+	}
+	return h.Tx.Conn()
+}
+
+// Prepare prepares sql on the delivery's connection, inside the handler's
+// savepoint.
+func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := h.open(ctx); err != nil {
+		return nil, err
+	}
+	return h.Tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects returns the large objects of the delivery's transaction; a
+// lazy savepoint is begun first, as Conn does.
+func (h *handlerTx) LargeObjects() pgx.LargeObjects {
+	_ = h.Conn()
+	return h.Tx.LargeObjects()
 }
 
 func (h *handlerTx) Commit(ctx context.Context) error {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -92,6 +93,47 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 	}
 	require.NoError(t, s.FinishDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, dels, make([]driver.DeliveryEnd, 2)))
 	require.Equal(t, 2, count.n(t, s, `SELECT sum(duplicates)::int FROM %q.sagabox_inbox`))
+}
+
+// A handler of a group that sends its statements on the connection itself
+// (pgx.Tx.Conn) writes inside its own savepoint too: what it does survives
+// the previous handler's rejection, and is rolled back with its own
+// failure.
+func TestDeliveriesOfAGroupIsolateWritesThroughTheConnection(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	ctx := context.Background()
+	effect := fmt.Sprintf("%q.effect", s.Schema())
+	_, err := s.Pool.Exec(ctx, "CREATE TABLE "+effect+" (message_id uuid PRIMARY KEY)")
+	require.NoError(t, err)
+	rejected, kept, failed := command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand)
+	envs := []*message.Envelope{rejected, kept, failed}
+	tx := s.Begin()
+	defer tx.Rollback(ctx)
+	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil, nil})
+	require.NoError(t, err)
+	ends := []driver.DeliveryEnd{
+		{Discard: true, Mark: &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{}`)}},
+		{Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)}},
+		{Undo: true},
+	}
+	for i, env := range envs {
+		var err error
+		if env == rejected {
+			_, err = dels[i].Tx.Exec(ctx, "INSERT INTO "+effect+" VALUES ($1)", env.MessageID)
+		} else {
+			_, err = dels[i].Tx.Conn().Exec(ctx, "INSERT INTO "+effect+" VALUES ($1)", env.MessageID)
+		}
+		require.NoError(t, err)
+		require.NoError(t, s.EndDelivery(ctx, dels[i], ends[i]))
+	}
+	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	var ids []uuid.UUID
+	rows, err := s.Pool.Query(ctx, "SELECT message_id FROM "+effect)
+	require.NoError(t, err)
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{kept.MessageID}, ids, "only the kept handler's write, made on the connection, committed")
 }
 
 // A finish that fails (a reply PostgreSQL cannot hold) commits nothing of

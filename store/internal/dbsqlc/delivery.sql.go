@@ -390,9 +390,12 @@ type DeliveryBeginManyRow struct {
 // row of the arrays (@kind is 'command', 'compensation' or 'event'). Rows
 // must not repeat a message id nor a saga step (@saga_id, @step): the
 // caller leaves such a delivery out of the group. Inbox entries are
-// inserted in message id order and marks in (saga, step) order, so that two
-// groups take their locks in one order. The result has one row per input
-// row, in @ord order.
+// inserted in message id order and the deliveries' own marks in (saga, step)
+// order, then the blocked action marks of the compensations: two groups that
+// hold an action and a compensation of the same steps crosswise can
+// deadlock, which fails one of them retryably (the engine runs it again,
+// then one delivery at a time). The result has one row per input row, in
+// @ord order.
 func (q *Queries) DeliveryBeginMany(ctx context.Context, db DBTX, arg *DeliveryBeginManyParams) ([]*DeliveryBeginManyRow, error) {
 	rows, err := db.Query(ctx, deliveryBeginMany,
 		arg.Ord,
