@@ -88,6 +88,8 @@ func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 		{"BatchesSettleEachOutcome", s.batches},
 		{"IdleQueueHandsBatchesOfOne", s.idleBatches},
 		{"ConcurrentBatchesSettleOnlyTheirOwn", s.concurrentBatches},
+		{"BatchConcurrencyRespected", s.batchConcurrency},
+		{"SubscribeReturnsOnCancelAfterDrainingBatches", s.cancelBatches},
 		{"DeclareIdempotent", s.declareIdempotent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -699,6 +701,89 @@ func (s suite) concurrency(t *testing.T) {
 		next(t, done)
 	}
 	require.EqualValues(t, conc, peak.Load(), "handlers run at most Concurrency at once, and that many")
+}
+
+// batchConcurrency checks that a batching subscription hands out at most
+// Concurrency batches at once, and that many when deliveries wait.
+func (s suite) batchConcurrency(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	const conc, maxBatch, n = 3, 2, 24
+	msgs := make([]message.Message, n)
+	for i := range msgs {
+		msgs[i] = Command("svc.do")
+	}
+	require.NoError(t, b.Publish(ctx, msgs...))
+
+	var active atomic.Int32
+	release := make(chan struct{})
+	done := make(chan struct{}, n)
+	subscribe(t, b, batchFunc(func(ds []*transport.Delivery) []transport.Outcome {
+		active.Add(1)
+		<-release
+		active.Add(-1)
+		outs := make([]transport.Outcome, len(ds))
+		for i := range ds {
+			outs[i] = transport.Ack()
+			done <- struct{}{}
+		}
+		return outs
+	}), &transport.SubscribeOpts{Concurrency: conc, MaxBatch: maxBatch})
+	var freed sync.Once
+	free := func() { freed.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the subscription's own cleanup, should a check fail
+	require.Eventually(t, func() bool { return active.Load() >= conc }, Timeout, 10*time.Millisecond,
+		"Concurrency batches are handled at once while deliveries wait")
+	require.Never(t, func() bool { return active.Load() > conc }, 300*time.Millisecond, 10*time.Millisecond,
+		"no more than Concurrency batches at once")
+	free()
+	for range n {
+		next(t, done)
+	}
+}
+
+// cancelBatches checks that a batching subscription returns on cancel only
+// once its batches in flight are handled, and that what they acknowledged
+// does not come back.
+func (s suite) cancelBatches(t *testing.T) {
+	b, _ := s.broker(t)
+	ctx := ctxT(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	first := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, first))
+
+	started, release, handlerDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stop := subscribe(t, b, batchFunc(func(ds []*transport.Delivery) []transport.Outcome {
+		once.Do(func() {
+			close(started)
+			<-release
+			close(handlerDone)
+		})
+		outs := make([]transport.Outcome, len(ds))
+		for i := range outs {
+			outs[i] = transport.Ack()
+		}
+		return outs
+	}), &transport.SubscribeOpts{Concurrency: 2, MaxBatch: 8})
+	next(t, started)
+	returned := make(chan error, 1)
+	go func() { returned <- stop() }()
+	close(release)
+	require.NoError(t, next(t, returned))
+	select {
+	case <-handlerDone:
+	default:
+		t.Fatal("Subscribe returned before its batch was handled")
+	}
+
+	again := newBatchHandler(func(*transport.Delivery) transport.Outcome { return transport.Ack() })
+	probe := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, probe))
+	stop = subscribe(t, b, again, &transport.SubscribeOpts{MaxBatch: 8})
+	require.Equal(t, probe.MessageID, next(t, again.handled), "the batch handled before the cancel was acknowledged")
+	require.NoError(t, stop())
 }
 
 func (s suite) declareIdempotent(t *testing.T) {
