@@ -144,7 +144,11 @@ func (s *executor) FinishDeliveries(ctx context.Context, t driver.Tx, envs []*me
 		lease = driver.OutboxLeaseFrom(ctx, s.schema)
 	}
 	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
-	row, err := s.queries.DeliveryFinishMany(ctx, txOf(t).exec(ctx, true), p)
+	// Under writePlan, as a transition write: the marks and the undone
+	// inbox entries are found by primary key among array parameters, and
+	// a generic plan built while the tables were small would scan them.
+	// The setting ends with the commit.
+	row, err := s.queries.DeliveryFinishMany(ctx, txOf(t).execAround(true, []string{writePlan}, nil), p)
 	if err != nil {
 		return fmt.Errorf("finish %d deliveries in schema %q: %w", len(ends), s.schema, err)
 	}

@@ -17,3 +17,8 @@ func WritePlanForTest() string { return writePlan }
 
 // SagaLockSQLForTest exposes the lock of sagas so tests can EXPLAIN it.
 func SagaLockSQLForTest() string { return dbsqlc.SagaLockSQL }
+
+// DeliveryBeginManySQLForTest and DeliveryFinishManySQLForTest expose a
+// participant group's statements so tests can EXPLAIN them.
+func DeliveryBeginManySQLForTest() string  { return dbsqlc.DeliveryBeginManySQL }
+func DeliveryFinishManySQLForTest() string { return dbsqlc.DeliveryFinishManySQL }

@@ -136,6 +136,27 @@ func TestDeliveriesOfAGroupIsolateWritesThroughTheConnection(t *testing.T) {
 	require.Equal(t, []uuid.UUID{kept.MessageID}, ids, "only the kept handler's write, made on the connection, committed")
 }
 
+// A group's statements find the marks and inbox entries they change by
+// primary key, whatever the tables' size was when a connection built their
+// generic plans: the finish runs under the transition write's planner
+// setting (on a never-analysed table the generic plan of its array join
+// scans the table), the begin needs none.
+func TestDeliveriesOfAGroupArePlannedByPrimaryKey(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	plan := explainGeneric(t, s, store.DeliveryFinishManySQLForTest())
+	require.Contains(t, plan, "Seq Scan on sagabox_barrier", "the hazard: the generic plan of a never analysed table scans it:\n%s", plan)
+	plan = explainGeneric(t, s, store.DeliveryFinishManySQLForTest(), store.WritePlanForTest())
+	for _, table := range []string{"sagabox_barrier", "sagabox_inbox"} {
+		require.NotContains(t, plan, "Seq Scan on "+table, "the finish must not scan %s:\n%s", table, plan)
+	}
+	require.Contains(t, plan, "sagabox_barrier_pkey", "the finish finds its marks by primary key:\n%s", plan)
+	plan = explainGeneric(t, s, store.DeliveryBeginManySQLForTest())
+	for _, table := range []string{"sagabox_barrier", "sagabox_inbox"} {
+		require.NotContains(t, plan, "Seq Scan on "+table, "the begin must not scan %s:\n%s", table, plan)
+	}
+}
+
 // A finish that fails (a reply PostgreSQL cannot hold) commits nothing of
 // the group.
 func TestDeliveriesOfAGroupFailTogether(t *testing.T) {

@@ -8,3 +8,10 @@ const SagaWriteSQL = sagaWrite
 
 // SagaLockSQL is the lock of sagas, exported for EXPLAIN in tests.
 const SagaLockSQL = sagaLock
+
+// DeliveryBeginManySQL and DeliveryFinishManySQL are a participant group's
+// statements, exported for EXPLAIN in tests.
+const (
+	DeliveryBeginManySQL  = deliveryBeginMany
+	DeliveryFinishManySQL = deliveryFinishMany
+)
