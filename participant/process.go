@@ -121,9 +121,7 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 		if err := c.db.EndDelivery(it.Ctx, dels[k], end); err != nil {
 			return nil, err
 		}
-		// The handler may have written messages of its own (Publish),
-		// besides the reply: the relay looks either way.
-		res.Wrote = !res.Defer && res.Outcome != telemetry.OutcomeDuplicate
+		res.Wrote = !res.Defer && wrote(res)
 		ends[k], results[m.at] = end, res
 	}
 	if err := c.db.FinishDeliveries(ctx, t, envs, dels, ends); err != nil {
@@ -199,11 +197,14 @@ func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery,
 	if err := c.db.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
 		return engine.Result{}, err
 	}
-	// The handler may have written messages of its own (Publish), besides
-	// the reply: the relay looks either way.
-	res.Wrote = res.Outcome != telemetry.OutcomeDuplicate
+	res.Wrote = wrote(res)
 	return res, nil
 }
+
+// wrote reports whether a delivery that committed with res may have written
+// to the outbox: any but a duplicate, since the handler may have written
+// messages of its own (Publish) besides the reply, so the relay looks.
+func wrote(res engine.Result) bool { return res.Outcome != telemetry.OutcomeDuplicate }
 
 // action processes a step's action behind the barrier: the first action
 // message of a (saga, step) runs the handler; every later one (a re-send
