@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
@@ -28,6 +30,136 @@ import (
 // reads a bare unexpected EOF, as it does when the server is SIGKILLed.
 func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := newDroppable(t)
+
+	// The store's own statement is in flight when the connection drops: the
+	// delivery's first statement waits for another delivery of the same
+	// message, which holds its inbox key.
+	env := command(uuid.New(), message.KindCommand)
+	holder := p.shared.Begin()
+	defer holder.Rollback(ctx)
+	_, err := p.shared.BeginDelivery(ctx, holder, env, nil)
+	require.NoError(t, err)
+	tx := p.ex.Begin()
+	defer tx.Rollback(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.ex.BeginDelivery(ctx, tx, env, nil)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := p.shared.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, p.pid).Scan(&n)
+		return err == nil && n > 0
+	}, 20*time.Second, 10*time.Millisecond, "the delivery to wait for the other one")
+	p.cut()
+	err = <-done
+	require.Error(t, err)
+	t.Logf("the delivery's statement failed with: %v", err)
+	require.True(t, store.IsConnectionError(fmt.Errorf("deliver: %w", err)), "a statement on a dropped connection (%v) is a connection error", err)
+	holder.Rollback(ctx)
+	require.False(t, store.IsConnectionError(context.Canceled))
+	require.False(t, store.IsConnectionError(errors.New("handler failed")))
+}
+
+// Whatever pgx call a handler makes on its transaction, its error on a
+// connection that dropped is a connection error: a handler that returns it
+// (or wraps it) has its delivery retried without counting an attempt, and
+// a database restart does not dead-letter the messages it interrupts.
+func TestHandlerStatementsOnADroppedConnectionAreConnectionErrors(t *testing.T) {
+	t.Parallel()
+	calls := map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"Exec": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT 1")
+			return err
+		},
+		"Query": func(ctx context.Context, tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, "SELECT 1")
+			if err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		},
+		"QueryRow": func(ctx context.Context, tx pgx.Tx) error {
+			var n int
+			return tx.QueryRow(ctx, "SELECT 1").Scan(&n)
+		},
+		"SendBatch Exec": func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			br := tx.SendBatch(ctx, b)
+			_, err := br.Exec()
+			_ = br.Close()
+			return err
+		},
+		"SendBatch Query": func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			br := tx.SendBatch(ctx, b)
+			defer func() { _ = br.Close() }()
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		},
+		"SendBatch QueryRow": func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			br := tx.SendBatch(ctx, b)
+			defer func() { _ = br.Close() }()
+			var n int
+			return br.QueryRow().Scan(&n)
+		},
+		"SendBatch Close": func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue("SELECT 1")
+			return tx.SendBatch(ctx, b).Close()
+		},
+		"CopyFrom": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"pg_temp", "t"}, []string{"n"}, pgx.CopyFromRows([][]any{{1}}))
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			p := newDroppable(t)
+			tx := p.ex.Begin()
+			defer tx.Rollback(ctx)
+			d, err := p.ex.BeginDelivery(ctx, tx, command(uuid.New(), message.KindCommand), nil)
+			require.NoError(t, err)
+			// The handler's savepoint is open, the connection is idle in
+			// its transaction: then the network between goes.
+			_, err = d.Tx.Exec(ctx, "SELECT 1")
+			require.NoError(t, err)
+			p.cut()
+			err = call(ctx, d.Tx)
+			require.Error(t, err)
+			require.True(t, store.IsConnectionError(fmt.Errorf("handler: %w", err)), "%s on a dropped connection: %v", name, err)
+		})
+	}
+}
+
+// droppable is a store whose one connection goes through a TCP forwarder
+// that the test can cut, as a network fault or a killed server would.
+type droppable struct {
+	// shared is a store of the same schema on the ordinary pool.
+	shared *dbtest.DB
+	ex     driver.Executor
+	// pid is the server process of the forwarded connection.
+	pid uint32
+	cut func()
+}
+
+func newDroppable(t *testing.T) *droppable {
+	t.Helper()
 	u, err := url.Parse(dbtest.URL())
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,7 +218,6 @@ func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 	t.Cleanup(proxied.Close)
 	s, err := store.New(proxied, shared.Schema())
 	require.NoError(t, err)
-	ex := s.Executor()
 
 	var pid uint32
 	require.NoError(t, proxied.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
@@ -95,35 +226,7 @@ func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 		// it: end the backend, so that it leaves no transaction open.
 		_, _ = shared.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid)
 	})
-
-	// The store's own statement is in flight when the connection drops: the
-	// delivery's first statement waits for another delivery of the same
-	// message, which holds its inbox key.
-	env := command(uuid.New(), message.KindCommand)
-	holder := shared.Begin()
-	defer holder.Rollback(ctx)
-	_, err = shared.BeginDelivery(ctx, holder, env, nil)
-	require.NoError(t, err)
-	tx := ex.Begin()
-	defer tx.Rollback(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := ex.BeginDelivery(ctx, tx, env, nil)
-		done <- err
-	}()
-	require.Eventually(t, func() bool {
-		var n int
-		err := shared.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, pid).Scan(&n)
-		return err == nil && n > 0
-	}, 20*time.Second, 10*time.Millisecond, "the delivery to wait for the other one")
-	cut()
-	err = <-done
-	require.Error(t, err)
-	t.Logf("the delivery's statement failed with: %v", err)
-	require.True(t, store.IsConnectionError(fmt.Errorf("deliver: %w", err)), "a statement on a dropped connection (%v) is a connection error", err)
-	holder.Rollback(ctx)
-	require.False(t, store.IsConnectionError(context.Canceled))
-	require.False(t, store.IsConnectionError(errors.New("handler failed")))
+	return &droppable{shared: shared, ex: s.Executor(), pid: pid, cut: cut}
 }
 
 // A handler's own statement that outlives its context is the handler's

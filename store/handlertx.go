@@ -152,12 +152,37 @@ func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 	if err := h.open(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return h.Tx.SendBatch(ctx, b)
+	return handlerBatch{BatchResults: h.Tx.SendBatch(ctx, b), t: h.t}
 }
+
+// handlerBatch marks the errors of a handler's batch as handlerRows does
+// those of its queries.
+type handlerBatch struct {
+	pgx.BatchResults
+	t *engineTx
+}
+
+func (b handlerBatch) Exec() (pgconn.CommandTag, error) {
+	tag, err := b.BatchResults.Exec()
+	return tag, b.t.lost(err)
+}
+
+func (b handlerBatch) Query() (pgx.Rows, error) {
+	rows, err := b.BatchResults.Query()
+	if err != nil {
+		return rows, b.t.lost(err)
+	}
+	return &handlerRows{Rows: rows, t: b.t}, nil
+}
+
+func (b handlerBatch) QueryRow() pgx.Row { return handlerRow{row: b.BatchResults.QueryRow(), t: b.t} }
+
+func (b handlerBatch) Close() error { return b.t.lost(b.BatchResults.Close()) }
 
 func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error) {
 	if err := h.open(ctx); err != nil {
 		return 0, err
 	}
-	return h.Tx.CopyFrom(ctx, table, columns, rows)
+	n, err := h.Tx.CopyFrom(ctx, table, columns, rows)
+	return n, h.t.lost(err)
 }
