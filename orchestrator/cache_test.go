@@ -7,8 +7,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/transport"
 )
 
 // TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga: an
@@ -26,12 +28,19 @@ func TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga(t *testing.T) {
 	run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
+	// The shipping queue exists, so that the command is published (and
+	// waits there) before the saga is terminated: a terminated saga's
+	// unsent commands are withdrawn.
+	dctx, cancel := context.WithTimeout(ctx, amqptest.Timeout)
+	defer cancel()
+	require.NoError(t, e.broker.Declare(dctx, transport.QueueSpec{Name: "shipping", Commands: []string{Ship.Name()}}))
 
 	st := e.start(c, def, Order{ID: "stale", Qty: 1, Amount: 10, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "the saga to wait on shipping", func() bool {
+	waitFor(t, 30*time.Second, "the saga to wait on shipping, its command published", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
-		return s.CurrentStep == 2
+		return s.CurrentStep == 2 &&
+			e.count(`SELECT count(*) FROM %[1]s.sagabox_outbox WHERE saga_id = $1 AND type = $2 AND published_at IS NULL`, st.ID, Ship.Name()) == 0
 	})
 	kept, ok := c.KeptRevisionForTest(st.ID)
 	require.True(t, ok, "the orchestrator keeps the saga it wrote")

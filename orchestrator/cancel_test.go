@@ -58,6 +58,37 @@ func TestCancelStepWaitingForRetry(t *testing.T) {
 	require.False(t, out.Saga.FinishedAt.IsZero())
 }
 
+// TestTerminateWithdrawsUnsentCommands: terminating a saga deletes, in the
+// same transaction, its commands that no relay has published: here a
+// command to a queue that does not exist, which the relay would retry for
+// ever. Another saga's unsent command stays.
+func TestTerminateWithdrawsUnsentCommands(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := orderSaga(1, time.Minute, 1)
+	// No queue takes the shipping command: it stays in the outbox,
+	// published again and again.
+	run(t, e.inventory(false).Run)
+	run(t, e.payment(true).Run)
+	c := e.runOrchestrator(e.orchConfig(def))
+	ctx := context.Background()
+
+	unsent := `SELECT count(*) FROM %[1]s.sagabox_outbox WHERE saga_id = $1 AND kind = 'command' AND published_at IS NULL`
+	stuck := e.start(c, def, Order{ID: "w-1", Qty: 1, Amount: 10, Address: "nowhere"}, nil)
+	other := e.start(c, def, Order{ID: "w-2", Qty: 1, Amount: 10, Address: "nowhere"}, nil)
+	for _, id := range []uuid.UUID{stuck.ID, other.ID} {
+		waitFor(t, 30*time.Second, "the shipping command to be refused by the broker", func() bool {
+			return e.count(`SELECT count(*) FROM %[1]s.sagabox_outbox WHERE saga_id = $1 AND type = $2 AND publish_attempts > 0 AND published_at IS NULL`, id, Ship.Name()) == 1
+		})
+	}
+
+	s, err := c.Terminate(ctx, stuck.ID, "bob", "no shipping to there")
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusTerminated, s.Status)
+	require.Zero(t, e.count(unsent, stuck.ID), "the terminated saga's unsent command is withdrawn")
+	require.Equal(t, 1, e.count(unsent, other.ID), "another saga's unsent command stays")
+}
+
 // TestTerminateStopsAtOnce: terminating a running saga ends it terminated
 // in the same call, compensating nothing (the reservation and the charge
 // stay); it is audited, ends Await, frees its start key for

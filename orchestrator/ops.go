@@ -210,8 +210,10 @@ func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) 
 // Terminate stops the running, compensating or failed saga id at once,
 // compensating nothing: it ends terminated (saga.StatusTerminated), the
 // step in flight marked saga.StepTerminated, and no further command or
-// compensation is sent. Commands already written to the outbox are still
-// delivered; their replies are recorded and ignored. actor and reason are
+// compensation is sent: its commands and compensations that no relay has
+// published yet are deleted from the outbox in the same transaction. One
+// already published (or being published at that moment) is still
+// delivered; its reply is recorded and ignored. actor and reason are
 // recorded in the history (saga.HistoryTerminated, with the time) and
 // LastError. A saga that has ended gives an error wrapping
 // saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the

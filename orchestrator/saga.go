@@ -191,6 +191,10 @@ func (c *Client) transition(ctx context.Context, rec driver.SagaRecord, res saga
 	next := tr.rec
 	tr.write.Saga = &next
 	tr.write.Messages = c.messages(ctx, &res.Instance, res.Emit)
+	// A terminated saga sends nothing more, not even what it wrote before
+	// and no relay has published yet (a command to a queue that does not
+	// exist, retried for ever).
+	tr.write.WithdrawUnsent = res.Instance.Status == saga.StatusTerminated && tr.before != saga.StatusTerminated
 	tr.rec.Revision++
 	tr.rec.UpdatedAt = now
 	return tr, nil

@@ -306,7 +306,7 @@ func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driv
 	if commit {
 		lease = driver.OutboxLeaseFrom(ctx, s.schema)
 	}
-	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), trs, now, lease)
+	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), tx.ahead(), trs, now, lease)
 }
 
 // WriteTransitionsIn writes trs in tx, a caller's transaction, in one
@@ -315,7 +315,8 @@ func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driv
 	if tx == nil {
 		return errors.New("write transitions: transaction is nil")
 	}
-	return s.writeTransitions(ctx, s.db(plannedTx{tx: tx}), trs, now, nil)
+	db := s.db(plannedTx{tx: tx})
+	return s.writeTransitions(ctx, db, db, trs, now, nil)
 }
 
 // LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
@@ -333,13 +334,20 @@ func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) 
 
 // writeTransitions writes trs through db. With lease, db commits the
 // transaction in the same round trip: the rows leased are handed on with
-// lease.Committed once it has.
-func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []driver.Transition, now time.Time, lease *driver.OutboxLease) error {
+// lease.Committed once it has. The withdrawal of terminated sagas' unsent
+// messages goes through ahead, which sends it before db's statement (in the
+// same round trip, for an engine transaction).
+func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, trs []driver.Transition, now time.Time, lease *driver.OutboxLease) error {
 	var msgs []message.Message
 	var h historyCols
+	var withdraw dbsqlc.OutboxWithdrawParams
 	p := &dbsqlc.SagaWriteParams{Now: now}
 	for i := range trs {
 		tr := &trs[i]
+		if tr.WithdrawUnsent && tr.Saga != nil {
+			withdraw.Keys = append(withdraw.Keys, tr.Saga.ID.String())
+			withdraw.SagaIds = append(withdraw.SagaIds, tr.Saga.ID)
+		}
 		for j := range tr.History {
 			h.add(&tr.History[j])
 		}
@@ -379,6 +387,11 @@ func (s *executor) writeTransitions(ctx context.Context, db dbsqlc.DBTX, trs []d
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
 	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
+	if len(withdraw.SagaIds) > 0 {
+		if _, err := s.queries.OutboxWithdraw(ctx, ahead, &withdraw); err != nil {
+			return fmt.Errorf("withdraw the unsent messages of %d terminated sagas in schema %q: %w", len(withdraw.SagaIds), s.schema, err)
+		}
+	}
 	row, err := s.queries.SagaWrite(ctx, db, p)
 	if err != nil {
 		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)

@@ -278,6 +278,10 @@ type Transition struct {
 	// Messages go to the outbox; they are prepared in place
 	// (message.Message.Prepare).
 	Messages []message.Message
+	// WithdrawUnsent deletes the saga's commands and compensations that no
+	// relay has published yet, in the same transaction: the saga was
+	// terminated and sends nothing more.
+	WithdrawUnsent bool
 }
 
 // SagaFilter selects sagas for SagaList.
