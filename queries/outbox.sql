@@ -138,3 +138,10 @@ WHERE ordering_key = ANY(@keys::text[])
   AND saga_id = ANY(@saga_ids::uuid[])
   AND published_at IS NULL AND dead_at IS NULL
   AND kind IN ('command', 'compensation');
+
+-- name: OutboxPresent :many
+-- Returns which of the rows @ids are still in the outbox: a row a relay in
+-- log mode keeps retrying is dropped from its retries once it is gone
+-- (withdrawn with its terminated saga, or deleted by an operator).
+SELECT id FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE id = ANY(@ids::bigint[]);

@@ -277,6 +277,19 @@ func (s *executor) OutboxDeadDelete(ctx context.Context, ids []int64) (int64, er
 	return n, nil
 }
 
+// OutboxPresent implements driver.Executor.
+func (s *executor) OutboxPresent(ctx context.Context, ids []int64) ([]int64, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	present, err := s.queries.OutboxPresent(ctx, db, nonNil(ids))
+	if err != nil {
+		return nil, fmt.Errorf("look up %d outbox rows in schema %q: %w", len(ids), s.schema, err)
+	}
+	return present, nil
+}
+
 // shiftDeadlines pushes back, in t, the deadlines of the steps whose
 // commands late were published late.
 func (s *executor) shiftDeadlines(ctx context.Context, t *engineTx, late []driver.LateSend) error {

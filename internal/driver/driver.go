@@ -252,6 +252,8 @@ type Executor interface {
 	// OutboxDeadDelete deletes the dead rows ids and returns how many it
 	// found.
 	OutboxDeadDelete(ctx context.Context, ids []int64) (int64, error)
+	// OutboxPresent returns which of the rows ids are still in the outbox.
+	OutboxPresent(ctx context.Context, ids []int64) ([]int64, error)
 	// Notify wakes the relays of the schema that Listen in other processes
 	// once tx commits.
 	Notify(ctx context.Context, tx pgx.Tx) error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sagabox/sagabox/internal/driver"
@@ -173,8 +174,18 @@ func (r *Relay) streamLog(ctx context.Context) error {
 	}
 }
 
-// publishLog publishes rows until each is confirmed or given up on
-// (dead), and returns how to settle them; only once they are settled may
+// rowIDs returns the ids of rows.
+func rowIDs(rows []driver.OutboxRow) []int64 {
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	return ids
+}
+
+// publishLog publishes rows until each is confirmed, given up on (dead)
+// or gone from the outbox (withdrawn, deleted), and returns how to settle
+// them; only once they are settled may
 // the slot move past them. It returns early, with what was confirmed so
 // far, when ctx is done or the test hook crashes it.
 func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driver.OutboxRow) (driver.OutboxSettle, error) {
@@ -205,6 +216,15 @@ func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driv
 		}
 		rows = left
 		wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, attempt)
+		// A row deleted meanwhile (withdrawn with its terminated saga, or
+		// by an operator) is not retried: it no longer holds the stream.
+		if present, err := r.db.OutboxPresent(ctx, rowIDs(rows)); err == nil {
+			rows = slices.DeleteFunc(rows, func(row driver.OutboxRow) bool { return !slices.Contains(present, row.ID) })
+			if len(rows) == 0 {
+				r.log.Info("relay dropped its unconfirmed messages: they were deleted from the outbox meanwhile")
+				return done, nil
+			}
+		}
 		r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "attempt", attempt)
 		// The stream waits meanwhile: tell the server the reader is alive.
 		if err := lg.Confirm(ctx, 0); err != nil {

@@ -147,6 +147,30 @@ func TestLogRelayConfirmsThePositionPastPublishedRows(t *testing.T) {
 	require.IsIncreasing(t, order["k"])
 }
 
+// In log mode a command no queue takes holds the stream: the relay retries
+// it, and nothing after it goes out. Once the row is gone from the outbox
+// (withdrawn with its terminated saga, or deleted by an operator), the
+// relay stops retrying it and the stream moves on.
+func TestLogRelayDropsARowDeletedWhileItIsRetried(t *testing.T) {
+	t.Parallel()
+	s := logStore(t, logPostgres(t))
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	ctx := context.Background()
+	command := []message.Message{{
+		Envelope: message.Envelope{Type: "nowhere.do", Kind: message.KindCommand, SagaID: uuid.New(), Step: "do", ReplyTo: "orders"},
+		Payload:  []byte(`{}`),
+	}}
+	writeCommitted(t, s, command)
+	after := writeCommitted(t, s, events("k", 0, 1))
+	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModeLog}})
+
+	_, err := s.Pool.Exec(ctx, `DELETE FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox WHERE message_id = $1`, command[0].MessageID)
+	require.NoError(t, err)
+	snk.waitDistinct(t, len(after))
+	waitBacklogZero(t, s)
+}
+
 // A relay in log mode refuses to start on a server whose wal_level is not
 // logical, and says what to change.
 func TestLogRelayCheckSaysWhatToChange(t *testing.T) {

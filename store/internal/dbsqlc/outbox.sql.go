@@ -326,6 +326,34 @@ func (q *Queries) OutboxNotify(ctx context.Context, db DBTX, channel string) err
 	return err
 }
 
+const outboxPresent = `-- name: OutboxPresent :many
+SELECT id FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE id = ANY($1::bigint[])
+`
+
+// Returns which of the rows @ids are still in the outbox: a row a relay in
+// log mode keeps retrying is dropped from its retries once it is gone
+// (withdrawn with its terminated saga, or deleted by an operator).
+func (q *Queries) OutboxPresent(ctx context.Context, db DBTX, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, outboxPresent, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const outboxWithdraw = `-- name: OutboxWithdraw :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE ordering_key = ANY($1::text[])
