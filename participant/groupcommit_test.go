@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -41,7 +42,14 @@ func TestGroupCommitIsolatesEachDelivery(t *testing.T) {
 	require.NoError(t, err)
 	// "flaky" fails its first attempt after writing; "none" rejects after
 	// writing.
+	var mu sync.Mutex
+	var flakyAttempts []int
 	participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+		if req.Data.SKU == "flaky" {
+			mu.Lock()
+			flakyAttempts = append(flakyAttempts, req.DeliveryAttempt)
+			mu.Unlock()
+		}
 		var left int
 		err := tx.QueryRow(ctx, "UPDATE "+e.table("stock")+" SET qty = qty - $2 WHERE sku = $1 RETURNING qty",
 			req.Data.SKU, req.Data.Qty).Scan(&left)
@@ -83,6 +91,9 @@ func TestGroupCommitIsolatesEachDelivery(t *testing.T) {
 
 	require.Equal(t, 0, e.stock("a"), "every command applied once")
 	require.Equal(t, 9, e.stock("flaky"), "the failed attempt's write was rolled back")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{1, 2}, flakyAttempts, "the attempt that failed in its group counts: the handler runs again once, as attempt 2")
 	require.Equal(t, 0, e.stock("none"), "the rejection's write was discarded")
 	for _, m := range msgs {
 		require.Equal(t, 1, e.outboxReplies(m.MessageID), "one reply to %s", m.MessageID)

@@ -62,11 +62,13 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 // under a savepoint of its own begun with its first statement, and the
 // replies and the marks' outcomes go out with COMMIT in one statement. A
 // delivery whose handler fails leaves nothing (its savepoint is rolled back
-// and its inbox record and marks removed) and is deferred: the engine
-// processes it again on its own, with its retries and dead-lettering. So is
-// a message of an outside handler, which needs transactions of its own, a
-// poison message, and a second message of one message id or saga step in
-// the batch, which must see the first one's outcome.
+// and its inbox record and marks removed) and is reported failed
+// (engine.Result.Failed): that was its first attempt, and the engine
+// retries it after its backoff, on its own. Deferred, processed again on
+// its own at once, are a message of an outside handler, which needs
+// transactions of its own, a poison message, and a second message of one
+// message id or saga step in the batch, which must see the first one's
+// outcome.
 func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
 	c := p.c
 	results := make([]engine.Result, len(items))
@@ -116,12 +118,12 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 		it := items[m.at]
 		end, res, err := c.decide(it.Ctx, it.Delivery, dels[k], m.h, m.data, 1)
 		if err != nil {
-			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Defer: true}
+			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Failed: err}
 		}
 		if err := c.db.EndDelivery(it.Ctx, dels[k], end); err != nil {
 			return nil, err
 		}
-		res.Wrote = !res.Defer && wrote(res)
+		res.Wrote = !res.Defer && res.Failed == nil && wrote(res)
 		ends[k], results[m.at] = end, res
 	}
 	if err := c.db.FinishDeliveries(ctx, t, envs, dels, ends); err != nil {
@@ -129,7 +131,7 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 	}
 	if c.testHookAfterCommit != nil {
 		for i, it := range items {
-			if !results[i].Defer {
+			if !results[i].Defer && results[i].Failed == nil {
 				c.testHookAfterCommit(it.Delivery)
 			}
 		}

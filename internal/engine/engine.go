@@ -68,7 +68,8 @@ type BatchProcessor interface {
 	// ProcessBatch applies items in one transaction of its own and commits
 	// it, returning one result per item. An item it leaves to be processed
 	// on its own afterwards (a second reply of one saga) has Result.Defer
-	// set. An error means nothing was applied: the engine then processes
+	// set; one that failed while the others were applied, Result.Failed.
+	// An error means nothing was applied: the engine then processes
 	// every item on its own, so that each gets its own retries and give-up.
 	ProcessBatch(ctx context.Context, items []Item) ([]Result, error)
 }
@@ -95,6 +96,11 @@ type Result struct {
 	SpanAttrs []attribute.KeyValue
 	// Defer leaves the item of a batch to be processed on its own.
 	Defer bool
+	// Failed is why the item of a batch failed, its effects undone while
+	// the others' committed: the engine counts it as the delivery's first
+	// attempt and retries it after the backoff, as it would a delivery
+	// processed on its own, rather than process it again at once.
+	Failed error
 
 	// leased is what the transaction's writes under the relay's
 	// write-time lease did (set by the engine).
@@ -358,7 +364,7 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 	}
 	applied := 0
 	for _, r := range results {
-		if !r.Defer {
+		if !r.Defer && r.Failed == nil {
 			applied++
 		}
 	}
@@ -370,6 +376,9 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 				e.log.Debug("batch not applied; applying its deliveries one by one", "deliveries", len(items), "err", err)
 			}
 			outs[i], h = e.handle(ctxs[i], ds[i])
+		case results[k].Failed != nil:
+			// Items of a batch are first deliveries: this was attempt 1.
+			outs[i], h = e.settle(ctxs[i], ds[i], Result{}, results[k].Failed)
 		default:
 			e.infraFailures.Store(0)
 			results[k].leased = leased
@@ -404,6 +413,13 @@ func (e *Engine) handle(ctx context.Context, d *transport.Delivery) (transport.O
 		}
 	}
 	res, err := e.process(ctx, d, failures+1)
+	return e.settle(ctx, d, res, err)
+}
+
+// settle turns the result of processing d, or its failure err, into d's
+// outcome: acknowledged, given up on, or retried (counting an attempt
+// unless the database or a shutdown is to blame).
+func (e *Engine) settle(ctx context.Context, d *transport.Delivery, res Result, err error) (transport.Outcome, telemetry.Handled) {
 	var poison *Poison
 	switch {
 	case err == nil:
