@@ -3,6 +3,7 @@ package participant_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -125,6 +126,54 @@ func TestGroupCommitIsolatesEachDelivery(t *testing.T) {
 	t.Logf("%d commands handled in %d transactions, %d of them groups", len(msgs), deliveries, groups)
 	require.LessOrEqual(t, deliveries, len(msgs)/2, "waiting commands are handled several to a transaction")
 	require.Positive(t, groups)
+}
+
+// TestGroupCommitRetriesADeadlockAtOnce: a handler of a group that fails
+// with a deadlock (or a serialization failure) is run again at once, its
+// failure not counted, as it would be on its own: with one attempt allowed,
+// it still succeeds. Any other failure counts (TestGroupCommitIsolatesEachDelivery).
+func TestGroupCommitRetriesADeadlockAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.setStock("a", 10)
+	e.setStock("contended", 10)
+	b := e.newBroker()
+	cfg := e.config(b)
+	cfg.Workers, cfg.MaxBatch = 1, 16
+	cfg.Retry.MaxAttempts = 1
+	c, err := participant.NewClient(cfg)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	calls := 0
+	participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+		var left int
+		if err := tx.QueryRow(ctx, "UPDATE "+e.table("stock")+" SET qty = qty - $2 WHERE sku = $1 RETURNING qty",
+			req.Data.SKU, req.Data.Qty).Scan(&left); err != nil {
+			return ReserveReply{}, err
+		}
+		if req.Data.SKU == "contended" {
+			mu.Lock()
+			defer mu.Unlock()
+			if calls++; calls == 1 {
+				// As PostgreSQL fails the victim of a deadlock.
+				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$`)
+				return ReserveReply{}, fmt.Errorf("reserve: %w", err)
+			}
+		}
+		return ReserveReply{Remaining: left}, nil
+	})
+	msgs := []message.Message{reserve(uuid.New(), "a", 1), reserve(uuid.New(), "contended", 1), reserve(uuid.New(), "a", 1)}
+	require.NoError(t, b.Declare(context.Background(), c.QueueSpec()))
+	e.publish(msgs...)
+	e.start(c, b)
+	for _, m := range msgs {
+		requireSuccess(t, e.replies.wait(t, m.MessageID))
+	}
+	require.Equal(t, 9, e.stock("contended"), "applied once, the deadlocked attempt rolled back")
+	require.Equal(t, 8, e.stock("a"))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 2, calls)
 }
 
 // TestGroupCommitDefersASecondMessageOfOneStep shows that a group applies

@@ -99,7 +99,9 @@ type Result struct {
 	// Failed is why the item of a batch failed, its effects undone while
 	// the others' committed: the engine counts it as the delivery's first
 	// attempt and retries it after the backoff, as it would a delivery
-	// processed on its own, rather than process it again at once.
+	// processed on its own, rather than process it again at once. A
+	// deadlock or a serialization failure (store.IsRetryable) is processed
+	// again at once, uncounted, as it would be alone.
 	Failed error
 
 	// leased is what the transaction's writes under the relay's
@@ -371,7 +373,9 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 	for k, i := range at {
 		var h telemetry.Handled
 		switch {
-		case err != nil || results[k].Defer:
+		case err != nil || results[k].Defer || store.IsRetryable(results[k].Failed):
+			// A deadlock or serialization failure of one item is run
+			// again at once and not counted, as Process's are (Retrying).
 			if len(items) > 1 && err != nil && k == 0 && ctx.Err() == nil {
 				e.log.Debug("batch not applied; applying its deliveries one by one", "deliveries", len(items), "err", err)
 			}
