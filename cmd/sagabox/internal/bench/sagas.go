@@ -85,6 +85,9 @@ type HalfLoadReport struct {
 	LoadPoint
 	// Baseline is the baseline's at the same rate, when it ran.
 	Baseline *LoadPoint `json:"baseline,omitempty"`
+	// GroupBaseline is the group-commit baseline's at the same rate, when
+	// it ran: what batching by itself costs in latency at that rate.
+	GroupBaseline *LoadPoint `json:"group_baseline,omitempty"`
 }
 
 // LoadPoint is one pipeline at a fixed start rate: its start→completed
@@ -130,8 +133,8 @@ type pipeline struct {
 // hand-written baseline doing the same work with pgx and amqp091-go directly,
 // and the baseline with group-commit consumers. For each it reports the
 // saturated throughput, the CPU time per saga of PostgreSQL, RabbitMQ and
-// this process, and the start→completed percentiles; then the latency of the
-// engine and the baseline in an open-loop run at half the engine's rate.
+// this process, and the start→completed percentiles; then the latency of
+// each in an open-loop run at half the engine's rate.
 func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -196,7 +199,18 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	if cfg.runs(PipelineGroup) {
 		err := withPipeline(ctx, cfg, PipelineGroup, logf, func(p *pipeline) error {
 			var err error
-			rep.GroupBaseline, err = saturate(ctx, cfg, p, logf)
+			if rep.GroupBaseline, err = saturate(ctx, cfg, p, logf); err != nil {
+				return err
+			}
+			if rep.HalfLoad == nil {
+				if cfg.Rate == 0 {
+					return nil // no engine rate to halve, and none asked for
+				}
+				rep.HalfLoad = &HalfLoadReport{Rate: round(cfg.Rate, 1), Seconds: cfg.Duration.Seconds()}
+			}
+			logf("group: open loop at %.1f sagas/s for %s", rep.HalfLoad.Rate, cfg.Duration)
+			point, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
+			rep.HalfLoad.GroupBaseline = &point
 			return err
 		})
 		if err != nil {
@@ -561,6 +575,9 @@ func (r *SagaReport) Print(w io.Writer) {
 		}
 		if h.Baseline != nil {
 			fmt.Fprintf(w, "; baseline p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.Baseline.P50ms, h.Baseline.P99ms, h.Baseline.CPUMicros)
+		}
+		if h.GroupBaseline != nil {
+			fmt.Fprintf(w, "; group-commit baseline p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.GroupBaseline.P50ms, h.GroupBaseline.P99ms, h.GroupBaseline.CPUMicros)
 		}
 		fmt.Fprintln(w)
 	}

@@ -64,7 +64,8 @@ func TestSagaBenchSmoke(t *testing.T) {
 	require.NotNil(t, rep.HalfLoad)
 	require.Equal(t, 25, rep.HalfLoad.Sagas)
 	require.NotNil(t, rep.HalfLoad.Baseline)
-	for name, lp := range map[string]LoadPoint{"engine": rep.HalfLoad.LoadPoint, "baseline": *rep.HalfLoad.Baseline} {
+	require.NotNil(t, rep.HalfLoad.GroupBaseline)
+	for name, lp := range map[string]LoadPoint{"engine": rep.HalfLoad.LoadPoint, "baseline": *rep.HalfLoad.Baseline, "group_baseline": *rep.HalfLoad.GroupBaseline} {
 		require.Positive(t, lp.CPUMicros, "%s: the open loop's CPU per saga", name)
 		require.InDelta(t, lp.CPUMicrosPostgres+lp.CPUMicrosRabbitMQ+lp.CPUMicrosGo, lp.CPUMicros, 0.2, name)
 		require.LessOrEqual(t, lp.P50ms, lp.P99ms, name)

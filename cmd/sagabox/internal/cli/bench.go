@@ -63,8 +63,8 @@ work with pgx and amqp091-go directly (inbox, saga row and outbox in one round
 trip per message, a SKIP LOCKED relay with pipelined confirms), and that
 baseline with group-commit consumers. For each it prints the saturated rate,
 the CPU time per saga of PostgreSQL, RabbitMQ and this process (from /proc),
-and start→completed p50/p99; then the engine's and the baseline's latency in
-an open-loop run at half the engine's rate (--rate to choose it).`,
+and start→completed p50/p99; then the latency of each in an open-loop run at
+half the engine's rate (--rate to choose it).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sagaCfg.DatabaseURL = a.databaseURL
