@@ -213,11 +213,11 @@ func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) 
 // compensation is sent: its commands and compensations that no relay has
 // published yet are deleted from the outbox in the same transaction. One
 // already published (or being published at that moment) is still
-// delivered; its reply is recorded and ignored. A relay in log mode
-// publishes the inserts it reads from the write-ahead log whether or not
-// the rows were deleted since: there, a withdrawn command still goes out,
-// unless the broker keeps refusing it (its queue does not exist), in which
-// case the relay drops it. actor and reason are
+// delivered; its reply is recorded and ignored. A relay in log mode reads
+// the inserts from the write-ahead log: it looks up the rows it reads more
+// than a second after their write, and those it retries, and skips the ones
+// deleted since, so a withdrawn command may still go out only if it was
+// read within a second of its write. actor and reason are
 // recorded in the history (saga.HistoryTerminated, with the time) and
 // LastError. A saga that has ended gives an error wrapping
 // saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the

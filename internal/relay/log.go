@@ -174,13 +174,40 @@ func (r *Relay) streamLog(ctx context.Context) error {
 	}
 }
 
-// rowIDs returns the ids of rows.
-func rowIDs(rows []driver.OutboxRow) []int64 {
-	ids := make([]int64, len(rows))
-	for i, row := range rows {
-		ids[i] = row.ID
+// withoutDeleted returns rows without those no longer in the outbox
+// (withdrawn with their terminated saga, or deleted by an operator): all of
+// rows are looked up when all is true, else only those written more than
+// LateSend before (read late: the relay was down or behind), so that a
+// stream that keeps up costs no lookup. When the lookup fails it returns
+// rows unchanged: publishing a deleted row is a duplicate at worst.
+func (r *Relay) withoutDeleted(ctx context.Context, rows []driver.OutboxRow, all bool) []driver.OutboxRow {
+	var ids []int64
+	now := time.Now()
+	for _, row := range rows {
+		if all || now.Sub(row.Message.CreatedAt) > LateSend {
+			ids = append(ids, row.ID)
+		}
 	}
-	return ids
+	if len(ids) == 0 {
+		return rows
+	}
+	present, err := r.db.OutboxPresent(ctx, ids)
+	if err != nil {
+		r.log.Warn("relay could not check whether late rows were deleted meanwhile; publishing them", "err", err)
+		return rows
+	}
+	gone := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		gone[id] = true
+	}
+	for _, id := range present {
+		delete(gone, id)
+	}
+	if len(gone) == 0 {
+		return rows
+	}
+	r.log.Info("relay skipped messages deleted from the outbox after they were written (withdrawn with their terminated saga, or by an operator)", "messages", len(gone))
+	return slices.DeleteFunc(slices.Clone(rows), func(row driver.OutboxRow) bool { return gone[row.ID] })
 }
 
 // publishLog publishes rows until each is confirmed, given up on (dead)
@@ -190,6 +217,9 @@ func rowIDs(rows []driver.OutboxRow) []int64 {
 // far, when ctx is done or the test hook crashes it.
 func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driver.OutboxRow) (driver.OutboxSettle, error) {
 	var done driver.OutboxSettle
+	if rows = r.withoutDeleted(ctx, rows, false); len(rows) == 0 {
+		return done, nil
+	}
 	for attempt := 1; ; attempt++ {
 		for i := range rows {
 			rows[i].PublishAttempts = attempt
@@ -218,12 +248,8 @@ func (r *Relay) publishLog(ctx context.Context, lg driver.OutboxLog, rows []driv
 		wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, attempt)
 		// A row deleted meanwhile (withdrawn with its terminated saga, or
 		// by an operator) is not retried: it no longer holds the stream.
-		if present, err := r.db.OutboxPresent(ctx, rowIDs(rows)); err == nil {
-			rows = slices.DeleteFunc(rows, func(row driver.OutboxRow) bool { return !slices.Contains(present, row.ID) })
-			if len(rows) == 0 {
-				r.log.Info("relay dropped its unconfirmed messages: they were deleted from the outbox meanwhile")
-				return done, nil
-			}
+		if rows = r.withoutDeleted(ctx, rows, true); len(rows) == 0 {
+			return done, nil
 		}
 		r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "attempt", attempt)
 		// The stream waits meanwhile: tell the server the reader is alive.

@@ -171,6 +171,33 @@ func TestLogRelayDropsARowDeletedWhileItIsRetried(t *testing.T) {
 	waitBacklogZero(t, s)
 }
 
+// A relay in log mode that reads rows long after they were written (it was
+// down or behind) looks them up first and skips those deleted meanwhile,
+// as a terminated saga's withdrawn commands are: they are never published.
+func TestLogRelaySkipsRowsDeletedBeforeItReadThem(t *testing.T) {
+	t.Parallel()
+	s := logStore(t, logPostgres(t))
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	snk := newSink(t, b)
+	ctx := context.Background()
+	old := events("k", 0, 3)
+	for i := range old {
+		old[i].CreatedAt = time.Now().Add(-time.Minute) // written while the relay was down
+	}
+	writeCommitted(t, s, old)
+	withdrawn := old[1].MessageID
+	_, err := s.Pool.Exec(ctx, `DELETE FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox WHERE message_id = $1`, withdrawn)
+	require.NoError(t, err)
+	fresh := writeCommitted(t, s, events("k", 3, 2))
+	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModeLog}})
+
+	snk.waitDistinct(t, 2+len(fresh))
+	waitBacklogZero(t, s)
+	seen, order := snk.snapshot()
+	require.NotContains(t, seen, withdrawn, "a row deleted before the relay read it is not published")
+	require.Equal(t, []int{0, 2, 3, 4}, order["k"], "the others go out, in order")
+}
+
 // A relay in log mode refuses to start on a server whose wal_level is not
 // logical, and says what to change.
 func TestLogRelayCheckSaysWhatToChange(t *testing.T) {
