@@ -93,7 +93,7 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 	}
 	undo = append(undo, func() {
 		_ = broker.Close()
-		deleteEngineTopology(cfg.AMQPURL, broker)
+		deleteTopology(cfg.AMQPURL, broker)
 	})
 
 	orch, err := orchestrator.NewClient(orchestrator.Config{
@@ -161,10 +161,10 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 	}, nil
 }
 
-// deleteEngineTopology deletes the exchanges of broker's namespace and the
+// deleteTopology deletes the exchanges of broker's namespace and the
 // queues declared through it, with their dead-letter and retry queues (best
 // effort: the run is over).
-func deleteEngineTopology(url string, broker *rabbitmq.Broker) {
+func deleteTopology(url string, broker *rabbitmq.Broker) {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return

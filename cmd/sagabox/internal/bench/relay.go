@@ -68,6 +68,9 @@ type RelayReport struct {
 	// the order of RelayConfig.Modes; DrainPerSec and Latency above are the
 	// first mode's.
 	Modes []ModeReport
+
+	// namespace is the run's RabbitMQ namespace, deleted when it ends.
+	namespace string
 }
 
 // ModeReport is what RunRelay measured of one relay mode.
@@ -116,7 +119,8 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
 	defer pool.Close()
-	schema := "bench_" + uuid.NewString()[:8]
+	suffix := uuid.NewString()[:8]
+	schema := "bench_" + suffix
 	st, err := store.New(pool, schema)
 	if err != nil {
 		return nil, err
@@ -126,11 +130,17 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	broker, err := rabbitmq.New(ctx, rabbitmq.Config{URL: cfg.AMQPURL, Namespace: "sagabox-bench", ConnectionName: "sagabox-bench", Logger: quiet})
+	// A namespace of its own: two runs at once do not share a sink, and
+	// what the run declared is deleted when it ends.
+	ns := "sagabox-bench-relay-" + suffix
+	broker, err := rabbitmq.New(ctx, rabbitmq.Config{URL: cfg.AMQPURL, Namespace: ns, ConnectionName: ns, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = broker.Close() }()
+	defer func() {
+		_ = broker.Close()
+		deleteTopology(cfg.AMQPURL, broker)
+	}()
 	spec := transport.QueueSpec{Name: "sink", Events: []string{"bench.#"}}
 	if err := broker.Declare(ctx, spec); err != nil {
 		return nil, err
@@ -177,7 +187,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		}
 	}
 
-	rep := &RelayReport{ProcessedRows: cfg.ProcessedRows}
+	rep := &RelayReport{ProcessedRows: cfg.ProcessedRows, namespace: ns}
 
 	// 1. Raw pipelined-confirm publish rate.
 	logf("raw publish: %d messages, batches of 500, pipelined confirms", cfg.PublishCount)
