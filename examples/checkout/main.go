@@ -83,7 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxRunning, "max-running", 0, "flow control: most checkout sagas running at once (0: the orchestrator's default; -1: no limit)")
 	fs.BoolVar(&o.place, "place", true, "orders service: place the orders and wait for their sagas (false: only run the orchestrator, as a further instance)")
 	fs.Float64Var(&o.rate, "rate", 0, "orders placed per second (0: as fast as they go)")
-	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders planned to be compensated (0..1): rejected by inventory, payment or shipping, or never confirmed by the payment provider")
+	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders planned to be compensated (0..1, rounded to a number of orders): rejected by inventory, payment or shipping, or never confirmed by the payment provider")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), "PostgreSQL URL (env DATABASE_URL)")
 	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL, or comma-separated URLs of the nodes of a cluster, tried in turn (env AMQP_URL)")
 	fs.StringVar(&o.service, "service", "all", "which service to run: all, orders, inventory, payment, shipping or loyalty")
