@@ -175,31 +175,22 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 			return nil, err
 		}
 	}
-	if cfg.runs(PipelineBaseline) {
-		err := withPipeline(ctx, cfg, PipelineBaseline, logf, func(p *pipeline) error {
-			var err error
-			if rep.Baseline, err = saturate(ctx, cfg, p, logf); err != nil {
-				return err
-			}
-			if rep.HalfLoad == nil {
-				if cfg.Rate == 0 {
-					return nil // no engine rate to halve, and none asked for
-				}
-				rep.HalfLoad = &HalfLoadReport{Rate: round(cfg.Rate, 1), Seconds: cfg.Duration.Seconds()}
-			}
-			logf("baseline: open loop at %.1f sagas/s for %s", rep.HalfLoad.Rate, cfg.Duration)
-			point, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
-			rep.HalfLoad.Baseline = &point
-			return err
-		})
-		if err != nil {
-			return nil, err
+	// The baselines run saturated, then open-loop at the engine's half rate
+	// (or --rate).
+	for _, b := range []struct {
+		name      string
+		saturated **PipelineReport
+		setHalf   func(h *HalfLoadReport, lp *LoadPoint)
+	}{
+		{PipelineBaseline, &rep.Baseline, func(h *HalfLoadReport, lp *LoadPoint) { h.Baseline = lp }},
+		{PipelineGroup, &rep.GroupBaseline, func(h *HalfLoadReport, lp *LoadPoint) { h.GroupBaseline = lp }},
+	} {
+		if !cfg.runs(b.name) {
+			continue
 		}
-	}
-	if cfg.runs(PipelineGroup) {
-		err := withPipeline(ctx, cfg, PipelineGroup, logf, func(p *pipeline) error {
+		err := withPipeline(ctx, cfg, b.name, logf, func(p *pipeline) error {
 			var err error
-			if rep.GroupBaseline, err = saturate(ctx, cfg, p, logf); err != nil {
+			if *b.saturated, err = saturate(ctx, cfg, p, logf); err != nil {
 				return err
 			}
 			if rep.HalfLoad == nil {
@@ -208,9 +199,9 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 				}
 				rep.HalfLoad = &HalfLoadReport{Rate: round(cfg.Rate, 1), Seconds: cfg.Duration.Seconds()}
 			}
-			logf("group: open loop at %.1f sagas/s for %s", rep.HalfLoad.Rate, cfg.Duration)
+			logf("%s: open loop at %.1f sagas/s for %s", b.name, rep.HalfLoad.Rate, cfg.Duration)
 			point, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
-			rep.HalfLoad.GroupBaseline = &point
+			b.setHalf(rep.HalfLoad, &point)
 			return err
 		})
 		if err != nil {
