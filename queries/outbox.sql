@@ -130,11 +130,12 @@ WHERE id = ANY(@ids::bigint[]) AND dead_at IS NOT NULL;
 
 -- name: OutboxWithdraw :execrows
 -- Deletes the commands and compensations of sagas @saga_ids that no relay
--- has published yet: a terminated saga sends nothing more. A saga's messages have its id as their ordering key: the
--- lookup reads the index of unpublished rows by key. A row a relay is
--- publishing at this moment may still go out; its settle finds no row.
+-- has published yet: a terminated saga sends nothing more. A saga's
+-- messages have its id (as text) as their ordering key: the lookup reads the
+-- index of unpublished rows by key. A row a relay is publishing at this
+-- moment may still go out; its settle finds no row.
 DELETE FROM /* TEMPLATE: schema */sagabox_outbox
-WHERE ordering_key = ANY(@keys::text[])
+WHERE ordering_key = ANY(CAST(@saga_ids::uuid[] AS text[]))
   AND saga_id = ANY(@saga_ids::uuid[])
   AND published_at IS NULL AND dead_at IS NULL
   AND kind IN ('command', 'compensation');

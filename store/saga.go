@@ -340,13 +340,12 @@ func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) 
 func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, trs []driver.Transition, now time.Time, lease *driver.OutboxLease) error {
 	var msgs []message.Message
 	var h historyCols
-	var withdraw dbsqlc.OutboxWithdrawParams
+	var withdraw []uuid.UUID
 	p := &dbsqlc.SagaWriteParams{Now: now}
 	for i := range trs {
 		tr := &trs[i]
 		if tr.WithdrawUnsent && tr.Saga != nil {
-			withdraw.Keys = append(withdraw.Keys, tr.Saga.ID.String())
-			withdraw.SagaIds = append(withdraw.SagaIds, tr.Saga.ID)
+			withdraw = append(withdraw, tr.Saga.ID)
 		}
 		for j := range tr.History {
 			h.add(&tr.History[j])
@@ -387,9 +386,9 @@ func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, 
 	p.OReplyTo, p.OCorrelationID, p.OTraceparent, p.OTracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.OHeaders, p.OPayload, p.OCreatedAt = o.headers, o.payload, o.createdAt
 	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
-	if len(withdraw.SagaIds) > 0 {
-		if _, err := s.queries.OutboxWithdraw(ctx, ahead, &withdraw); err != nil {
-			return fmt.Errorf("withdraw the unsent messages of %d terminated sagas in schema %q: %w", len(withdraw.SagaIds), s.schema, err)
+	if len(withdraw) > 0 {
+		if _, err := s.queries.OutboxWithdraw(ctx, ahead, withdraw); err != nil {
+			return fmt.Errorf("withdraw the unsent messages of %d terminated sagas in schema %q: %w", len(withdraw), s.schema, err)
 		}
 	}
 	row, err := s.queries.SagaWrite(ctx, db, p)

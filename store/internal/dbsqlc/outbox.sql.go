@@ -356,23 +356,19 @@ func (q *Queries) OutboxPresent(ctx context.Context, db DBTX, ids []int64) ([]in
 
 const outboxWithdraw = `-- name: OutboxWithdraw :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_outbox
-WHERE ordering_key = ANY($1::text[])
-  AND saga_id = ANY($2::uuid[])
+WHERE ordering_key = ANY(CAST($1::uuid[] AS text[]))
+  AND saga_id = ANY($1::uuid[])
   AND published_at IS NULL AND dead_at IS NULL
   AND kind IN ('command', 'compensation')
 `
 
-type OutboxWithdrawParams struct {
-	Keys    []string
-	SagaIds []uuid.UUID
-}
-
 // Deletes the commands and compensations of sagas @saga_ids that no relay
-// has published yet: a terminated saga sends nothing more. A saga's messages have its id as their ordering key: the
-// lookup reads the index of unpublished rows by key. A row a relay is
-// publishing at this moment may still go out; its settle finds no row.
-func (q *Queries) OutboxWithdraw(ctx context.Context, db DBTX, arg *OutboxWithdrawParams) (int64, error) {
-	result, err := db.Exec(ctx, outboxWithdraw, arg.Keys, arg.SagaIds)
+// has published yet: a terminated saga sends nothing more. A saga's
+// messages have its id (as text) as their ordering key: the lookup reads the
+// index of unpublished rows by key. A row a relay is publishing at this
+// moment may still go out; its settle finds no row.
+func (q *Queries) OutboxWithdraw(ctx context.Context, db DBTX, sagaIds []uuid.UUID) (int64, error) {
+	result, err := db.Exec(ctx, outboxWithdraw, sagaIds)
 	if err != nil {
 		return 0, err
 	}
