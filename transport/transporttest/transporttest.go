@@ -655,6 +655,14 @@ func (s suite) cancel(t *testing.T) {
 		close(handlerDone)
 		return transport.Ack()
 	}), nil)
+	requireStopWaits(t, stop, started, release, handlerDone, "its handler finished")
+}
+
+// requireStopWaits stops a subscription while its handler is blocked
+// (started closed, waiting for release) and fails unless Subscribe returns
+// only after the handler is done (handlerDone closed) and without error.
+func requireStopWaits(t *testing.T, stop func() error, started, release, handlerDone chan struct{}, what string) {
+	t.Helper()
 	next(t, started)
 	returned := make(chan error, 1)
 	go func() { returned <- stop() }()
@@ -663,7 +671,7 @@ func (s suite) cancel(t *testing.T) {
 	select {
 	case <-handlerDone:
 	default:
-		t.Fatal("Subscribe returned before its handler finished")
+		t.Fatal("Subscribe returned before " + what)
 	}
 }
 
@@ -767,16 +775,7 @@ func (s suite) cancelBatches(t *testing.T) {
 		}
 		return outs
 	}), &transport.SubscribeOpts{Concurrency: 2, MaxBatch: 8})
-	next(t, started)
-	returned := make(chan error, 1)
-	go func() { returned <- stop() }()
-	close(release)
-	require.NoError(t, next(t, returned))
-	select {
-	case <-handlerDone:
-	default:
-		t.Fatal("Subscribe returned before its batch was handled")
-	}
+	requireStopWaits(t, stop, started, release, handlerDone, "its batch was handled")
 
 	again := newBatchHandler(func(*transport.Delivery) transport.Outcome { return transport.Ack() })
 	probe := Command("svc.do")
