@@ -156,7 +156,6 @@ func TestLogRelayDropsARowDeletedWhileItIsRetried(t *testing.T) {
 	s := logStore(t, logPostgres(t))
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	ctx := context.Background()
 	command := []message.Message{{
 		Envelope: message.Envelope{Type: "nowhere.do", Kind: message.KindCommand, SagaID: uuid.New(), Step: "do", ReplyTo: "orders"},
 		Payload:  []byte(`{}`),
@@ -165,8 +164,7 @@ func TestLogRelayDropsARowDeletedWhileItIsRetried(t *testing.T) {
 	after := writeCommitted(t, s, events("k", 0, 1))
 	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModeLog}})
 
-	_, err := s.Pool.Exec(ctx, `DELETE FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox WHERE message_id = $1`, command[0].MessageID)
-	require.NoError(t, err)
+	deleteOutboxRow(t, s, command[0].MessageID)
 	snk.waitDistinct(t, len(after))
 	waitBacklogZero(t, s)
 }
@@ -179,15 +177,13 @@ func TestLogRelaySkipsRowsDeletedBeforeItReadThem(t *testing.T) {
 	s := logStore(t, logPostgres(t))
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	ctx := context.Background()
 	old := events("k", 0, 3)
 	for i := range old {
 		old[i].CreatedAt = time.Now().Add(-time.Minute) // written while the relay was down
 	}
 	writeCommitted(t, s, old)
 	withdrawn := old[1].MessageID
-	_, err := s.Pool.Exec(ctx, `DELETE FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox WHERE message_id = $1`, withdrawn)
-	require.NoError(t, err)
+	deleteOutboxRow(t, s, withdrawn)
 	fresh := writeCommitted(t, s, events("k", 3, 2))
 	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModeLog}})
 

@@ -638,3 +638,10 @@ func outboxRows(t *testing.T, s *dbtest.DB, id uuid.UUID) int {
 	return n
 }
 
+// deleteOutboxRow deletes the outbox row of message id, as a terminated
+// saga's withdrawal or an operator does.
+func deleteOutboxRow(t *testing.T, s *dbtest.DB, id uuid.UUID) {
+	t.Helper()
+	_, err := s.Pool.Exec(context.Background(), `DELETE FROM `+pgx.Identifier{s.Schema()}.Sanitize()+`.sagabox_outbox WHERE message_id = $1`, id)
+	require.NoError(t, err)
+}
