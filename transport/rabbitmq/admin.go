@@ -139,15 +139,34 @@ func replays(h amqp.Table) int {
 
 // Browse returns up to limit messages of the dead-letter queue of logical
 // queue name, oldest first, and leaves them in the queue: it takes them
-// unacknowledged and closes its channel, which returns them.
-func (a *Admin) Browse(name string, limit int) ([]DeadLetter, error) {
+// unacknowledged and closes its channel, which returns them. The broker
+// returns them asynchronously (a quorum queue through its log), so Browse
+// waits, until ctx is done or for at most browseReturnWait, for the queue to
+// count them again: a list or a replay right after it sees them.
+func (a *Admin) Browse(ctx context.Context, name string, limit int) ([]DeadLetter, error) {
 	queue := a.deadLetterQueueName(name)
-	if _, ok, err := a.inspect(queue); err != nil || !ok {
-		if err == nil {
-			err = fmt.Errorf("rabbitmq: queue %s does not exist: %w", queue, message.ErrNotFound)
-		}
+	depth, ok, err := a.inspect(queue)
+	if err == nil && !ok {
+		err = fmt.Errorf("rabbitmq: queue %s does not exist: %w", queue, message.ErrNotFound)
+	}
+	if err != nil {
 		return nil, err
 	}
+	out, err := a.take(queue, limit)
+	if err != nil || len(out) == 0 {
+		return out, err
+	}
+	return out, a.awaitDepth(ctx, queue, depth)
+}
+
+// browseReturnWait bounds how long Browse waits for the messages it read to
+// be counted in their queue again. Another consumer of the dead-letter queue
+// can keep the depth below what Browse saw; Browse then returns after this.
+const browseReturnWait = 5 * time.Second
+
+// take reads up to limit messages of queue unacknowledged on a channel of
+// its own, and closes the channel, which hands them back to the queue.
+func (a *Admin) take(queue string, limit int) ([]DeadLetter, error) {
 	ch, err := a.conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
@@ -165,6 +184,30 @@ func (a *Admin) Browse(name string, limit int) ([]DeadLetter, error) {
 		out = append(out, deadLetterOf(&d))
 	}
 	return out, nil
+}
+
+// awaitDepth polls queue until it holds at least depth ready messages, ctx
+// is done, or browseReturnWait has passed. Only an error reading the queue
+// is returned: a depth that stays lower is someone else's doing.
+func (a *Admin) awaitDepth(ctx context.Context, queue string, depth int) error {
+	ctx, cancel := context.WithTimeout(ctx, browseReturnWait)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n, _, err := a.inspect(queue)
+		if err != nil {
+			return err
+		}
+		if n >= depth {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // Replay moves up to limit messages of the dead-letter queue of logical

@@ -100,7 +100,7 @@ func (a *app) dlqCommand() *cobra.Command {
 				return err
 			}
 			defer func() { _ = adm.Close() }()
-			msgs, err := adm.Browse(sf.queues[0], limit)
+			msgs, err := adm.Browse(cmd.Context(), sf.queues[0], limit)
 			if errors.Is(err, message.ErrNotFound) {
 				return withCode(ExitNotFound, err)
 			}
