@@ -387,6 +387,7 @@ func (m *machine[D]) advance(i int) error {
 			if err != nil || sent {
 				return err
 			}
+			m.record(HistoryEntry{Event: HistoryGroupJoined, StepIndex: -1, Phase: PhaseAction, Detail: s.group})
 			i = s.spanEnd - 1
 			continue
 		}
@@ -449,7 +450,7 @@ func (m *machine[D]) runLocal(s *StepSpec[D]) (rejected, err error) {
 // fork sends the action of every branch of the parallel group that starts
 // at step start, but those whose predicate is false, and makes the group the
 // saga's current step. It reports whether it sent any: a group whose
-// branches are all skipped is passed over.
+// branches are all skipped is passed over, and advance records it joined.
 func (m *machine[D]) fork(start int) (sent bool, err error) {
 	for k := start; k < m.def.steps[start].spanEnd; k++ {
 		s, st := m.def.steps[k], &m.inst.Steps[k]

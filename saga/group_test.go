@@ -303,6 +303,12 @@ func TestParallelGroupSkipsAndStaleReplies(t *testing.T) {
 		s := sagatest.New(t, parallelCheckout(parallelShip(never), awardStep(never)))
 		completeReserve(t, s)
 		sagatest.ExpectCommand(s, notify)
+		h := s.History()
+		joined := slices.IndexFunc(h, func(e saga.HistoryEntry) bool { return e.Event == saga.HistoryGroupJoined })
+		require.GreaterOrEqual(t, joined, 2, "a group whose branches were all skipped has joined: %v", events(h))
+		require.Equal(t, "fulfil", h[joined].Detail)
+		require.Equal(t, []saga.HistoryEvent{saga.HistoryStepSkipped, saga.HistoryStepSkipped}, events(h[joined-2:joined]),
+			"it joins after its branches were skipped")
 	})
 	t.Run("a duplicate reply of a branch", func(t *testing.T) {
 		t.Parallel()
