@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -325,29 +326,111 @@ type schemaOutbox struct {
 	Stats  driver.OutboxStats
 	Dead   []driver.OutboxDead
 	Inbox  []driver.Attempt
+	// DeadNext and InboxNext link to the next page of Dead and of Inbox
+	// when this one is full.
+	DeadNext, InboxNext string
 }
 
+// outboxPage is what the outbox page's query asks for: one schema's
+// section (Schema) paged past a dead row (DeadAfter) or a dead-lettered
+// delivery (InboxAfter), or every schema's first pages.
+type outboxPage struct {
+	Schema     string
+	DeadAfter  *driver.OutboxDead
+	InboxAfter *driver.Attempt
+}
+
+// Paged reports whether the page is past the first of a list.
+func (p outboxPage) Paged() bool { return p.DeadAfter != nil || p.InboxAfter != nil }
+
 func (c *console) outbox(w http.ResponseWriter, r *http.Request) {
+	page, err := c.outboxQuery(r.URL.Query())
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
 	ctx := r.Context()
 	out := make([]schemaOutbox, 0, len(c.schemas))
 	for _, sc := range c.schemas {
+		if page.Schema != "" && sc.name != page.Schema {
+			continue
+		}
 		so := schemaOutbox{Schema: sc.name}
 		ex := sc.store.Executor()
 		var err error
 		if so.Stats, err = ex.OutboxStats(ctx); err == nil {
-			if so.Dead, err = ex.OutboxDeadList(ctx, c.cfg.PageSize); err == nil {
-				so.Inbox, err = ex.AttemptList(ctx, true, c.cfg.PageSize)
+			if so.Dead, err = ex.OutboxDeadList(ctx, page.DeadAfter, c.cfg.PageSize); err == nil {
+				so.Inbox, err = ex.AttemptList(ctx, true, page.InboxAfter, c.cfg.PageSize)
 			}
 		}
 		if err != nil {
 			so.Error = err.Error()
+		}
+		if n := len(so.Dead); n == c.cfg.PageSize {
+			so.DeadNext = c.outboxURL(sc.name, "dead_after", pageCursor(so.Dead[n-1].DeadAt, strconv.FormatInt(so.Dead[n-1].ID, 10)))
+		}
+		if n := len(so.Inbox); n == c.cfg.PageSize {
+			so.InboxNext = c.outboxURL(sc.name, "inbox_after", pageCursor(so.Inbox[n-1].UpdatedAt, so.Inbox[n-1].MessageID.String()))
 		}
 		out = append(out, so)
 	}
 	c.render(w, r, http.StatusOK, "outbox", "Outbox and dead letters", struct {
 		Schemas  []schemaOutbox
 		PageSize int
-	}{out, c.cfg.PageSize})
+		Page     outboxPage
+	}{out, c.cfg.PageSize, page})
+}
+
+// outboxQuery reads the outbox page's query: schema, and at most one of
+// dead_after and inbox_after, each a cursor of that schema's list.
+func (c *console) outboxQuery(q url.Values) (outboxPage, error) {
+	page := outboxPage{Schema: q.Get("schema")}
+	if page.Schema != "" && !slices.ContainsFunc(c.schemas, func(sc schemaStore) bool { return sc.name == page.Schema }) {
+		return page, fmt.Errorf("schema %q: the console shows none by that name", page.Schema)
+	}
+	dead, inbox := q.Get("dead_after"), q.Get("inbox_after")
+	if (dead != "" || inbox != "") && page.Schema == "" {
+		return page, errors.New("dead_after and inbox_after page one schema's list: give schema too")
+	}
+	if dead != "" {
+		at, key, err := parsePageCursor(dead)
+		id, perr := strconv.ParseInt(key, 10, 64)
+		if err != nil || perr != nil {
+			return page, fmt.Errorf("dead_after %q: want the cursor of a next-page link", dead)
+		}
+		page.DeadAfter = &driver.OutboxDead{OutboxRow: driver.OutboxRow{ID: id}, DeadAt: at}
+	}
+	if inbox != "" {
+		at, key, err := parsePageCursor(inbox)
+		id, perr := uuid.Parse(key)
+		if err != nil || perr != nil {
+			return page, fmt.Errorf("inbox_after %q: want the cursor of a next-page link", inbox)
+		}
+		page.InboxAfter = &driver.Attempt{MessageID: id, UpdatedAt: at}
+	}
+	return page, nil
+}
+
+// outboxURL is the outbox page of schema with query key set to value.
+func (c *console) outboxURL(schema, key, value string) string {
+	return c.cfg.BasePath + "/outbox?" + url.Values{"schema": {schema}, key: {value}}.Encode()
+}
+
+// pageCursor is the position of a list entry ordered by time, then key:
+// "<unix microseconds>_<key>". PostgreSQL keeps microseconds, so the time
+// goes back to the database exactly.
+func pageCursor(at time.Time, key string) string {
+	return strconv.FormatInt(at.UnixMicro(), 10) + "_" + key
+}
+
+// parsePageCursor reads a pageCursor.
+func parsePageCursor(s string) (time.Time, string, error) {
+	micros, key, ok := strings.Cut(s, "_")
+	n, err := strconv.ParseInt(micros, 10, 64)
+	if !ok || err != nil || key == "" {
+		return time.Time{}, "", fmt.Errorf("page cursor %q: want <unix microseconds>_<key>", s)
+	}
+	return time.UnixMicro(n), key, nil
 }
 
 func (c *console) requests(w http.ResponseWriter, r *http.Request) {

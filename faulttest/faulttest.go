@@ -867,7 +867,7 @@ func (r *run[In]) check(ctx context.Context) error {
 			r.violate(Violation{Invariant: InvariantOutbox, SagaID: sagaID,
 				Err: fmt.Errorf("schema %s: %d outbox rows unpublished, %d given up on%s", schema, stats.Backlog, stats.Dead, rows)})
 		}
-		dead, err := ex.AttemptList(ctx, true, 10)
+		dead, err := ex.AttemptList(ctx, true, nil, 10)
 		if err != nil {
 			return fmt.Errorf("faulttest: read dead letters of %s: %w", schema, err)
 		}

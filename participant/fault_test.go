@@ -99,7 +99,7 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(n), stats.Total)
 	require.Equal(t, 0, amqptest.QueueLength(t, e.broker.DeadLetterQueueName(service)), "nothing dead-lettered")
-	dead, err := e.store.AttemptList(context.Background(), true, 100)
+	dead, err := e.store.AttemptList(context.Background(), true, nil, 100)
 	require.NoError(t, err)
 	require.Empty(t, dead)
 }

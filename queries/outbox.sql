@@ -109,9 +109,12 @@ RETURNING o.*;
 SELECT pg_notify(@channel::text, '');
 
 -- name: OutboxDeadList :many
--- Lists up to @max rows the relay gave up on, most recent first.
+-- Lists up to @max rows the relay gave up on, most recent first: from the
+-- most recent when @after_id is 0, else those after row @after_id, which
+-- was dead at @after_dead_at (keyset paging).
 SELECT * FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE dead_at IS NOT NULL
+  AND (@after_id::bigint = 0 OR (dead_at, id) < (@after_dead_at::timestamptz, @after_id::bigint))
 ORDER BY dead_at DESC, id DESC
 LIMIT @max::integer;
 

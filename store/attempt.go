@@ -72,12 +72,16 @@ func (s *executor) AttemptGet(ctx context.Context, id uuid.UUID) (driver.Attempt
 
 // AttemptList lists up to max attempt records, most recently updated first;
 // only those of dead-lettered messages with deadLetteredOnly.
-func (s *executor) AttemptList(ctx context.Context, deadLetteredOnly bool, max int) ([]driver.Attempt, error) {
+func (s *executor) AttemptList(ctx context.Context, deadLetteredOnly bool, after *driver.Attempt, max int) ([]driver.Attempt, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.queries.InboxAttemptList(ctx, db, &dbsqlc.InboxAttemptListParams{DeadLetteredOnly: deadLetteredOnly, Max: int32(max)})
+	p := &dbsqlc.InboxAttemptListParams{DeadLetteredOnly: deadLetteredOnly, Max: int32(max)}
+	if after != nil {
+		p.Paged, p.AfterUpdatedAt, p.AfterMessageID = true, after.UpdatedAt, after.MessageID
+	}
+	rows, err := s.queries.InboxAttemptList(ctx, db, p)
 	if err != nil {
 		return nil, fmt.Errorf("list inbox attempts of schema %q: %w", s.schema, err)
 	}

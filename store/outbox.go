@@ -229,12 +229,16 @@ func nullable(s string) *string {
 }
 
 // OutboxDeadList implements driver.Executor.
-func (s *executor) OutboxDeadList(ctx context.Context, max int) ([]driver.OutboxDead, error) {
+func (s *executor) OutboxDeadList(ctx context.Context, after *driver.OutboxDead, max int) ([]driver.OutboxDead, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.queries.OutboxDeadList(ctx, db, int32(max))
+	p := &dbsqlc.OutboxDeadListParams{Max: int32(max)}
+	if after != nil {
+		p.AfterID, p.AfterDeadAt = after.ID, after.DeadAt
+	}
+	rows, err := s.queries.OutboxDeadList(ctx, db, p)
 	if err != nil {
 		return nil, fmt.Errorf("list dead outbox rows in schema %q: %w", s.schema, err)
 	}

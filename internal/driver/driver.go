@@ -228,7 +228,9 @@ type Executor interface {
 	AttemptGet(ctx context.Context, id uuid.UUID) (Attempt, error)
 	// AttemptList lists up to max attempt records, most recently updated
 	// first; only those of dead-lettered messages with deadLetteredOnly.
-	AttemptList(ctx context.Context, deadLetteredOnly bool, max int) ([]Attempt, error)
+	// A non-nil after is the last record of the previous page (its
+	// UpdatedAt and MessageID are read): the list goes on after it.
+	AttemptList(ctx context.Context, deadLetteredOnly bool, after *Attempt, max int) ([]Attempt, error)
 
 	// OutboxWrite inserts msgs into the outbox in tx, the caller's
 	// transaction, so they are published if and only if tx commits. It
@@ -244,8 +246,9 @@ type Executor interface {
 	// opts.Max whatever the backlog.
 	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
 	// OutboxDeadList lists up to max rows the relay gave up on, most
-	// recent first.
-	OutboxDeadList(ctx context.Context, max int) ([]OutboxDead, error)
+	// recent first. A non-nil after is the last row of the previous page
+	// (its DeadAt and ID are read): the list goes on after it.
+	OutboxDeadList(ctx context.Context, after *OutboxDead, max int) ([]OutboxDead, error)
 	// OutboxDeadRetry makes the dead rows ids unpublished again, attempts
 	// reset, and returns how many it found.
 	OutboxDeadRetry(ctx context.Context, ids []int64) (int64, error)

@@ -580,7 +580,7 @@ func TestUnroutableReplyIsGivenUpAndCanBeRetried(t *testing.T) {
 		st, err := s.OutboxStats(ctx)
 		return err == nil && st.Dead == 1
 	}, waitFor, 20*time.Millisecond, "the reply is given up on")
-	dead, err := s.OutboxDeadList(ctx, 10)
+	dead, err := s.OutboxDeadList(ctx, nil, 10)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, reply.MessageID, dead[0].Message.MessageID)

@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -33,20 +34,32 @@ func (q *Queries) InboxAttemptGet(ctx context.Context, db DBTX, messageID uuid.U
 
 const inboxAttemptList = `-- name: InboxAttemptList :many
 SELECT message_id, kind, type, saga_id, attempts, last_error, dead_lettered_at, updated_at FROM /* TEMPLATE: schema */sagabox_inbox_attempt
-WHERE NOT $1::boolean OR dead_lettered_at IS NOT NULL
-ORDER BY updated_at DESC
-LIMIT $2::integer
+WHERE (NOT $1::boolean OR dead_lettered_at IS NOT NULL)
+  AND (NOT $2::boolean
+       OR (updated_at, message_id) < ($3::timestamptz, $4::uuid))
+ORDER BY updated_at DESC, message_id DESC
+LIMIT $5::integer
 `
 
 type InboxAttemptListParams struct {
 	DeadLetteredOnly bool
+	Paged            bool
+	AfterUpdatedAt   time.Time
+	AfterMessageID   uuid.UUID
 	Max              int32
 }
 
 // Attempt rows, most recently updated first; only dead-lettered ones when
-// @dead_lettered_only.
+// @dead_lettered_only. With @paged, only those after the row of message
+// @after_message_id, updated at @after_updated_at (keyset paging).
 func (q *Queries) InboxAttemptList(ctx context.Context, db DBTX, arg *InboxAttemptListParams) ([]*SagaboxInboxAttempt, error) {
-	rows, err := db.Query(ctx, inboxAttemptList, arg.DeadLetteredOnly, arg.Max)
+	rows, err := db.Query(ctx, inboxAttemptList,
+		arg.DeadLetteredOnly,
+		arg.Paged,
+		arg.AfterUpdatedAt,
+		arg.AfterMessageID,
+		arg.Max,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -176,13 +176,22 @@ func (q *Queries) OutboxDeadDelete(ctx context.Context, db DBTX, ids []int64) (i
 const outboxDeadList = `-- name: OutboxDeadList :many
 SELECT id, message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step, step_index, attempt, reply_to, correlation_id, traceparent, tracestate, headers, payload, created_at, claimed_until, claimed_by, publish_attempts, last_error, published_at, dead_at FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE dead_at IS NOT NULL
+  AND ($1::bigint = 0 OR (dead_at, id) < ($2::timestamptz, $1::bigint))
 ORDER BY dead_at DESC, id DESC
-LIMIT $1::integer
+LIMIT $3::integer
 `
 
-// Lists up to @max rows the relay gave up on, most recent first.
-func (q *Queries) OutboxDeadList(ctx context.Context, db DBTX, max int32) ([]*SagaboxOutbox, error) {
-	rows, err := db.Query(ctx, outboxDeadList, max)
+type OutboxDeadListParams struct {
+	AfterID     int64
+	AfterDeadAt time.Time
+	Max         int32
+}
+
+// Lists up to @max rows the relay gave up on, most recent first: from the
+// most recent when @after_id is 0, else those after row @after_id, which
+// was dead at @after_dead_at (keyset paging).
+func (q *Queries) OutboxDeadList(ctx context.Context, db DBTX, arg *OutboxDeadListParams) ([]*SagaboxOutbox, error) {
+	rows, err := db.Query(ctx, outboxDeadList, arg.AfterID, arg.AfterDeadAt, arg.Max)
 	if err != nil {
 		return nil, err
 	}

@@ -30,7 +30,7 @@ func (a *app) outboxDeadCommand() *cobra.Command {
 			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging); err != nil {
 				return err
 			}
-			dead, err := st.Executor().OutboxDeadList(cmd.Context(), limit)
+			dead, err := st.Executor().OutboxDeadList(cmd.Context(), nil, limit)
 			if err != nil {
 				return err
 			}
