@@ -122,3 +122,70 @@ func TestGuaranteePoisonInputReplyRetriesAreBounded(t *testing.T) {
 	require.Equal(t, orchestrator.HistoryReplyDeadLettered, hist[len(hist)-1].Event)
 	require.Equal(t, 3, e.count(`SELECT attempts FROM %[1]s.sagabox_inbox_attempt WHERE dead_lettered_at IS NOT NULL`))
 }
+
+// A saga whose definition code panics is handled like one whose code
+// returns an error, and the orchestrator goes on running the others: a
+// reply whose apply function panics is retried a bounded number of times
+// and dead-lettered, and a deadline whose compensation builder panics is
+// recorded on its saga, which is no longer claimed. Before, the sweeper's
+// panic ended the process, and a restarted one panicked again at once.
+func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var nothing *Order
+	boomOnApply := saga.MustNew("boom-apply", 1,
+		saga.Step("reserve",
+			saga.Invoke(Reserve, func(o *Order) ReserveReq { return ReserveReq{OrderID: o.ID, Qty: o.Qty} },
+				func(o *Order, _ ReserveReply) { o.ReservationID = nothing.ID }),
+		),
+	)
+	boomOnDeadline := saga.MustNew("boom-deadline", 1,
+		saga.Step("ship",
+			saga.Invoke(Ship, func(o *Order) ShipReq { return ShipReq{OrderID: o.ID, Address: o.Address} }, nil),
+			saga.Compensate(Release, func(*Order) OrderRef { return OrderRef{OrderID: nothing.ID} }),
+			saga.WithTimeout[Order](500*time.Millisecond),
+		),
+	)
+	healthy := orderSaga(1, 30*time.Second, 1)
+	run(t, e.inventory(false).Run)
+	run(t, e.payment(true).Run)
+	e.blackhole(Ship.Name())
+	cfg := e.orchConfig(boomOnApply, boomOnDeadline, healthy)
+	cfg.ReplyRetry = saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3}
+	ctx := context.Background()
+	require.NoError(t, e.broker.Declare(ctx, orchestratorQueue))
+	dead := amqptest.Consume(t, e.broker.DeadLetterQueueName(orchestratorQueue.Name))
+	c := e.runOrchestrator(cfg)
+	onApply := e.start(c, boomOnApply, Order{ID: "boom-apply", Qty: 1}, nil)
+	onDeadline := e.start(c, boomOnDeadline, Order{ID: "boom-deadline", Address: "here"}, nil)
+
+	dl := amqptest.Next(t, dead, 30*time.Second)
+	reason, _ := dl.Headers[rabbitmq.HeaderDeadLetterReason].(string)
+	require.Contains(t, reason, "gave up after 3 attempts: ")
+	require.Contains(t, reason, "saga definition code panicked: runtime error: invalid memory address or nil pointer dereference")
+	s, err := c.Get(ctx, onApply.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, s.Status, "the saga waits for an operator, visibly")
+	require.Contains(t, s.LastError, "panicked")
+
+	waitFor(t, 30*time.Second, "the panicking deadline to be recorded", func() bool {
+		h, err := c.History(ctx, onDeadline.ID)
+		require.NoError(t, err)
+		return h[len(h)-1].Event == orchestrator.HistoryDeadlineFailed
+	})
+	s, err = c.Get(ctx, onDeadline.ID)
+	require.NoError(t, err)
+	require.Contains(t, s.LastError, "panicked")
+	require.Contains(t, s.LastError, "TestGuaranteePoisonInputDefinitionPanicsAreBounded", "the error names the function that panicked")
+	require.True(t, s.Deadline.IsZero(), "no longer claimed")
+
+	// The orchestrator still runs the other sagas (ship goes to the
+	// blackhole: the saga runs up to it).
+	o := Order{ID: "healthy", Qty: 1, Amount: 10, Address: "here"}
+	ok := e.start(c, healthy, o, nil)
+	waitFor(t, 30*time.Second, "the healthy saga to reach its ship step", func() bool {
+		s, err := c.Get(ctx, ok.ID)
+		require.NoError(t, err)
+		return s.CurrentStep == 2
+	})
+}

@@ -113,14 +113,21 @@ type Runner interface {
 	//
 	// Other errors: an instance of another definition or a corrupt one
 	// (ErrInvalidInstance), an unknown event kind or an event without At
-	// (ErrInvalidEvent), or a local step that failed without rejecting.
+	// (ErrInvalidEvent), a local step that failed without rejecting, or a
+	// function of the definition that panicked (a *PanicError, wrapping
+	// ErrPanicked; Start returns one too).
 	Apply(ctx context.Context, inst Instance, ev Event) (Result, error)
 }
 
 var _ Runner = (*Definition[struct{}])(nil)
 
 // Start implements Runner.
-func (def *Definition[D]) Start(ctx context.Context, id uuid.UUID, data json.RawMessage, now time.Time) (Result, error) {
+func (def *Definition[D]) Start(ctx context.Context, id uuid.UUID, data json.RawMessage, now time.Time) (res Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			res, err = Result{}, fmt.Errorf("start saga %s %s: %w", def, id, recovered(r))
+		}
+	}()
 	if id == uuid.Nil {
 		return Result{}, fmt.Errorf("%w: start saga %s: id is nil", ErrInvalidInstance, def)
 	}
@@ -152,7 +159,12 @@ func (def *Definition[D]) Start(ctx context.Context, id uuid.UUID, data json.Raw
 }
 
 // Apply implements Runner.
-func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (Result, error) {
+func (def *Definition[D]) Apply(ctx context.Context, inst Instance, ev Event) (res Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			res, err = Result{}, fmt.Errorf("saga %s %s: %s event: %w", def, inst.ID, ev.Kind, recovered(r))
+		}
+	}()
 	if ev.Kind != EventRestart {
 		if err := def.checkInstance(inst); err != nil {
 			return Result{}, err
@@ -432,7 +444,17 @@ func (m *machine[D]) runLocal(s *StepSpec[D]) (rejected, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode data: %w", err)
 	}
-	err = runScoped(m.ctx, func(ctx context.Context) error { return s.local(ctx, &m.data) })
+	err = runScoped(m.ctx, func(ctx context.Context) (err error) {
+		// A panic is the step's error here, so that the scope sees the
+		// step fail (and rolls back its writes) rather than a panic
+		// passing through it.
+		defer func() {
+			if r := recover(); r != nil {
+				err = recovered(r)
+			}
+		}()
+		return s.local(ctx, &m.data)
+	})
 	if err == nil {
 		return nil, nil
 	}

@@ -29,6 +29,9 @@ var (
 	// ErrRejected marks a business rejection: a step said "no", and the saga
 	// compensates instead of retrying. Create one with Reject.
 	ErrRejected = errors.New("rejected")
+	// ErrPanicked is wrapped by the error (a *PanicError) that Start and
+	// Apply return when a function of the definition panicked.
+	ErrPanicked = errors.New("saga definition code panicked")
 )
 
 // Reject marks err as a business rejection. When a local step returns it (or
