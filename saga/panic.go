@@ -2,9 +2,11 @@ package saga
 
 import (
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"unicode/utf8"
 )
 
 // PanicError is the error Start and Apply return when a function of the
@@ -17,18 +19,34 @@ import (
 type PanicError struct {
 	// Value is what the function panicked with.
 	Value any
-	// At is the function, file and line that panicked, when known.
+	// At is the function, file (base name) and line that panicked, when
+	// known.
 	At string
 	// Stack is the goroutine's stack at the panic.
 	Stack []byte
 }
 
-// Error reports the panic's value and where it happened.
+// maxPanicValue is the most bytes of the panic's value Error reports: the
+// error travels into the saga's LastError, its history and a dead letter's
+// headers, and a panic with a whole payload must not make them too big to
+// store or send.
+const maxPanicValue = 512
+
+// Error reports the panic's value (its first maxPanicValue bytes) and where
+// it happened.
 func (e *PanicError) Error() string {
-	if e.At == "" {
-		return fmt.Sprintf("%v: %v", ErrPanicked, e.Value)
+	v := fmt.Sprint(e.Value)
+	if len(v) > maxPanicValue {
+		cut := maxPanicValue
+		for cut > 0 && !utf8.RuneStart(v[cut]) {
+			cut--
+		}
+		v = fmt.Sprintf("%s… (%d bytes)", v[:cut], len(v))
 	}
-	return fmt.Sprintf("%v: %v (at %s)", ErrPanicked, e.Value, e.At)
+	if e.At == "" {
+		return fmt.Sprintf("%v: %s", ErrPanicked, v)
+	}
+	return fmt.Sprintf("%v: %s (at %s)", ErrPanicked, v, e.At)
 }
 
 // Unwrap returns ErrPanicked.
@@ -53,7 +71,7 @@ func panicSite() string {
 		case f.Function == "runtime.gopanic":
 			panicking = true
 		case panicking && !strings.HasPrefix(f.Function, "runtime."):
-			return fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line)
+			return fmt.Sprintf("%s (%s:%d)", f.Function, filepath.Base(f.File), f.Line)
 		}
 		if !more {
 			return ""

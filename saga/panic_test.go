@@ -3,8 +3,11 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -32,7 +35,7 @@ func requirePanicError(t *testing.T, err error) {
 	require.ErrorAs(t, err, &perr)
 	require.Contains(t, err.Error(), "nil pointer dereference")
 	require.Contains(t, perr.At, "saga_test.explode", "the error names the function that panicked")
-	require.Contains(t, perr.At, "panic_test.go:")
+	require.Contains(t, perr.At, "(panic_test.go:", "the file's base name and line")
 	require.Contains(t, string(perr.Stack), "saga_test.explode")
 }
 
@@ -85,6 +88,19 @@ func TestDefinitionPanicsAreErrors(t *testing.T) {
 		def := saga.MustNew("predicate", 1, reserveStep(saga.When(func(d *Order) bool { return explode(d) != "" })))
 		_, err := def.Start(context.Background(), uuid.New(), encode(def, Order{}), sagatest.Epoch)
 		requirePanicError(t, err)
+	})
+	t.Run("a huge panic value is cut", func(t *testing.T) {
+		t.Parallel()
+		value := strings.Repeat("é", 100<<10)
+		def := saga.MustNew("huge", 1, saga.LocalStep("look", func(context.Context, *Order) error { panic(value) }))
+		_, err := def.Start(context.Background(), uuid.New(), encode(def, Order{}), sagatest.Epoch)
+		require.ErrorIs(t, err, saga.ErrPanicked)
+		require.Less(t, len(err.Error()), 1<<10, "the error stays small enough for a row and a header")
+		require.Contains(t, err.Error(), fmt.Sprintf("é… (%d bytes)", len(value)))
+		require.True(t, utf8.ValidString(err.Error()))
+		var perr *saga.PanicError
+		require.ErrorAs(t, err, &perr)
+		require.Equal(t, value, perr.Value, "the value itself is kept whole")
 	})
 	t.Run("a local step, which its scope sees fail", func(t *testing.T) {
 		t.Parallel()

@@ -3,8 +3,10 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -249,6 +251,17 @@ func TestAttemptRecordsAnyErrorText(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, a.Attempts)
 	require.Equal(t, "gave up: \\x00\uFFFD", a.LastError)
+
+	// A text of megabytes (a handler quoting a whole payload) is cut to
+	// 8 KiB, on a character boundary, with its length.
+	huge := strings.Repeat("é", 1<<20)
+	require.NoError(t, s.MarkDeadLettered(ctx, nil, env, huge))
+	a, err = s.AttemptGet(ctx, env.MessageID)
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(a.LastError), 8<<10+40)
+	require.True(t, strings.HasPrefix(a.LastError, "éé"))
+	require.True(t, strings.HasSuffix(a.LastError, fmt.Sprintf("… (cut from %d bytes)", len(huge))))
+	require.True(t, utf8.ValidString(a.LastError))
 }
 
 // The barrier under READ COMMITTED (DESIGN §4.6): an action and the
@@ -365,4 +378,22 @@ func TestBarrierKeepsAMarkPerRun(t *testing.T) {
 		runs = append(runs, m.Run)
 	}
 	require.ElementsMatch(t, []int{0, 1, 0}, runs)
+}
+
+// The listings of dead outbox rows and of attempts page by keyset: every
+// page, the first included, reads the time index from its position, under
+// the generic plan a connection settles on too (a "first page or after"
+// alternative in the predicate would make that plan filter the whole
+// index).
+func TestDeadListingsSeekTheirIndex(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	for _, tc := range []struct{ sql, index, column string }{
+		{store.OutboxDeadListSQLForTest(), "sagabox_outbox_dead_idx", "dead_at"},
+		{store.InboxAttemptListSQLForTest(), "sagabox_inbox_attempt_updated_at_idx", "updated_at"},
+	} {
+		plan := explainGeneric(t, s, tc.sql, "SET LOCAL enable_seqscan = off")
+		require.Contains(t, plan, tc.index, plan)
+		require.Regexp(t, `Index Cond: \(`+tc.column+` <= \$\d`, plan, "the scan starts at the page's position:\n%s", plan)
+	}
 }

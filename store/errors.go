@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -92,11 +93,24 @@ func isUndefined(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42883")
 }
 
-// storableText returns s as Postgres text can hold it: valid UTF-8 without
-// NUL bytes. Error texts come from handlers and from the messages they
+// maxStoredText is the most bytes of an error or reason text recorded in a
+// row; a longer one is cut (see storableText).
+const maxStoredText = 8 << 10
+
+// storableText returns s as Postgres text can hold it, and as a row should:
+// valid UTF-8 without NUL bytes, cut after maxStoredText bytes with a note
+// of its length. Error texts come from handlers and from the messages they
 // handle, and a failure that cannot be recorded could never be counted.
 func storableText(s string) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00")
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\x00")
+	if len(s) <= maxStoredText {
+		return s
+	}
+	cut := maxStoredText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (cut from %d bytes)", s[:cut], len(s))
 }
 
 // ConnectProblem is why connecting to PostgreSQL failed, as far as tools

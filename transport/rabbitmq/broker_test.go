@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -479,4 +481,29 @@ func TestDeclareConflictIsPermanent(t *testing.T) {
 	err = quorum.Subscribe(ctx, spec, transport.HandlerFunc(func(context.Context, *transport.Delivery) transport.Outcome { return transport.Ack() }), nil)
 	var aerr *amqp.Error
 	require.True(t, errors.As(err, &aerr), "%v", err)
+}
+
+// A dead-letter reason too long for a header frame is cut, and the message
+// is dead-lettered: sent whole, the copy's frame would exceed the broker's
+// frame_max, the broker would close the connection, and the message would
+// go back to its queue and fail the same way for ever.
+func TestDeadLetterReasonIsCut(t *testing.T) {
+	t.Parallel()
+	b := amqptest.NewBroker(t, rabbitmq.Config{})
+	ctx := testCtx(t)
+	require.NoError(t, b.Declare(ctx, spec))
+	dls := amqptest.Consume(t, b.DeadLetterQueueName(spec.Name))
+	reason := strings.Repeat("é", 100<<10) // 200 KiB
+	runSubscriber(t, b, spec, transport.HandlerFunc(func(context.Context, *transport.Delivery) transport.Outcome {
+		return transport.DeadLetter(reason)
+	}), nil)
+	msg := transporttest.Command("svc.do")
+	require.NoError(t, b.Publish(ctx, msg))
+	d := amqptest.Next(t, dls, wait)
+	require.Equal(t, msg.MessageID.String(), d.MessageId)
+	got, _ := d.Headers[rabbitmq.HeaderDeadLetterReason].(string)
+	require.Less(t, len(got), 5<<10)
+	require.True(t, strings.HasPrefix(got, "éé"))
+	require.True(t, strings.HasSuffix(got, fmt.Sprintf("… (cut from %d bytes)", len(reason))), "the header ends with the reason's length: %q", got[len(got)-40:])
+	require.True(t, utf8.ValidString(got), "cut on a character boundary")
 }

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -367,6 +368,7 @@ func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, 
 		headers = amqp.Table{}
 	}
 	now := time.Now().UTC()
+	reason = headerText(reason)
 	headers[HeaderDeadLetterReason] = reason
 	headers[HeaderDeadLetterQueue] = queue
 	headers[HeaderDeadLetterAt] = now.Format(time.RFC3339Nano)
@@ -405,4 +407,22 @@ func (b *Broker) deadLetter(ctx context.Context, queue string, d amqp.Delivery, 
 		b.log.Error("rabbitmq message dead-lettered", attrs...)
 	}
 	b.settle(d.Ack(false), queue, d, "ack")
+}
+
+// maxReasonHeader is the most bytes of a dead-letter reason carried in a
+// header: a frame over the broker's frame_max (128 KiB by default) closes
+// the connection, and the message would then never be dead-lettered.
+const maxReasonHeader = 4 << 10
+
+// headerText returns s cut after maxReasonHeader bytes, with a note of its
+// length.
+func headerText(s string) string {
+	if len(s) <= maxReasonHeader {
+		return s
+	}
+	cut := maxReasonHeader
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (cut from %d bytes)", s[:cut], len(s))
 }
