@@ -812,6 +812,8 @@ func (m *machine[D]) reply() error {
 			if err := m.applyHeld(start, end); err != nil {
 				return err
 			}
+		}
+		if s.group != "" {
 			m.record(HistoryEntry{Event: HistoryGroupJoined, StepIndex: -1, Phase: PhaseAction, Detail: s.group})
 		}
 		return m.advance(end)

@@ -298,6 +298,15 @@ func TestParallelGroupSkipsAndStaleReplies(t *testing.T) {
 		sagatest.ReplySuccess(s, ship, ShipReply{ShipmentID: "s-1"})
 		sagatest.ExpectCommand(s, notify)
 	})
+	t.Run("a group of one branch joins too", func(t *testing.T) {
+		t.Parallel()
+		s := sagatest.New(t, saga.MustNew("single", 1, reserveStep(), saga.Parallel("fulfil", parallelShip()), notifyStep()))
+		completeReserve(t, s)
+		sagatest.ExpectCommand(s, ship)
+		res := sagatest.ReplySuccess(s, ship, ShipReply{ShipmentID: "s-1"})
+		require.Contains(t, events(res.History), saga.HistoryGroupJoined)
+		sagatest.ExpectCommand(s, notify)
+	})
 	t.Run("every branch skipped", func(t *testing.T) {
 		t.Parallel()
 		s := sagatest.New(t, parallelCheckout(parallelShip(never), awardStep(never)))
