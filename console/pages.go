@@ -381,8 +381,9 @@ func (c *console) outbox(w http.ResponseWriter, r *http.Request) {
 	}{out, c.cfg.PageSize, page})
 }
 
-// outboxQuery reads the outbox page's query: schema, and at most one of
-// dead_after and inbox_after, each a cursor of that schema's list.
+// outboxQuery reads the outbox page's query: schema, and dead_after and
+// inbox_after, each a cursor of that schema's list (the page's links set
+// one of them).
 func (c *console) outboxQuery(q url.Values) (outboxPage, error) {
 	page := outboxPage{Schema: q.Get("schema")}
 	if page.Schema != "" && !slices.ContainsFunc(c.schemas, func(sc schemaStore) bool { return sc.name == page.Schema }) {

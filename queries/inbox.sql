@@ -37,12 +37,12 @@ SET last_error = excluded.last_error,
 SELECT * FROM /* TEMPLATE: schema */sagabox_inbox_attempt WHERE message_id = @message_id::uuid;
 
 -- name: InboxAttemptList :many
--- Attempt rows, most recently updated first; only dead-lettered ones when
--- @dead_lettered_only. With @paged, only those after the row of message
--- @after_message_id, updated at @after_updated_at (keyset paging).
+-- Attempt rows, most recently updated first, after the row of message
+-- @after_message_id, updated at @after_updated_at (keyset paging; the first
+-- page passes a position after every row); only dead-lettered ones when
+-- @dead_lettered_only.
 SELECT * FROM /* TEMPLATE: schema */sagabox_inbox_attempt
 WHERE (NOT @dead_lettered_only::boolean OR dead_lettered_at IS NOT NULL)
-  AND (NOT @paged::boolean
-       OR (updated_at, message_id) < (@after_updated_at::timestamptz, @after_message_id::uuid))
+  AND (updated_at, message_id) < (@after_updated_at::timestamptz, @after_message_id::uuid)
 ORDER BY updated_at DESC, message_id DESC
 LIMIT @max::integer;

@@ -109,12 +109,13 @@ RETURNING o.*;
 SELECT pg_notify(@channel::text, '');
 
 -- name: OutboxDeadList :many
--- Lists up to @max rows the relay gave up on, most recent first: from the
--- most recent when @after_id is 0, else those after row @after_id, which
--- was dead at @after_dead_at (keyset paging).
+-- Lists up to @max rows the relay gave up on, most recent first, after row
+-- @after_id, dead at @after_dead_at (keyset paging; the first page passes a
+-- position after every row, so that one predicate reads the dead_at index
+-- under a generic plan too).
 SELECT * FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE dead_at IS NOT NULL
-  AND (@after_id::bigint = 0 OR (dead_at, id) < (@after_dead_at::timestamptz, @after_id::bigint))
+  AND (dead_at, id) < (@after_dead_at::timestamptz, @after_id::bigint)
 ORDER BY dead_at DESC, id DESC
 LIMIT @max::integer;
 

@@ -77,9 +77,9 @@ func (s *executor) AttemptList(ctx context.Context, deadLetteredOnly bool, after
 	if err != nil {
 		return nil, err
 	}
-	p := &dbsqlc.InboxAttemptListParams{DeadLetteredOnly: deadLetteredOnly, Max: int32(max)}
+	p := &dbsqlc.InboxAttemptListParams{DeadLetteredOnly: deadLetteredOnly, AfterUpdatedAt: endOfTime, AfterMessageID: uuid.Max, Max: int32(max)}
 	if after != nil {
-		p.Paged, p.AfterUpdatedAt, p.AfterMessageID = true, after.UpdatedAt, after.MessageID
+		p.AfterUpdatedAt, p.AfterMessageID = after.UpdatedAt, after.MessageID
 	}
 	rows, err := s.queries.InboxAttemptList(ctx, db, p)
 	if err != nil {

@@ -22,3 +22,8 @@ func SagaLockSQLForTest() string { return dbsqlc.SagaLockSQL }
 // participant group's statements so tests can EXPLAIN them.
 func DeliveryBeginManySQLForTest() string  { return dbsqlc.DeliveryBeginManySQL }
 func DeliveryFinishManySQLForTest() string { return dbsqlc.DeliveryFinishManySQL }
+
+// OutboxDeadListSQLForTest and InboxAttemptListSQLForTest expose the paged
+// listings so tests can EXPLAIN them.
+func OutboxDeadListSQLForTest() string   { return dbsqlc.OutboxDeadListSQL }
+func InboxAttemptListSQLForTest() string { return dbsqlc.InboxAttemptListSQL }

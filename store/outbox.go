@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"sort"
 	"strconv"
 	"time"
@@ -228,13 +229,17 @@ func nullable(s string) *string {
 	return &s
 }
 
+// endOfTime is the position after every row of a list paged by time, most
+// recent first: its first page starts there.
+var endOfTime = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
 // OutboxDeadList implements driver.Executor.
 func (s *executor) OutboxDeadList(ctx context.Context, after *driver.OutboxDead, max int) ([]driver.OutboxDead, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
 	}
-	p := &dbsqlc.OutboxDeadListParams{Max: int32(max)}
+	p := &dbsqlc.OutboxDeadListParams{AfterDeadAt: endOfTime, AfterID: math.MaxInt64, Max: int32(max)}
 	if after != nil {
 		p.AfterID, p.AfterDeadAt = after.ID, after.DeadAt
 	}

@@ -425,6 +425,8 @@ func explainGeneric(t *testing.T, s *dbtest.DB, statement string, settings ...st
 			lits[n-1] = "''"
 		case typ == "boolean":
 			lits[n-1] = "false"
+		case typ == "uuid":
+			lits[n-1] = "'" + uuid.Max.String() + "'"
 		case typ == "integer" || typ == "float8" || typ == "bigint":
 			lits[n-1] = "1"
 		default:

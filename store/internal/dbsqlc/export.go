@@ -15,3 +15,10 @@ const (
 	DeliveryBeginManySQL  = deliveryBeginMany
 	DeliveryFinishManySQL = deliveryFinishMany
 )
+
+// OutboxDeadListSQL and InboxAttemptListSQL are the paged listings of dead
+// rows and attempts, exported for EXPLAIN in tests.
+const (
+	OutboxDeadListSQL   = outboxDeadList
+	InboxAttemptListSQL = inboxAttemptList
+)

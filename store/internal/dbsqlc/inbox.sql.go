@@ -35,27 +35,25 @@ func (q *Queries) InboxAttemptGet(ctx context.Context, db DBTX, messageID uuid.U
 const inboxAttemptList = `-- name: InboxAttemptList :many
 SELECT message_id, kind, type, saga_id, attempts, last_error, dead_lettered_at, updated_at FROM /* TEMPLATE: schema */sagabox_inbox_attempt
 WHERE (NOT $1::boolean OR dead_lettered_at IS NOT NULL)
-  AND (NOT $2::boolean
-       OR (updated_at, message_id) < ($3::timestamptz, $4::uuid))
+  AND (updated_at, message_id) < ($2::timestamptz, $3::uuid)
 ORDER BY updated_at DESC, message_id DESC
-LIMIT $5::integer
+LIMIT $4::integer
 `
 
 type InboxAttemptListParams struct {
 	DeadLetteredOnly bool
-	Paged            bool
 	AfterUpdatedAt   time.Time
 	AfterMessageID   uuid.UUID
 	Max              int32
 }
 
-// Attempt rows, most recently updated first; only dead-lettered ones when
-// @dead_lettered_only. With @paged, only those after the row of message
-// @after_message_id, updated at @after_updated_at (keyset paging).
+// Attempt rows, most recently updated first, after the row of message
+// @after_message_id, updated at @after_updated_at (keyset paging; the first
+// page passes a position after every row); only dead-lettered ones when
+// @dead_lettered_only.
 func (q *Queries) InboxAttemptList(ctx context.Context, db DBTX, arg *InboxAttemptListParams) ([]*SagaboxInboxAttempt, error) {
 	rows, err := db.Query(ctx, inboxAttemptList,
 		arg.DeadLetteredOnly,
-		arg.Paged,
 		arg.AfterUpdatedAt,
 		arg.AfterMessageID,
 		arg.Max,

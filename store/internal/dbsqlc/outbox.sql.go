@@ -176,22 +176,23 @@ func (q *Queries) OutboxDeadDelete(ctx context.Context, db DBTX, ids []int64) (i
 const outboxDeadList = `-- name: OutboxDeadList :many
 SELECT id, message_id, ordering_key, kind, type, routing_key, saga_id, saga_type, step, step_index, attempt, reply_to, correlation_id, traceparent, tracestate, headers, payload, created_at, claimed_until, claimed_by, publish_attempts, last_error, published_at, dead_at FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE dead_at IS NOT NULL
-  AND ($1::bigint = 0 OR (dead_at, id) < ($2::timestamptz, $1::bigint))
+  AND (dead_at, id) < ($1::timestamptz, $2::bigint)
 ORDER BY dead_at DESC, id DESC
 LIMIT $3::integer
 `
 
 type OutboxDeadListParams struct {
-	AfterID     int64
 	AfterDeadAt time.Time
+	AfterID     int64
 	Max         int32
 }
 
-// Lists up to @max rows the relay gave up on, most recent first: from the
-// most recent when @after_id is 0, else those after row @after_id, which
-// was dead at @after_dead_at (keyset paging).
+// Lists up to @max rows the relay gave up on, most recent first, after row
+// @after_id, dead at @after_dead_at (keyset paging; the first page passes a
+// position after every row, so that one predicate reads the dead_at index
+// under a generic plan too).
 func (q *Queries) OutboxDeadList(ctx context.Context, db DBTX, arg *OutboxDeadListParams) ([]*SagaboxOutbox, error) {
-	rows, err := db.Query(ctx, outboxDeadList, arg.AfterID, arg.AfterDeadAt, arg.Max)
+	rows, err := db.Query(ctx, outboxDeadList, arg.AfterDeadAt, arg.AfterID, arg.Max)
 	if err != nil {
 		return nil, err
 	}
