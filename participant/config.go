@@ -37,6 +37,8 @@ const (
 	// DefaultStopTimeout bounds the drain of in-flight deliveries when Run's
 	// context is cancelled.
 	DefaultStopTimeout = 30 * time.Second
+	// DefaultHandlerTimeout bounds one run of a handler (Config.HandlerTimeout).
+	DefaultHandlerTimeout = time.Minute
 
 	// DefaultInitialInterval is the delay before the first retry of a
 	// message whose handler failed transiently.
@@ -151,6 +153,22 @@ type Config struct {
 	// DefaultMaximumInterval (30s) and DefaultMaxAttempts (10).
 	Retry saga.RetryPolicy
 
+	// HandlerTimeout bounds one run of a handler: its context ends after
+	// it, which cancels the statement it is running (pgx closes the
+	// connection) and the calls it makes with that context. A run that
+	// returns after its timeout has failed, whatever it returned: it is
+	// counted against Retry.MaxAttempts and retried after its backoff
+	// like any failure, its transaction rolled back, and when it was in a
+	// group (MaxBatch) the group's other deliveries are handled again on
+	// their own. A handler that ignores its context cannot be stopped: it
+	// holds its worker until it returns. For an outside handler
+	// (HandleOutsideCommand) it bounds the call and the record, each.
+	// Keep it well under RabbitMQ's consumer_timeout (30 minutes by
+	// default), past which the broker closes the channel of a delivery
+	// still held. Defaults to DefaultHandlerTimeout (1 minute); negative:
+	// no timeout.
+	HandlerTimeout time.Duration
+
 	// MaxPayloadBytes is the largest payload accepted; a larger one is
 	// answered with a failure reply and dead-lettered without running a
 	// handler. It is the one payload limit on the receiving side (the broker
@@ -242,6 +260,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.StopTimeout == 0 {
 		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
 	}
 	c.Relay = c.Relay.WithDefaults()
 	c.Retention = c.Retention.WithDefaults()

@@ -302,8 +302,16 @@ func (c *Client) recordOutside(ctx context.Context, d *transport.Delivery, h *ha
 		engine.Result{Outcome: telemetry.OutcomeApplied, Note: note})
 }
 
-// callOutside makes the outside call, turning a panic into an error.
+// callOutside makes the outside call under Config.HandlerTimeout, turning
+// a panic into an error. What the call returns is kept even past its
+// timeout: no transaction is open, and an outcome the outside system
+// reported is worth recording.
 func (c *Client) callOutside(ctx context.Context, h *handler, d *transport.Delivery, req *outsideReq) (reply []byte, result any, err error) {
+	if c.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimedOut)
+		defer cancel()
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("outside call panicked", "message_id", d.MessageID.String(), "type", d.Type, "idempotency_key", req.key, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
@@ -313,16 +321,21 @@ func (c *Client) callOutside(ctx context.Context, h *handler, d *transport.Deliv
 	return h.outside.call(ctx, req)
 }
 
-// recordCall runs the handler's record function in tx, turning a panic into
-// an error and a rejection into a transient error: the call was made.
+// recordCall runs the handler's record function in tx under
+// Config.HandlerTimeout, turning a panic into an error, a run past its
+// timeout into errHandlerTimedOut and a rejection into a transient error:
+// the call was made.
 func (c *Client) recordCall(ctx context.Context, tx pgx.Tx, h *handler, d *transport.Delivery, req *outsideReq, result any) (err error) {
+	hctx, timedOut, cancel := c.handlerContext(ctx, d)
+	defer cancel()
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("record of outside call panicked", "message_id", d.MessageID.String(), "type", d.Type, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			err = fmt.Errorf("record of %s %q panicked: %v", d.Kind, d.Type, r)
 		}
+		err = timedOut(err)
 	}()
-	err = h.outside.record(ctx, tx, req, result)
+	err = h.outside.record(hctx, tx, req, result)
 	if errors.Is(err, saga.ErrRejected) {
 		return fmt.Errorf("the record of an outside call cannot reject (the call was made), retrying it: %w", err)
 	}

@@ -117,6 +117,17 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 	for k, m := range group {
 		it := items[m.at]
 		end, res, err := c.decide(it.Ctx, it.Delivery, dels[k], m.h, m.data, 1)
+		if errors.Is(err, errHandlerTimedOut) {
+			// pgx closed the group's connection under the handler: the
+			// group cannot commit. The handler's run counts as failed;
+			// the others, whether they ran or not, are handled again on
+			// their own (the transaction rolls back).
+			for _, other := range group {
+				results[other.at] = engine.Result{Defer: true}
+			}
+			results[m.at] = engine.Result{Failed: err}
+			return results, nil
+		}
 		if err != nil {
 			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Failed: err}
 		}
@@ -365,15 +376,19 @@ func blockedReply(d *transport.Delivery) []byte {
 	})
 }
 
-// call runs the handler in tx, turning a panic into an error, and records
-// its duration (sagabox.handler.duration).
+// call runs the handler in tx under Config.HandlerTimeout, turning a panic
+// into an error and a run past its timeout into errHandlerTimedOut, and
+// records its duration (sagabox.handler.duration).
 func (c *Client) call(ctx context.Context, tx pgx.Tx, h *handler, d *transport.Delivery, data any, attempt int) (reply []byte, err error) {
 	start := time.Now()
+	hctx, timedOut, cancel := c.handlerContext(ctx, d)
+	defer cancel()
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("handler panicked", "message_id", d.MessageID.String(), "type", d.Type, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			err = fmt.Errorf("handler of %s %q panicked: %v", d.Kind, d.Type, r)
 		}
+		err = timedOut(err)
 		outcome := telemetry.HandlerOK
 		switch {
 		case errors.Is(err, saga.ErrRejected):
@@ -383,7 +398,38 @@ func (c *Client) call(ctx context.Context, tx pgx.Tx, h *handler, d *transport.D
 		}
 		c.tel.HandlerDone(ctx, c.cfg.Schema, d.Type, string(d.Kind), outcome, time.Since(start))
 	}()
-	return h.call(ctx, tx, &d.Envelope, data, attempt)
+	return h.call(hctx, tx, &d.Envelope, data, attempt)
+}
+
+// errHandlerTimedOut is the failure of a handler run that returned after
+// Config.HandlerTimeout.
+var errHandlerTimedOut = errors.New("handler timed out")
+
+// handlerContext returns the context of one handler run of d: ctx, ended
+// after Config.HandlerTimeout. timedOut turns the run's error into one
+// wrapping errHandlerTimedOut when that timeout ended the context, whatever
+// the handler returned: its statement was cancelled and pgx closed the
+// delivery's connection, so the transaction cannot commit, and a nil or a
+// connection error would not count the run as failed. cancel releases the
+// context.
+func (c *Client) handlerContext(ctx context.Context, d *transport.Delivery) (hctx context.Context, timedOut func(error) error, cancel context.CancelFunc) {
+	if c.cfg.HandlerTimeout < 0 {
+		return ctx, func(err error) error { return err }, func() {}
+	}
+	hctx, cancel = context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimedOut)
+	timedOut = func(err error) error {
+		if ctx.Err() != nil || !errors.Is(context.Cause(hctx), errHandlerTimedOut) {
+			return err
+		}
+		c.log.Warn("handler timed out", "message_id", d.MessageID.String(), "type", d.Type, "timeout", c.cfg.HandlerTimeout)
+		if err == nil {
+			return fmt.Errorf("%w: the handler of %s %q returned after its timeout of %s (participant.Config.HandlerTimeout)", errHandlerTimedOut, d.Kind, d.Type, c.cfg.HandlerTimeout)
+		}
+		// Its text only: the run's own error (a rejection among them) no longer
+		// decides anything.
+		return fmt.Errorf("%w: the handler of %s %q did not return within its timeout of %s (participant.Config.HandlerTimeout): %s", errHandlerTimedOut, d.Kind, d.Type, c.cfg.HandlerTimeout, err.Error())
+	}
+	return hctx, timedOut, cancel
 }
 
 // reply builds the reply to d, or nil when d has no ReplyTo. A reply carries
