@@ -162,7 +162,10 @@ type Config struct {
 	// group (MaxBatch) the group's other deliveries are handled again on
 	// their own. A handler that ignores its context cannot be stopped: it
 	// holds its worker until it returns. For an outside handler
-	// (HandleOutsideCommand) it bounds the call and the record, each.
+	// (HandleOutsideCommand) it bounds the call and the record, each; the
+	// call runs in no transaction, so a result it returns late (a success
+	// or a rejection) is recorded, and only an error past the timeout
+	// counts as the timeout's failure.
 	// Keep it well under RabbitMQ's consumer_timeout (30 minutes by
 	// default), past which the broker closes the channel of a delivery
 	// still held. Defaults to DefaultHandlerTimeout (1 minute); negative:

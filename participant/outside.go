@@ -303,22 +303,26 @@ func (c *Client) recordOutside(ctx context.Context, d *transport.Delivery, h *ha
 }
 
 // callOutside makes the outside call under Config.HandlerTimeout, turning
-// a panic into an error. What the call returns is kept even past its
-// timeout: no transaction is open, and an outcome the outside system
-// reported is worth recording.
+// a panic into an error and an error past the timeout into
+// errHandlerTimedOut. A result (a success or a rejection) is kept even past
+// the timeout: no transaction is open, and an outcome the outside system
+// reported must be recorded.
 func (c *Client) callOutside(ctx context.Context, h *handler, d *transport.Delivery, req *outsideReq) (reply []byte, result any, err error) {
-	if c.cfg.HandlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimedOut)
-		defer cancel()
-	}
+	hctx, timedOut, cancel := c.handlerContext(ctx, d)
+	defer cancel()
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("outside call panicked", "message_id", d.MessageID.String(), "type", d.Type, "idempotency_key", req.key, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			err = fmt.Errorf("outside call of %s %q panicked: %v", d.Kind, d.Type, r)
 		}
+		if err != nil && !errors.Is(err, saga.ErrRejected) {
+			// A connection error of the call's own (a client that
+			// connects with its context) would otherwise count as a
+			// database outage, retried uncounted for ever.
+			err = timedOut(err)
+		}
 	}()
-	return h.outside.call(ctx, req)
+	return h.outside.call(hctx, req)
 }
 
 // recordCall runs the handler's record function in tx under

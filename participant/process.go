@@ -119,11 +119,14 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 		end, res, err := c.decide(it.Ctx, it.Delivery, dels[k], m.h, m.data, 1)
 		if errors.Is(err, errHandlerTimedOut) {
 			// pgx closed the group's connection under the handler: the
-			// group cannot commit. The handler's run counts as failed;
-			// the others, whether they ran or not, are handled again on
-			// their own (the transaction rolls back).
+			// group cannot commit. The handler's run counts as failed, as
+			// do the runs that failed before it; the others, whether they
+			// ran or not, are handled again on their own (the transaction
+			// rolls back).
 			for _, other := range group {
-				results[other.at] = engine.Result{Defer: true}
+				if results[other.at].Failed == nil {
+					results[other.at] = engine.Result{Defer: true}
+				}
 			}
 			results[m.at] = engine.Result{Failed: err}
 			return results, nil

@@ -2,6 +2,9 @@ package participant_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,4 +99,86 @@ func TestHandlerTimeoutInAGroupFailsOnlyItsDelivery(t *testing.T) {
 	}
 	require.Equal(t, 7, e.stock("a"), "every other command applied once")
 	require.Equal(t, int32(1), calls.Load(), "the timed-out handler ran once: MaxAttempts 1")
+}
+
+// An outside call cut by HandlerTimeout has failed and is counted, even
+// when the error it returns is a database client's connection error (here
+// a pgx.Connect to a server that never answers): that is the call's
+// failure, not the participant's database being down, which would be
+// retried uncounted for ever.
+func TestHandlerTimeoutCountsAnOutsideCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	accepted := make(chan net.Conn, 16) // held open, never answered
+	go func() {
+		defer close(accepted)
+		for {
+			conn, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- conn
+		}
+	}()
+	t.Cleanup(func() {
+		_ = silent.Close()
+		for conn := range accepted {
+			_ = conn.Close()
+		}
+	})
+	var calls atomic.Int32
+	e.newClient(func(cfg *participant.Config) {
+		cfg.HandlerTimeout, cfg.Retry.MaxAttempts = 200*time.Millisecond, 2
+	}, func(c *participant.Client) {
+		participant.HandleOutsideCommand(c, Charge, func(ctx context.Context, _ *participant.OutsideRequest[ChargeReq]) (ChargeReply, error) {
+			calls.Add(1)
+			conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://ledger@%s/ledger?sslmode=disable", silent.Addr()))
+			if err == nil {
+				_ = conn.Close(ctx)
+				return ChargeReply{}, errors.New("the silent server answered")
+			}
+			return ChargeReply{}, fmt.Errorf("ledger: %w", err)
+		}, nil)
+	})
+	cmd := charge(uuid.New())
+	e.publish(cmd)
+	f := requireFailure(t, e.replies.wait(t, cmd.MessageID), saga.CodeDeadLettered)
+	require.Contains(t, f.Reason, "gave up after 2 attempts")
+	require.Contains(t, f.Reason, "did not return within its timeout of 200ms")
+	require.Equal(t, int32(2), calls.Load(), "each call counted")
+}
+
+// A group whose handler times out keeps the failures of the handlers that
+// ran before it: they count, as they would in a group that commits, and are
+// retried after their backoff, not run again at once as if they had not
+// run.
+func TestHandlerTimeoutInAGroupKeepsEarlierFailures(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := e.newBroker()
+	cfg := e.config(b)
+	cfg.Workers, cfg.MaxBatch = 1, 16
+	cfg.HandlerTimeout, cfg.Retry.MaxAttempts = 200*time.Millisecond, 1
+	c, err := participant.NewClient(cfg)
+	require.NoError(t, err)
+	var slowCalls, badCalls atomic.Int32
+	slow := slowReserve(e, false, &slowCalls)
+	participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
+		if req.Data.SKU == "bad" {
+			badCalls.Add(1)
+			return ReserveReply{}, errors.New("the warehouse system is down")
+		}
+		return slow(ctx, tx, req)
+	})
+	require.NoError(t, b.Declare(context.Background(), c.QueueSpec()))
+	bad, slowMsg := reserve(uuid.New(), "bad", 1), reserve(uuid.New(), "slow", 1)
+	e.publish(bad, slowMsg)
+	e.start(c, b)
+	f := requireFailure(t, e.replies.wait(t, bad.MessageID), saga.CodeDeadLettered)
+	require.Contains(t, f.Reason, "the warehouse system is down")
+	requireFailure(t, e.replies.wait(t, slowMsg.MessageID), saga.CodeDeadLettered)
+	require.Equal(t, int32(1), badCalls.Load(), "the failed run counted: MaxAttempts 1")
+	require.Equal(t, int32(1), slowCalls.Load())
 }
