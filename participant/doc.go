@@ -80,7 +80,9 @@
 // reply when it belongs to a saga). Messages whose envelope cannot be read
 // at all are dead-lettered by the broker adapter before they reach the
 // Client. Serialization failures and deadlocks are retried at once, a few
-// times, before they count as a failed attempt.
+// times, before they count as a failed attempt. A handler run is bounded by
+// HandlerTimeout (1 minute by default): one that returns later has failed,
+// and is retried and dead-lettered like any failure.
 //
 // # Running
 //
