@@ -16,6 +16,7 @@ import (
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
 // slowReserve is a Reserve handler that, for the SKU "slow", runs a
@@ -37,6 +38,20 @@ func slowReserve(e *env, swallow bool, calls *atomic.Int32) func(context.Context
 		err := tx.QueryRow(ctx, "UPDATE "+e.table("stock")+" SET qty = qty - $2 WHERE sku = $1 RETURNING qty", req.Data.SKU, req.Data.Qty).Scan(&left)
 		return ReserveReply{Remaining: left}, err
 	}
+}
+
+// timeoutGroup returns a client, not started, whose one worker handles up
+// to 16 deliveries a transaction, with a HandlerTimeout of 200ms and one
+// attempt per message, and its broker.
+func timeoutGroup(e *env) (*participant.Client, *rabbitmq.Broker) {
+	e.t.Helper()
+	b := e.newBroker()
+	cfg := e.config(b)
+	cfg.Workers, cfg.MaxBatch = 1, 16
+	cfg.HandlerTimeout, cfg.Retry.MaxAttempts = 200*time.Millisecond, 1
+	c, err := participant.NewClient(cfg)
+	require.NoError(e.t, err)
+	return c, b
 }
 
 // A handler that runs past Config.HandlerTimeout has failed, whatever it
@@ -78,12 +93,7 @@ func TestHandlerTimeoutInAGroupFailsOnlyItsDelivery(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.setStock("a", 10)
-	b := e.newBroker()
-	cfg := e.config(b)
-	cfg.Workers, cfg.MaxBatch = 1, 16
-	cfg.HandlerTimeout, cfg.Retry.MaxAttempts = 200*time.Millisecond, 1
-	c, err := participant.NewClient(cfg)
-	require.NoError(t, err)
+	c, b := timeoutGroup(e)
 	var calls atomic.Int32
 	participant.HandleCommand(c, Reserve, slowReserve(e, false, &calls))
 	require.NoError(t, b.Declare(context.Background(), c.QueueSpec()))
@@ -157,12 +167,7 @@ func TestHandlerTimeoutCountsAnOutsideCall(t *testing.T) {
 func TestHandlerTimeoutInAGroupKeepsEarlierFailures(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	b := e.newBroker()
-	cfg := e.config(b)
-	cfg.Workers, cfg.MaxBatch = 1, 16
-	cfg.HandlerTimeout, cfg.Retry.MaxAttempts = 200*time.Millisecond, 1
-	c, err := participant.NewClient(cfg)
-	require.NoError(t, err)
+	c, b := timeoutGroup(e)
 	var slowCalls, badCalls atomic.Int32
 	slow := slowReserve(e, false, &slowCalls)
 	participant.HandleCommand(c, Reserve, func(ctx context.Context, tx pgx.Tx, req *participant.Request[ReserveReq]) (ReserveReply, error) {
