@@ -2,6 +2,7 @@ package dbtest
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 
@@ -17,6 +18,7 @@ import (
 type RoundTrips struct {
 	mu     sync.Mutex
 	on     bool
+	seq    int
 	byConn map[*pgx.Conn][]RoundTrip
 }
 
@@ -24,6 +26,8 @@ type RoundTrips struct {
 // order.
 type RoundTrip struct {
 	SQL []string
+	// seq orders the round trips of every connection as they were made.
+	seq int
 }
 
 // Transaction is the round trips of one explicit transaction on one
@@ -76,10 +80,11 @@ func (r *RoundTrips) record(conn *pgx.Conn, sql ...string) {
 	for i := range sql {
 		sql[i] = strings.TrimSpace(sql[i])
 	}
-	r.byConn[conn] = append(r.byConn[conn], RoundTrip{SQL: sql})
+	r.seq++
+	r.byConn[conn] = append(r.byConn[conn], RoundTrip{SQL: sql, seq: r.seq})
 }
 
-// All returns every round trip recorded, per connection in order.
+// All returns every round trip recorded, in the order they were made.
 func (r *RoundTrips) All() []RoundTrip {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -87,6 +92,7 @@ func (r *RoundTrips) All() []RoundTrip {
 	for _, rts := range r.byConn {
 		out = append(out, rts...)
 	}
+	slices.SortFunc(out, func(a, b RoundTrip) int { return a.seq - b.seq })
 	return out
 }
 
@@ -104,9 +110,9 @@ func (r *RoundTrips) Count(name string) int {
 	return n
 }
 
-// Transactions returns the explicit transactions recorded, per connection
-// in order. Round trips outside a transaction (autocommit statements) are
-// left out.
+// Transactions returns the explicit transactions recorded, in the order
+// they began, whichever connections carried them. Round trips outside a
+// transaction (autocommit statements) are left out.
 func (r *RoundTrips) Transactions() []Transaction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -132,6 +138,10 @@ func (r *RoundTrips) Transactions() []Transaction {
 			}
 		}
 	}
+	// The connections are a map: without this, two transactions a test
+	// made one after the other on two connections came back in either
+	// order.
+	slices.SortFunc(out, func(a, b Transaction) int { return a.RoundTrips[0].seq - b.RoundTrips[0].seq })
 	return out
 }
 
