@@ -42,9 +42,13 @@ func chromium(t *testing.T) string {
 // browser returns a headless Chromium tab, closed when the test ends.
 func browser(t *testing.T) context.Context {
 	t.Helper()
+	// Chromium makes its singleton socket's directory in TMPDIR and leaves
+	// it when it is killed, as cancelAlloc does: in the test's own
+	// directory, removed after the browser (cleanups run last first).
+	tmp := t.TempDir()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000),
-		chromedp.Flag("disable-dev-shm-usage", true))
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Env("TMPDIR="+tmp))
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelTab := chromedp.NewContext(allocCtx)
 	t.Cleanup(func() {
