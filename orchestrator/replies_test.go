@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
@@ -108,14 +109,7 @@ func TestGuaranteePoisonInputReplyRetriesAreBounded(t *testing.T) {
 	c := e.runOrchestrator(cfg)
 	started := e.start(c, def, Order{ID: "poison-reply", Qty: 1}, nil)
 
-	dl := amqptest.Next(t, dead, 30*time.Second)
-	reason, _ := dl.Headers[rabbitmq.HeaderDeadLetterReason].(string)
-	require.Contains(t, reason, "gave up after 3 attempts: ")
-	require.Contains(t, reason, "ledger unavailable")
-
-	s, err := c.Get(ctx, started.ID)
-	require.NoError(t, err)
-	require.Equal(t, saga.StatusRunning, s.Status, "the saga waits for an operator, visibly")
+	s := requireReplyGivenUp(t, c, dead, started.ID, "ledger unavailable")
 	require.Contains(t, s.LastError, "after 3 attempts")
 	hist, err := c.History(ctx, started.ID)
 	require.NoError(t, err)
@@ -159,13 +153,7 @@ func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
 	onApply := e.start(c, boomOnApply, Order{ID: "boom-apply", Qty: 1}, nil)
 	onDeadline := e.start(c, boomOnDeadline, Order{ID: "boom-deadline", Address: "here"}, nil)
 
-	dl := amqptest.Next(t, dead, 30*time.Second)
-	reason, _ := dl.Headers[rabbitmq.HeaderDeadLetterReason].(string)
-	require.Contains(t, reason, "gave up after 3 attempts: ")
-	require.Contains(t, reason, "saga definition code panicked: runtime error: invalid memory address or nil pointer dereference")
-	s, err := c.Get(ctx, onApply.ID)
-	require.NoError(t, err)
-	require.Equal(t, saga.StatusRunning, s.Status, "the saga waits for an operator, visibly")
+	s := requireReplyGivenUp(t, c, dead, onApply.ID, "saga definition code panicked: runtime error: invalid memory address or nil pointer dereference")
 	require.Contains(t, s.LastError, "panicked")
 
 	waitFor(t, 30*time.Second, "the panicking deadline to be recorded", func() bool {
@@ -173,7 +161,7 @@ func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
 		require.NoError(t, err)
 		return h[len(h)-1].Event == orchestrator.HistoryDeadlineFailed
 	})
-	s, err = c.Get(ctx, onDeadline.ID)
+	s, err := c.Get(ctx, onDeadline.ID)
 	require.NoError(t, err)
 	require.Contains(t, s.LastError, "panicked")
 	require.Contains(t, s.LastError, "TestGuaranteePoisonInputDefinitionPanicsAreBounded", "the error names the function that panicked")
@@ -188,4 +176,19 @@ func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
 		require.NoError(t, err)
 		return s.CurrentStep == 2
 	})
+}
+
+// requireReplyGivenUp waits for the dead letter of a reply to saga id given
+// up on after 3 attempts, for cause, and returns the saga, which still runs,
+// for an operator.
+func requireReplyGivenUp(t *testing.T, c *orchestrator.Client, dead <-chan amqp.Delivery, id uuid.UUID, cause string) *orchestrator.Saga {
+	t.Helper()
+	dl := amqptest.Next(t, dead, 30*time.Second)
+	reason, _ := dl.Headers[rabbitmq.HeaderDeadLetterReason].(string)
+	require.Contains(t, reason, "gave up after 3 attempts: ")
+	require.Contains(t, reason, cause)
+	s, err := c.Get(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, s.Status, "the saga waits for an operator, visibly")
+	return s
 }
