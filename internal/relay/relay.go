@@ -469,10 +469,19 @@ func (r *Relay) work(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		// Every row was confirmed: whichever worker claims next settles
-		// them.
+		// Every row was confirmed, or given up on: whichever worker claims
+		// next settles the confirmed ones. Rows given up on are recorded
+		// now, as a failed batch's are: left leased, they would be
+		// published again when their lease ends, and given up on again.
 		r.addConfirmed(settle)
-		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
+		next := driver.OutboxSettle{KeepPublished: r.keepPublished}
+		if len(settle.Dead) > 0 {
+			next.Dead = settle.Dead
+			if _, err := r.claim(ctx, 0, next); err == nil {
+				next.Dead = nil
+			}
+		}
+		settle = next
 		if len(rows) == r.opts.BatchSize {
 			r.Wake() // more rows are likely waiting: bring in another worker
 			continue

@@ -551,6 +551,34 @@ func testKeyChainWrittenAfterEachPublishArrives(t *testing.T, mode Mode, s *dbte
 	require.IsIncreasing(t, order["chain"])
 }
 
+// A reply given up on in a batch of its own, where nothing failed beside
+// it, is recorded dead at once: it is published UnroutableAttempts times,
+// never again. (The batch's settle once kept only its confirmed rows, so a
+// dead row alone was dropped, published again after its lease, and given
+// up on again, for ever.)
+func TestUnroutableReplyAloneIsRecordedDead(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	b := amqptest.NewBroker(t, amqptest.Config(t))
+	ctx := context.Background()
+	msgs := []message.Message{{
+		Envelope: message.Envelope{Type: "inventory.reserve", Kind: message.KindReplyFailure, RoutingKey: "gone", SagaID: uuid.New(), Step: "reserve"},
+		Payload:  []byte(`{"reason":"poison"}`),
+	}}
+	writeCommitted(t, s, msgs)
+	const attempts = 2
+	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{UnroutableAttempts: attempts, PollInterval: 50 * time.Millisecond, Lease: 2 * time.Second, PublishTimeout: time.Second}})
+	require.Eventually(t, func() bool {
+		st, err := s.OutboxStats(ctx)
+		return err == nil && st.Dead == 1
+	}, waitFor, 20*time.Millisecond, "the reply is recorded dead")
+	dead, err := s.OutboxDeadList(ctx, nil, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, msgs[0].MessageID, dead[0].Message.MessageID)
+	require.Equal(t, attempts, dead[0].PublishAttempts, "published UnroutableAttempts times, no more")
+}
+
 // A reply that no queue takes (its reply_to routes nowhere) is published
 // UnroutableAttempts times and then given up on: dead, with the reason,
 // out of the backlog and visible, so that it does not keep the relay failing
