@@ -40,10 +40,10 @@ example:
 	go run ./examples/checkout
 
 chaos:           ## the chaos run, short form: private servers, 500 sagas under kills and restarts (see docs/chaos.md)
-	go run ./internal/chaos
+	go run ./cmd/chaos
 
 chaos-long:      ## the chaos run, long form: 10,000 sagas, 24 kills, 3 broker and 2 database restarts
-	go run ./internal/chaos -long
+	go run ./cmd/chaos -long
 
 chaos-cluster:   ## the chaos run against a three-node RabbitMQ cluster, killing the node leading the queues
-	go run ./internal/chaos -cluster
+	go run ./cmd/chaos -cluster

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // TestAdmissionRoomSkipsWithinHalfTheRoom checks when a Start may trust the

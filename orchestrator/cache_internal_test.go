@@ -6,7 +6,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // The saga cache keeps the most recently used sagas up to its size, the

@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 )
 

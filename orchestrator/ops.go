@@ -12,11 +12,11 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // Get returns the saga id, or an error wrapping ErrNotFound.

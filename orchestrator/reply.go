@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 	"go.opentelemetry.io/otel/attribute"
 )

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/engine"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // requestBatch is the most operator requests one pass applies.

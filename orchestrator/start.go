@@ -12,10 +12,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // StartOpts tunes one Start. A nil *StartOpts uses defaults.

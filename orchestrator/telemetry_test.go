@@ -17,13 +17,13 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // TestTelemetrySagaIsOneTraceAndMetricsCount runs three sagas through the

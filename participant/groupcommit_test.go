@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // TestGroupCommitIsolatesEachDelivery shows group commit at a participant

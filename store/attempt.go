@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"

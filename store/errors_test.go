@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // A connection that drops mid-statement (the server was killed, or the

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"

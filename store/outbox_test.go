@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 func event(key string, n int) message.Message {

@@ -9,10 +9,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // The statements of an outside handler's delivery: the first transaction

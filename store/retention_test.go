@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // Each table keeps its rows for its own period; unpublished outbox rows and

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sagabox/sagabox/internal/driver"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // Log mode (Options.Mode = ModeLog): instead of claiming rows, the relay

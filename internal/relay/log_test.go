@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
@@ -26,6 +25,7 @@ import (
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )

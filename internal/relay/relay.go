@@ -38,8 +38,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 )
 

@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // DefaultURL is the test database used when TEST_DATABASE_URL is not set.

@@ -17,10 +17,10 @@ import (
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // result is one run of the sagabox command.

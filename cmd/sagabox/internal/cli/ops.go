@@ -9,9 +9,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 func (a *app) opsCommand() *cobra.Command {

@@ -15,10 +15,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // ExitPending means an operator request was recorded but no orchestrator

@@ -3,9 +3,9 @@ package view
 import (
 	"time"
 
-	"github.com/sagabox/sagabox/internal/driver"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // SagaOf returns s as a listing row: without data, steps and history.

@@ -13,9 +13,9 @@
 // double effects, backlog, dead letters and the recovery after each fault.
 // It exits 1 when any check fails.
 //
-//	go run ./internal/chaos            # the short form (CI)
-//	go run ./internal/chaos -long      # 10,000 sagas, 24 kills, 3 broker and 2 database restarts
-//	go run ./internal/chaos -cluster   # against a three-node RabbitMQ cluster
+//	go run ./cmd/chaos            # the short form (CI)
+//	go run ./cmd/chaos -long      # 10,000 sagas, 24 kills, 3 broker and 2 database restarts
+//	go run ./cmd/chaos -cluster   # against a three-node RabbitMQ cluster
 package main
 
 import (
