@@ -2,20 +2,18 @@ package console
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store/driver"
+	"github.com/sagabox/sagabox/store"
 )
 
 // maxReason is the longest reason an action accepts, in bytes.
@@ -69,17 +67,14 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, err)
 		return
 	}
-	var params []byte
+	var restart *orchestrator.RestartOpts
 	if action == "restart" {
 		from := strings.TrimSpace(r.PostFormValue("from"))
 		if from == "" {
 			c.fail(w, r, http.StatusBadRequest, errors.New("choose the step to restart the saga from"))
 			return
 		}
-		if params, err = json.Marshal(orchestrator.RestartOpts{From: from}); err != nil {
-			c.fail(w, r, http.StatusInternalServerError, err)
-			return
-		}
+		restart = &orchestrator.RestartOpts{From: from}
 	}
 	ctx := r.Context()
 	s, err := c.orch.Get(ctx, id)
@@ -103,14 +98,13 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusConflict, fmt.Errorf("saga %s is %s: only a failed or compensated saga can be restarted", id, s.Status))
 		return
 	}
-	ex := c.sagas.Executor()
-	op, err := ex.RequestOperation(ctx, id, action, actor, reason, params)
+	op, err := c.orch.RequestAction(ctx, id, action, actor, reason, restart)
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
 	c.log.Info("operator request recorded", "request_id", op.ID, "saga_id", id.String(), "action", action, "actor", actor, "reason", reason)
-	if op, err = c.waitApplied(ctx, ex, op); err != nil {
+	if op, err = c.orch.WaitRequest(ctx, op.ID, c.cfg.ActionWait); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		c.fail(w, r, statusOf(err), err)
 		return
 	}
@@ -136,42 +130,17 @@ func canRestart(st saga.Status) bool {
 	return st == saga.StatusFailed || st == saga.StatusCompensated
 }
 
-// waitApplied polls request op until an orchestrator handled it or
-// ActionWait has passed.
-func (c *console) waitApplied(ctx context.Context, ex driver.Executor, op driver.Operation) (driver.Operation, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.ActionWait)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for op.AppliedAt.IsZero() {
-		select {
-		case <-ctx.Done():
-			return op, nil
-		case <-tick.C:
-		}
-		next, err := ex.Operation(ctx, op.ID)
-		if errors.Is(err, context.DeadlineExceeded) {
-			return op, nil
-		}
-		if err != nil {
-			return op, err
-		}
-		op = next
-	}
-	return op, nil
-}
-
 // replay makes a dead outbox row unpublished again, so that the relay
 // publishes it, and logs it with the actor and the reason.
 func (c *console) replay(w http.ResponseWriter, r *http.Request) {
 	schema := r.PathValue("schema")
-	var ex driver.Executor
+	var st *store.Store
 	for _, sc := range c.schemas {
 		if sc.name == schema {
-			ex = sc.store.Executor()
+			st = sc.store
 		}
 	}
-	if ex == nil {
+	if st == nil {
 		c.fail(w, r, http.StatusNotFound, fmt.Errorf("schema %q is not one this console shows", schema))
 		return
 	}
@@ -190,7 +159,7 @@ func (c *console) replay(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, err)
 		return
 	}
-	n, err := ex.OutboxDeadRetry(r.Context(), []int64{row})
+	n, err := st.RetryDeadRows(r.Context(), []int64{row})
 	if err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return

@@ -50,7 +50,6 @@ type schemaStore struct {
 type console struct {
 	cfg     Config
 	orch    *orchestrator.Client
-	sagas   *store.Store  // Config.Schema
 	schemas []schemaStore // Config.Schema, then Config.MessagingSchemas
 	pages   map[string]*template.Template
 	csrf    *csrf
@@ -82,7 +81,6 @@ func New(cfg Config) (http.Handler, error) {
 		}
 		c.schemas = append(c.schemas, schemaStore{name: name, store: st})
 	}
-	c.sagas = c.schemas[0].store
 	secret := cfg.Secret
 	if secret == nil {
 		secret = make([]byte, 32)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store/driver"
+	"github.com/sagabox/sagabox/store"
 )
 
 // pageNames are the templates of templates/, each rendered inside
@@ -216,7 +216,7 @@ func statusOf(err error) int {
 // barrierRow is one barrier mark, with the schema it is in.
 type barrierRow struct {
 	Schema string
-	driver.BarrierRecord
+	store.BarrierRecord
 }
 
 // historyRow is one history entry, with whether an operator made it.
@@ -250,7 +250,7 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 	var marks []barrierRow
 	var markErrs []string
 	for _, sc := range c.schemas {
-		recs, err := sc.store.Executor().BarrierList(ctx, id)
+		recs, err := sc.store.BarrierMarks(ctx, id)
 		if err != nil {
 			markErrs = append(markErrs, err.Error())
 			continue
@@ -264,10 +264,10 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, statusOf(err), err)
 		return
 	}
-	var op *driver.Operation
+	var op *orchestrator.Request
 	if n, err := strconv.ParseInt(r.URL.Query().Get("op"), 10, 64); err == nil {
-		if o, err := c.sagas.Executor().Operation(ctx, n); err == nil && o.SagaID == id {
-			op = &o
+		if o, err := c.orch.GetRequest(ctx, n); err == nil && o.SagaID == id {
+			op = o
 		}
 	}
 	data, _ := json.MarshalIndent(json.RawMessage(s.Data), "", "  ")
@@ -278,8 +278,8 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 		History      []historyRow
 		Barrier      []barrierRow
 		BarrierEr    []string
-		Pending      []driver.Operation
-		Op           *driver.Operation
+		Pending      []orchestrator.Request
+		Op           *orchestrator.Request
 		CanRetry     bool
 		CanAbort     bool
 		CanTerminate bool
@@ -296,12 +296,12 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 
 // pendingFor returns the pending operator requests of saga id (among the
 // oldest pages of pending requests, which an orchestrator keeps short).
-func (c *console) pendingFor(ctx context.Context, id uuid.UUID) ([]driver.Operation, error) {
-	ops, err := c.sagas.Executor().OperationListPending(ctx, 0, 1000)
+func (c *console) pendingFor(ctx context.Context, id uuid.UUID) ([]orchestrator.Request, error) {
+	ops, err := c.orch.ListRequests(ctx, &orchestrator.ListRequestsOpts{Limit: 1000})
 	if err != nil {
 		return nil, err
 	}
-	var out []driver.Operation
+	var out []orchestrator.Request
 	for _, op := range ops {
 		if op.SagaID == id {
 			out = append(out, op)
@@ -323,9 +323,9 @@ func traceID(traceparent string) string {
 type schemaOutbox struct {
 	Schema string
 	Error  string
-	Stats  driver.OutboxStats
-	Dead   []driver.OutboxDead
-	Inbox  []driver.Attempt
+	Stats  store.OutboxStats
+	Dead   []store.DeadRow
+	Inbox  []store.Attempt
 	// DeadNext and InboxNext link to the next page of Dead and of Inbox
 	// when this one is full.
 	DeadNext, InboxNext string
@@ -336,8 +336,8 @@ type schemaOutbox struct {
 // delivery (InboxAfter), or every schema's first pages.
 type outboxPage struct {
 	Schema     string
-	DeadAfter  *driver.OutboxDead
-	InboxAfter *driver.Attempt
+	DeadAfter  *store.DeadRow
+	InboxAfter *store.Attempt
 }
 
 // Paged reports whether the page is past the first of a list.
@@ -356,11 +356,10 @@ func (c *console) outbox(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		so := schemaOutbox{Schema: sc.name}
-		ex := sc.store.Executor()
 		var err error
-		if so.Stats, err = ex.OutboxStats(ctx); err == nil {
-			if so.Dead, err = ex.OutboxDeadList(ctx, page.DeadAfter, c.cfg.PageSize); err == nil {
-				so.Inbox, err = ex.AttemptList(ctx, true, page.InboxAfter, c.cfg.PageSize)
+		if so.Stats, err = sc.store.OutboxStats(ctx); err == nil {
+			if so.Dead, err = sc.store.DeadRows(ctx, page.DeadAfter, c.cfg.PageSize); err == nil {
+				so.Inbox, err = sc.store.Attempts(ctx, true, page.InboxAfter, c.cfg.PageSize)
 			}
 		}
 		if err != nil {
@@ -399,7 +398,7 @@ func (c *console) outboxQuery(q url.Values) (outboxPage, error) {
 		if err != nil || perr != nil {
 			return page, fmt.Errorf("dead_after %q: want the cursor of a next-page link", dead)
 		}
-		page.DeadAfter = &driver.OutboxDead{OutboxRow: driver.OutboxRow{ID: id}, DeadAt: at}
+		page.DeadAfter = &store.DeadRow{ID: id, DeadAt: at}
 	}
 	if inbox != "" {
 		at, key, err := parsePageCursor(inbox)
@@ -407,7 +406,7 @@ func (c *console) outboxQuery(q url.Values) (outboxPage, error) {
 		if err != nil || perr != nil {
 			return page, fmt.Errorf("inbox_after %q: want the cursor of a next-page link", inbox)
 		}
-		page.InboxAfter = &driver.Attempt{MessageID: id, UpdatedAt: at}
+		page.InboxAfter = &store.Attempt{MessageID: id, UpdatedAt: at}
 	}
 	return page, nil
 }
@@ -444,7 +443,7 @@ func (c *console) requests(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
-	ops, err := c.sagas.Executor().OperationListPending(r.Context(), after, c.cfg.PageSize)
+	ops, err := c.orch.ListRequests(r.Context(), &orchestrator.ListRequestsOpts{After: after, Limit: c.cfg.PageSize})
 	if err != nil {
 		c.fail(w, r, statusOf(err), err)
 		return
@@ -454,7 +453,7 @@ func (c *console) requests(w http.ResponseWriter, r *http.Request) {
 		next = fmt.Sprintf("%s/requests?after=%d", c.cfg.BasePath, ops[len(ops)-1].ID)
 	}
 	c.render(w, r, http.StatusOK, "requests", "Pending operator requests", struct {
-		Requests []driver.Operation
+		Requests []orchestrator.Request
 		Next     string
 		Paged    bool
 	}{ops, next, after != 0})

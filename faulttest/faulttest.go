@@ -786,7 +786,7 @@ func (r *run[In]) drain(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("faulttest: %w", err)
 			}
-			stats, err := st.Executor().OutboxStats(ctx)
+			stats, err := st.OutboxStats(ctx)
 			if err != nil {
 				return fmt.Errorf("faulttest: read outbox of %s: %w", schema, err)
 			}
@@ -857,8 +857,7 @@ func (r *run[In]) check(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("faulttest: %w", err)
 		}
-		ex := st.Executor()
-		stats, err := ex.OutboxStats(ctx)
+		stats, err := st.OutboxStats(ctx)
 		if err != nil {
 			return fmt.Errorf("faulttest: read outbox of %s: %w", schema, err)
 		}
@@ -867,7 +866,7 @@ func (r *run[In]) check(ctx context.Context) error {
 			r.violate(Violation{Invariant: InvariantOutbox, SagaID: sagaID,
 				Err: fmt.Errorf("schema %s: %d outbox rows unpublished, %d given up on%s", schema, stats.Backlog, stats.Dead, rows)})
 		}
-		dead, err := ex.AttemptList(ctx, true, nil, 10)
+		dead, err := st.Attempts(ctx, true, nil, 10)
 		if err != nil {
 			return fmt.Errorf("faulttest: read dead letters of %s: %w", schema, err)
 		}

@@ -40,15 +40,14 @@ var startWakeDelays = []time.Duration{5 * time.Millisecond, 25 * time.Millisecon
 // NewClient, start sagas with Start, and call Run in one goroutine.
 type Client struct {
 	cfg      Config
-	store    *store.Store
 	db       driver.Executor
 	engine   *engine.Engine // nil without a Broker
 	tel      *telemetry.Telemetry
 	log      *slog.Logger
 	registry *saga.Registry
 
-	mu      sync.Mutex
-	running bool
+	// run guards Run.
+	run engine.RunGuard
 
 	// startWake is signalled by Start; Run's waker goroutine then wakes the
 	// relay a few times.
@@ -100,7 +99,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	st, err := store.New(cfg.Pool, cfg.Schema)
+	db, err := store.NewExecutor(cfg.Pool, cfg.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
@@ -114,8 +113,7 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:       cfg,
-		store:     st,
-		db:        st.Executor(),
+		db:        db,
 		tel:       tel,
 		log:       cfg.Logger.With("component", componentName, "service", cfg.Service),
 		registry:  reg,
@@ -127,7 +125,7 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	if cfg.Broker != nil {
 		c.engine, err = engine.New(engine.Config{
-			DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
+			DB: db, Broker: cfg.Broker, Component: componentName,
 			Workers: cfg.Workers, Prefetch: cfg.Prefetch, MaxBatch: cfg.MaxBatch, Linger: cfg.BatchLinger,
 			StopTimeout: cfg.StopTimeout, LoopConns: loopConns,
 			MaxPayloadBytes: engine.DefaultMaxPayloadBytes, Retry: cfg.ReplyRetry, Relay: cfg.Relay,
@@ -189,33 +187,24 @@ func (c *Client) now() time.Time { return c.cfg.Clock().UTC() }
 // queue cannot be declared, and later if the broker gives up on the
 // subscription (e.g. the Broker was closed).
 func (c *Client) Run(ctx context.Context) error {
-	c.mu.Lock()
-	switch {
-	case c.running:
-		c.mu.Unlock()
-		return errors.New("orchestrator: Run called while the client is already running")
-	case c.cfg.Broker == nil:
-		c.mu.Unlock()
-		return errors.New("orchestrator: Config.Broker is required to Run")
-	case len(c.registry.Runners()) == 0:
-		c.mu.Unlock()
-		return errors.New("orchestrator: no saga definition registered: set Config.Definitions or call Register before Run")
+	leave, err := c.run.Enter(componentName, func() error {
+		switch {
+		case c.cfg.Broker == nil:
+			return errors.New("Config.Broker is required to Run")
+		case len(c.registry.Runners()) == 0:
+			return errors.New("no saga definition registered: set Config.Definitions or call Register before Run")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	c.running = true
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		c.running = false
-		c.mu.Unlock()
-	}()
+	defer leave()
 
 	// A database or broker that is down, or restarting, delays the start;
 	// only what waiting cannot cure (a schema not migrated, a queue that
 	// exists with other arguments) is returned.
-	err := engine.AwaitReady(ctx, c.log, "check the schema", store.IsConnectionError, func(ctx context.Context) error {
-		return c.store.CheckSchema(ctx, store.LineMessaging, store.LineSaga)
-	})
-	if err != nil {
+	if err := c.engine.AwaitSchema(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}

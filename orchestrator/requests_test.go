@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
 
@@ -113,4 +114,85 @@ func TestOperatorRequestsOfOtherDefinitionsDoNotStarve(t *testing.T) {
 	for _, id := range others {
 		require.Equal(t, 1, e.retries(id))
 	}
+}
+
+// TestRequestsThroughThePublicAPI: a tool's client (no definitions, no
+// broker) requests actions as the CLI and the console do; an orchestrator
+// that runs the definition applies each once; the request reads back as
+// applied or refused, lists, and cannot be withdrawn once handled. Bad
+// requests are refused before anything is recorded.
+func TestRequestsThroughThePublicAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := orderSaga(1, time.Minute, 1)
+	c := e.newOrchestrator(e.orchConfig(def))
+	tool := e.newOrchestrator(orchestrator.Config{Pool: e.pool, Schema: e.orch.Schema(), Service: "tool"})
+	ctx := context.Background()
+	st := e.start(c, def, Order{ID: "req", Qty: 1, Amount: 10, Address: "here"}, nil)
+
+	for _, bad := range []struct {
+		action, actor string
+		restart       *orchestrator.RestartOpts
+	}{
+		{"delete", "alice", nil},
+		{"retry", " ", nil},
+		{"restart", "alice", nil},
+		{"retry", "alice", &orchestrator.RestartOpts{From: "reserve"}},
+	} {
+		_, err := tool.RequestAction(ctx, st.ID, bad.action, bad.actor, "why", bad.restart)
+		require.Error(t, err, "%+v", bad)
+	}
+	pending, err := tool.ListRequests(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, pending, "a refused request records nothing")
+
+	retry, err := tool.RequestAction(ctx, st.ID, "retry", "alice", "lost command", nil)
+	require.NoError(t, err)
+	require.True(t, retry.Pending())
+	restart, err := tool.RequestAction(ctx, st.ID, "restart", "bob", "not failed yet", &orchestrator.RestartOpts{From: "reserve"})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"from":"reserve"}`, string(restart.Params))
+	pending, err = tool.ListRequests(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, []int64{retry.ID, restart.ID}, []int64{pending[0].ID, pending[1].ID}, "pending requests, oldest first")
+	page, err := tool.ListRequests(ctx, &orchestrator.ListRequestsOpts{After: retry.ID})
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	require.Equal(t, restart.ID, page[0].ID)
+
+	// Nothing applies them yet: the wait ends with the request pending.
+	got, err := tool.WaitRequest(ctx, retry.ID, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, got.Pending())
+
+	require.NoError(t, c.ApplyRequests(ctx))
+	got, err = tool.WaitRequest(ctx, retry.ID, time.Second)
+	require.NoError(t, err)
+	require.False(t, got.Pending())
+	require.Empty(t, got.Error, "the retry was applied")
+	require.Equal(t, 1, e.retries(st.ID))
+	got, err = tool.GetRequest(ctx, restart.ID)
+	require.NoError(t, err)
+	require.NotEmpty(t, got.Error, "a running saga cannot be restarted: refused")
+
+	_, err = tool.WithdrawRequest(ctx, retry.ID, "carol")
+	require.ErrorIs(t, err, orchestrator.ErrRequestNotPending)
+	_, err = tool.GetRequest(ctx, 1<<40)
+	require.ErrorIs(t, err, orchestrator.ErrNotFound)
+	all, err := tool.ListRequests(ctx, &orchestrator.ListRequestsOpts{All: true})
+	require.NoError(t, err)
+	require.Len(t, all, 2)
+	require.Equal(t, restart.ID, all[0].ID, "every request, newest first")
+
+	// A pending request withdrawn is never applied.
+	cancel, err := tool.RequestAction(ctx, st.ID, "cancel", "dave", "changed my mind", nil)
+	require.NoError(t, err)
+	withdrawn, err := tool.WithdrawRequest(ctx, cancel.ID, "dave")
+	require.NoError(t, err)
+	require.False(t, withdrawn.Pending())
+	require.Equal(t, "dave", withdrawn.WithdrawnBy)
+	require.NoError(t, c.ApplyRequests(ctx))
+	s, err := c.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, s.Status)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -25,15 +24,14 @@ import (
 // HandleEvent, then call Run.
 type Client struct {
 	cfg    Config
-	store  *store.Store
 	db     driver.Executor
 	engine *engine.Engine
 	tel    *telemetry.Telemetry
 	log    *slog.Logger
 
-	mu       sync.Mutex
+	// run guards Run, and handlers, which are registered before it.
+	run      engine.RunGuard
 	handlers map[handlerKey]*handler
-	running  bool
 
 	// testHookAfterCommit, when set, runs after the transaction of a
 	// delivery handled (not given up on) committed, and before the relay is
@@ -52,7 +50,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	st, err := store.New(cfg.Pool, cfg.Schema)
+	db, err := store.NewExecutor(cfg.Pool, cfg.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("participant: %w", err)
 	}
@@ -62,14 +60,13 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:      cfg,
-		store:    st,
-		db:       st.Executor(),
+		db:       db,
 		tel:      tel,
 		log:      cfg.Logger.With("component", componentName, "service", cfg.Service),
 		handlers: make(map[handlerKey]*handler),
 	}
 	c.engine, err = engine.New(engine.Config{
-		DB: st.Executor(), Broker: cfg.Broker, Component: componentName,
+		DB: db, Broker: cfg.Broker, Component: componentName,
 		Workers: cfg.Workers, Prefetch: cfg.Prefetch, MaxBatch: cfg.MaxBatch, Linger: cfg.BatchLinger,
 		StopTimeout:     cfg.StopTimeout,
 		MaxPayloadBytes: cfg.MaxPayloadBytes, Retry: cfg.Retry, Relay: cfg.Relay, Retention: cfg.Retention,
@@ -85,21 +82,21 @@ func (c *Client) register(h *handler) {
 	if h.typ == "" {
 		panic(fmt.Sprintf("participant: register %s handler: the message type is empty", h.kind))
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.running {
-		panic(fmt.Sprintf("participant: register %s handler for %q: register handlers before Run", h.kind, h.typ))
-	}
-	key := handlerKey{h.kind, h.typ}
-	if _, dup := c.handlers[key]; dup {
-		panic(fmt.Sprintf("participant: a %s handler for %q is already registered", h.kind, h.typ))
-	}
-	c.handlers[key] = h
+	c.run.With(func(running bool) {
+		if running {
+			panic(fmt.Sprintf("participant: register %s handler for %q: register handlers before Run", h.kind, h.typ))
+		}
+		key := handlerKey{h.kind, h.typ}
+		if _, dup := c.handlers[key]; dup {
+			panic(fmt.Sprintf("participant: a %s handler for %q is already registered", h.kind, h.typ))
+		}
+		c.handlers[key] = h
+	})
 }
 
+// lookup returns the handler of kind and typ, nil if none. It is called
+// while Run runs, when the handlers cannot change (engine.RunGuard).
 func (c *Client) lookup(kind message.Kind, typ string) *handler {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	return c.handlers[handlerKey{kind, typ}]
 }
 
@@ -107,24 +104,29 @@ func (c *Client) lookup(kind message.Kind, typ string) *handler {
 // registered command and compensation type and every registered event type
 // routed to it.
 func (c *Client) QueueSpec() transport.QueueSpec {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	spec := transport.QueueSpec{Name: c.cfg.Service}
-	for k := range c.handlers {
-		switch k.kind {
-		case message.KindEvent:
-			if !slices.Contains(spec.Events, k.typ) {
-				spec.Events = append(spec.Events, k.typ)
-			}
-		default:
-			if !slices.Contains(spec.Commands, k.typ) {
-				spec.Commands = append(spec.Commands, k.typ)
-			}
-		}
-	}
+	c.run.With(func(bool) { spec.Commands, spec.Events = c.routes() })
 	slices.Sort(spec.Commands)
 	slices.Sort(spec.Events)
 	return spec
+}
+
+// routes returns the command and event types of the registered handlers,
+// each once.
+func (c *Client) routes() (commands, events []string) {
+	for k := range c.handlers {
+		switch k.kind {
+		case message.KindEvent:
+			if !slices.Contains(events, k.typ) {
+				events = append(events, k.typ)
+			}
+		default:
+			if !slices.Contains(commands, k.typ) {
+				commands = append(commands, k.typ)
+			}
+		}
+	}
+	return commands, events
 }
 
 // Publish writes msgs to the Client's outbox in tx, so that they are
@@ -162,29 +164,20 @@ func (c *Client) Wake() { c.engine.Wake() }
 // (naming the command to run) or no handler is registered, and later if the
 // broker gives up on the subscription (e.g. the Broker was closed).
 func (c *Client) Run(ctx context.Context) error {
-	c.mu.Lock()
-	switch {
-	case c.running:
-		c.mu.Unlock()
-		return errors.New("participant: Run called while the client is already running")
-	case len(c.handlers) == 0:
-		c.mu.Unlock()
-		return errors.New("participant: no handlers registered: call HandleCommand, HandleCompensation or HandleEvent before Run")
+	leave, err := c.run.Enter(componentName, func() error {
+		if len(c.handlers) == 0 {
+			return errors.New("no handlers registered: call HandleCommand, HandleCompensation or HandleEvent before Run")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	c.running = true
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		c.running = false
-		c.mu.Unlock()
-	}()
+	defer leave()
 
 	// A database that is down, or restarting, delays the start; a schema
 	// not migrated is returned.
-	err := engine.AwaitReady(ctx, c.log, "check the schema", store.IsConnectionError, func(ctx context.Context) error {
-		return c.store.CheckSchema(ctx, store.LineMessaging)
-	})
-	if err != nil {
+	if err := c.engine.AwaitSchema(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}

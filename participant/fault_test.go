@@ -95,11 +95,11 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 	for _, m := range msgs {
 		require.Equal(t, 1, e.outboxReplies(m.MessageID), "one reply to %s", m.MessageID)
 	}
-	stats, err := e.store.InboxStats(context.Background(), 0)
+	stats, err := e.store.Store.InboxStats(context.Background(), 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(n), stats.Total)
 	require.Equal(t, 0, amqptest.QueueLength(t, e.broker.DeadLetterQueueName(service)), "nothing dead-lettered")
-	dead, err := e.store.AttemptList(context.Background(), true, nil, 100)
+	dead, err := e.store.Store.Attempts(context.Background(), true, nil, 100)
 	require.NoError(t, err)
 	require.Empty(t, dead)
 }

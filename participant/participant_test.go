@@ -63,7 +63,7 @@ func TestGuaranteeNoDoubleEffectDuplicateCommands(t *testing.T) {
 	require.Equal(t, twice.Attempt, r1.Attempt)
 	require.Equal(t, orch, r1.RoutingKey)
 
-	stats, err := e.store.InboxStats(context.Background(), 0)
+	stats, err := e.store.Store.InboxStats(context.Background(), 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), stats.Total)
 	require.Equal(t, int64(5), stats.Duplicates)

@@ -70,28 +70,6 @@ func (s *executor) AttemptGet(ctx context.Context, id uuid.UUID) (driver.Attempt
 	return attempt(r), nil
 }
 
-// AttemptList lists up to max attempt records, most recently updated first;
-// only those of dead-lettered messages with deadLetteredOnly.
-func (s *executor) AttemptList(ctx context.Context, deadLetteredOnly bool, after *driver.Attempt, max int) ([]driver.Attempt, error) {
-	db, err := s.pooled()
-	if err != nil {
-		return nil, err
-	}
-	p := &dbsqlc.InboxAttemptListParams{DeadLetteredOnly: deadLetteredOnly, AfterUpdatedAt: endOfTime, AfterMessageID: uuid.Max, Max: int32(max)}
-	if after != nil {
-		p.AfterUpdatedAt, p.AfterMessageID = after.UpdatedAt, after.MessageID
-	}
-	rows, err := s.queries.InboxAttemptList(ctx, db, p)
-	if err != nil {
-		return nil, fmt.Errorf("list inbox attempts of schema %q: %w", s.schema, err)
-	}
-	out := make([]driver.Attempt, len(rows))
-	for i, r := range rows {
-		out[i] = attempt(r)
-	}
-	return out, nil
-}
-
 func attempt(r *dbsqlc.SagaboxInboxAttempt) driver.Attempt {
 	a := driver.Attempt{
 		MessageID: r.MessageID, Kind: message.Kind(r.Kind), Type: r.Type, SagaID: nullUUID(r.SagaID),

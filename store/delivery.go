@@ -218,28 +218,6 @@ func (s *executor) Barrier(ctx context.Context, t driver.Tx, env *message.Envelo
 	return driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}, nil
 }
 
-// BarrierList returns the barrier marks saga id left in the schema, in the
-// order they were left.
-func (s *executor) BarrierList(ctx context.Context, id uuid.UUID) ([]driver.BarrierRecord, error) {
-	db, err := s.pooled()
-	if err != nil {
-		return nil, err
-	}
-	rows, err := s.queries.BarrierListBySaga(ctx, db, id)
-	if err != nil {
-		return nil, fmt.Errorf("list barrier marks of saga %s in schema %q: %w", id, s.schema, err)
-	}
-	out := make([]driver.BarrierRecord, len(rows))
-	for i, r := range rows {
-		step, run := splitBarrierStep(r.Step)
-		out[i] = driver.BarrierRecord{
-			SagaID: r.SagaID, Run: run, Step: step, Phase: message.Phase(r.Phase), MessageID: r.MessageID,
-			Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), CreatedAt: r.CreatedAt,
-		}
-	}
-	return out, nil
-}
-
 // LeaveBarrier leaves, in t, the final mark of env's saga step in env's
 // phase unless one is there, and reports whether it did.
 func (s *executor) LeaveBarrier(ctx context.Context, t driver.Tx, env *message.Envelope, mark driver.BarrierMark) (bool, error) {

@@ -94,9 +94,9 @@ func TestDeliveryInboxCountsDuplicates(t *testing.T) {
 		require.Equal(t, 2, count.n(t, s, `SELECT duplicates FROM %q.sagabox_inbox WHERE message_id = $1`, env.MessageID))
 	}
 	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "one reply: the event got none")
-	stats, err := s.InboxStats(ctx, time.Hour)
+	stats, err := s.Store.InboxStats(ctx, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, driver.InboxStats{Total: 2, Duplicates: 4, DuplicatedMessages: 2, RecentlyDuplicated: 2}, stats)
+	require.Equal(t, store.InboxStats{Total: 2, Duplicates: 4, DuplicatedMessages: 2, RecentlyDuplicated: 2}, stats)
 }
 
 // A delivery rolled back leaves nothing: no inbox row, no mark, no reply.
@@ -220,10 +220,10 @@ func TestAttempts(t *testing.T) {
 	other := command(uuid.New(), message.KindCommand)
 	_, err = s.RecordAttempt(ctx, other, "x")
 	require.NoError(t, err)
-	all, err := s.AttemptList(ctx, false, nil, 100)
+	all, err := s.Store.Attempts(ctx, false, nil, 100)
 	require.NoError(t, err)
 	require.Len(t, all, 2)
-	dl, err := s.AttemptList(ctx, true, nil, 100)
+	dl, err := s.Store.Attempts(ctx, true, nil, 100)
 	require.NoError(t, err)
 	require.Len(t, dl, 1)
 	require.Equal(t, env.MessageID, dl[0].MessageID)
@@ -370,7 +370,7 @@ func TestBarrierKeepsAMarkPerRun(t *testing.T) {
 	comp := command(sagaID, message.KindCompensation)
 	comp.Type = "inventory.release"
 	require.Equal(t, driver.BarrierApplied, deliver(t, s, comp, nil).Action, "run 0's compensation finds run 0's action")
-	marks, err := s.BarrierList(context.Background(), sagaID)
+	marks, err := s.Store.BarrierMarks(context.Background(), sagaID)
 	require.NoError(t, err)
 	var runs []int
 	for _, m := range marks {

@@ -9,43 +9,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sagabox/sagabox/store/driver"
 )
 
-// IsRetryable reports whether err is a Postgres error that running the
+// IsRetryable reports whether err is a PostgreSQL error that running the
 // whole transaction again may cure: a serialization failure (40001; also
 // what a transition written against a saga that changed meanwhile fails
 // with) or a deadlock (40P01). Classification is by SQLSTATE, never by
-// message text.
-func IsRetryable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", "40P01":
-			return true
-		}
-	}
-	return false
-}
-
-// errConnectionLost marks the error of a statement whose connection pgx
-// closed under it: the server went away mid-statement (killed, restarted,
-// the network failed), whatever pgx reported (often a bare unexpected EOF).
-var errConnectionLost = errors.New("database connection lost")
-
-// lostConn returns err, the error of a statement on conn, marked with
-// errConnectionLost when pgx closed conn: the statement did not fail, its
-// connection did.
-func lostConn(conn *pgx.Conn, err error) error {
-	if err == nil || conn == nil || !conn.IsClosed() || errors.Is(err, errConnectionLost) {
-		return err
-	}
-	// pgx also closes a connection whose statement's context ended: that is
-	// the caller's timeout or cancellation, not the database's failure.
-	if pgconn.Timeout(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	return fmt.Errorf("%w: %w", errConnectionLost, err)
-}
+// message text; the errors of sagabox's clients carry it as
+// driver.ErrConflict.
+func IsRetryable(err error) bool { return errors.Is(interpretError(err), driver.ErrConflict) }
 
 // IsConnectionError reports whether err says the database could not be
 // reached or the connection was lost (a restart, a network fault), as
@@ -55,18 +29,54 @@ func lostConn(conn *pgx.Conn, err error) error {
 // SQLSTATE, never by message text; and the errors of statements of the
 // store's transactions (a handler's transaction included) whose connection
 // pgx closed under them.
-func IsConnectionError(err error) bool {
+func IsConnectionError(err error) bool { return errors.Is(interpretError(err), driver.ErrConnection) }
+
+// IsDataError reports whether err is PostgreSQL refusing the data of a
+// statement: a data exception (class 22, e.g. a NUL byte or invalid UTF-8 in
+// text) or a program limit exceeded (class 54, e.g. a key too long for its
+// index). Running the statement again with the same data fails the same way.
+func IsDataError(err error) bool { return errors.Is(interpretError(err), driver.ErrDataRefused) }
+
+// InterpretError implements driver.Executor.
+func (s *executor) InterpretError(err error) error { return interpretError(err) }
+
+// interpretError marks err with the driver's sentinel error that says what
+// it calls for (driver.ErrConflict, ErrConnection, ErrDataRefused), keeping
+// its message; nil and errors of other kinds pass unchanged. It is the seam
+// between PostgreSQL's errors and the engine: every statement the store
+// runs returns its error through it.
+func interpretError(err error) error {
 	if err == nil {
-		return false
+		return nil
 	}
-	if errors.Is(err, errConnectionLost) {
-		return true
+	for _, mark := range []error{driver.ErrConflict, driver.ErrConnection, driver.ErrDataRefused} {
+		if errors.Is(err, mark) {
+			return err
+		}
 	}
+	if mark := classify(err); mark != nil {
+		return &markedError{err: err, mark: mark}
+	}
+	return err
+}
+
+// classify returns the sentinel error err calls for, or nil: by SQLSTATE
+// when PostgreSQL answered, by pgx's error types when it could not be
+// reached, never by message text.
+func classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash
-		// shutdown, cannot connect now.
-		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+		switch {
+		case pgErr.Code == "40001", pgErr.Code == "40P01":
+			return driver.ErrConflict
+		// Class 08: connection exception; 57P01-57P03: admin shutdown,
+		// crash shutdown, cannot connect now.
+		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+			return driver.ErrConnection
+		case strings.HasPrefix(pgErr.Code, "22"), strings.HasPrefix(pgErr.Code, "54"):
+			return driver.ErrDataRefused
+		}
+		return nil
 	}
 	// A failed connect, or a statement on a connection pgx had closed (a dead
 	// pooled connection). Not pgconn.SafeToRetry: pgx also calls "safe to
@@ -74,16 +84,35 @@ func IsConnectionError(err error) bool {
 	// and one on a context that was already done, both failures of the
 	// caller that a retry repeats for ever.
 	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed)
+	if errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed) {
+		return driver.ErrConnection
+	}
+	return nil
 }
 
-// IsDataError reports whether err is Postgres refusing the data of a
-// statement: a data exception (class 22, e.g. a NUL byte or invalid UTF-8 in
-// text) or a program limit exceeded (class 54, e.g. a key too long for its
-// index). Running the statement again with the same data fails the same way.
-func IsDataError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
+// markedError is an error marked with a driver sentinel: errors.Is finds
+// both, and its message is the error's own.
+type markedError struct {
+	err  error
+	mark error
+}
+
+func (e *markedError) Error() string   { return e.err.Error() }
+func (e *markedError) Unwrap() []error { return []error{e.err, e.mark} }
+
+// lostConn returns err, the error of a statement on conn, marked with
+// driver.ErrConnection when pgx closed conn: the statement did not fail, its
+// connection did.
+func lostConn(conn *pgx.Conn, err error) error {
+	if err == nil || conn == nil || !conn.IsClosed() || errors.Is(err, driver.ErrConnection) {
+		return interpretError(err)
+	}
+	// pgx also closes a connection whose statement's context ended: that is
+	// the caller's timeout or cancellation, not the database's failure.
+	if pgconn.Timeout(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return &markedError{err: fmt.Errorf("database connection lost: %w", err), mark: driver.ErrConnection}
 }
 
 // isUndefined reports whether err says a table or schema does not exist

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -58,6 +59,7 @@ func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 	err = <-done
 	require.Error(t, err)
 	t.Logf("the delivery's statement failed with: %v", err)
+	require.ErrorIs(t, err, driver.ErrConnection, "the driver marks its statement's error on a dropped connection")
 	require.True(t, store.IsConnectionError(fmt.Errorf("deliver: %w", err)), "a statement on a dropped connection (%v) is a connection error", err)
 	holder.Rollback(ctx)
 	require.False(t, store.IsConnectionError(context.Canceled))
@@ -142,6 +144,7 @@ func TestHandlerStatementsOnADroppedConnectionAreConnectionErrors(t *testing.T) 
 			p.cut()
 			err = call(ctx, d.Tx)
 			require.Error(t, err)
+			require.ErrorIs(t, err, driver.ErrConnection, "%s on a dropped connection is marked by the driver", name)
 			require.True(t, store.IsConnectionError(fmt.Errorf("handler: %w", err)), "%s on a dropped connection: %v", name, err)
 		})
 	}
@@ -216,7 +219,7 @@ func newDroppable(t *testing.T) *droppable {
 	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(proxied.Close)
-	s, err := store.New(proxied, shared.Schema())
+	ex, err := store.NewExecutor(proxied, shared.Schema())
 	require.NoError(t, err)
 
 	var pid uint32
@@ -226,7 +229,7 @@ func newDroppable(t *testing.T) *droppable {
 		// it: end the backend, so that it leaves no transaction open.
 		_, _ = shared.Pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid)
 	})
-	return &droppable{shared: shared, ex: s.Executor(), pid: pid, cut: cut}
+	return &droppable{shared: shared, ex: ex, pid: pid, cut: cut}
 }
 
 // A handler's own statement that outlives its context is the handler's
@@ -246,4 +249,46 @@ func TestHandlerTimeoutIsNotAConnectionError(t *testing.T) {
 	_, err = d.Tx.Exec(qctx, "SELECT pg_sleep(2)")
 	require.Error(t, err)
 	require.False(t, store.IsConnectionError(err), "%v", err)
+}
+
+// The driver marks PostgreSQL's errors at the seam with its own sentinels,
+// by SQLSTATE and pgx's error types, keeping their messages: the engine
+// tells what a failure calls for without importing store.
+func TestInterpretErrorMarksByClass(t *testing.T) {
+	t.Parallel()
+	s := dbtest.Store(t, store.LineMessaging)
+	for _, tc := range []struct {
+		err  error
+		mark error
+	}{
+		{&pgconn.PgError{Code: "40001", Message: "could not serialize access"}, driver.ErrConflict},
+		{&pgconn.PgError{Code: "40P01", Message: "deadlock detected"}, driver.ErrConflict},
+		{&pgconn.PgError{Code: "08006", Message: "connection failure"}, driver.ErrConnection},
+		{&pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}, driver.ErrConnection},
+		{&pgconn.PgError{Code: "22021", Message: "invalid byte sequence"}, driver.ErrDataRefused},
+		{&pgconn.PgError{Code: "54000", Message: "index row size exceeds maximum"}, driver.ErrDataRefused},
+		{pgconn.ErrConnClosed, driver.ErrConnection},
+	} {
+		wrapped := fmt.Errorf("handler: %w", tc.err)
+		got := s.InterpretError(wrapped)
+		require.ErrorIs(t, got, tc.mark, "%v", tc.err)
+		require.ErrorIs(t, got, tc.err, "the database's error stays in the chain")
+		require.Equal(t, wrapped.Error(), got.Error(), "the message is the database's")
+	}
+	for _, err := range []error{
+		&pgconn.PgError{Code: "23505", Message: "duplicate key"}, errors.New("handler failed"), context.Canceled,
+	} {
+		got := s.InterpretError(err)
+		for _, mark := range []error{driver.ErrConflict, driver.ErrConnection, driver.ErrDataRefused} {
+			require.NotErrorIs(t, got, mark, "%v", err)
+		}
+	}
+	require.NoError(t, s.InterpretError(nil))
+
+	// A statement the database refuses comes back marked from the
+	// executor itself.
+	tx := s.Begin()
+	defer tx.Rollback(context.Background())
+	_, err := s.RecordInbox(context.Background(), tx, &message.Envelope{MessageID: uuid.New(), Kind: message.KindEvent, Type: "bad\x00type"})
+	require.ErrorIs(t, err, driver.ErrDataRefused, "%v", err)
 }

@@ -101,7 +101,11 @@ func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := h.open(ctx); err != nil {
 		return nil, err
 	}
-	return h.Tx.Begin(ctx)
+	sp, err := h.Tx.Begin(ctx)
+	if err != nil {
+		return nil, h.t.lost(err)
+	}
+	return &savepointTx{Tx: sp, t: h.t}, nil
 }
 
 func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -185,4 +189,51 @@ func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns 
 	}
 	n, err := h.Tx.CopyFrom(ctx, table, columns, rows)
 	return n, h.t.lost(err)
+}
+
+// savepointTx is a savepoint of an engine transaction handed to code that
+// does its own writes in it (a local step, a handler's nested
+// transaction): its statements' errors are marked as the transaction's
+// own are (engineTx.lost), and its savepoints are savepointTx too.
+type savepointTx struct {
+	pgx.Tx
+	t *engineTx
+}
+
+func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	sp, err := s.Tx.Begin(ctx)
+	if err != nil {
+		return nil, s.t.lost(err)
+	}
+	return &savepointTx{Tx: sp, t: s.t}, nil
+}
+
+func (s *savepointTx) Commit(ctx context.Context) error { return s.t.lost(s.Tx.Commit(ctx)) }
+
+func (s *savepointTx) Rollback(ctx context.Context) error { return s.t.lost(s.Tx.Rollback(ctx)) }
+
+func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := s.Tx.Exec(ctx, sql, args...)
+	return tag, s.t.lost(err)
+}
+
+func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows, err := s.Tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, s.t.lost(err)
+	}
+	return &handlerRows{Rows: rows, t: s.t}, nil
+}
+
+func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return handlerRow{row: s.Tx.QueryRow(ctx, sql, args...), t: s.t}
+}
+
+func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return handlerBatch{BatchResults: s.Tx.SendBatch(ctx, b), t: s.t}
+}
+
+func (s *savepointTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error) {
+	n, err := s.Tx.CopyFrom(ctx, table, columns, rows)
+	return n, s.t.lost(err)
 }

@@ -36,14 +36,14 @@ func (s *executor) Listen(ctx context.Context, onNotify func()) error {
 	channel := s.notifyChannel()
 	pooled, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("listen on %q: acquire connection: %w", channel, err)
+		return fmt.Errorf("listen on %q: acquire connection: %w", channel, interpretError(err))
 	}
 	// A connection that was listening must not go back to the pool: it may
 	// still be subscribed or half-read. It is closed instead.
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a broken conn
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return fmt.Errorf("listen on %q: %w", channel, err)
+		return fmt.Errorf("listen on %q: %w", channel, lostConn(conn, err))
 	}
 	onNotify()
 	for {
@@ -51,7 +51,7 @@ func (s *executor) Listen(ctx context.Context, onNotify func()) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("wait for notification on %q: %w", channel, err)
+			return fmt.Errorf("wait for notification on %q: %w", channel, lostConn(conn, err))
 		}
 		onNotify()
 	}

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
@@ -336,7 +336,7 @@ func (s *Store) lockKey() int64 {
 }
 
 // ErrSchemaOutdated is returned by CheckSchema when migrations are missing.
-var ErrSchemaOutdated = errors.New("schema is not migrated")
+var ErrSchemaOutdated = driver.ErrSchemaOutdated
 
 // CheckSchema returns an error wrapping ErrSchemaOutdated, naming the command
 // to run, unless every migration of lines is applied. Clients call it at

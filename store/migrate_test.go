@@ -22,7 +22,9 @@ func newUnmigrated(t *testing.T) *dbtest.DB {
 	dbtest.DropSchemaOnCleanup(t, pool, schema)
 	s, err := store.New(pool, schema)
 	require.NoError(t, err)
-	return &dbtest.DB{Executor: s.Executor(), Store: s, Pool: pool}
+	ex, err := store.NewExecutor(pool, schema)
+	require.NoError(t, err)
+	return &dbtest.DB{Executor: ex, Store: s, Pool: pool}
 }
 
 func TestMigrateConcurrently(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"math"
 	"sort"
 	"strconv"
 	"time"
@@ -227,63 +226,6 @@ func nullable(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// endOfTime is the position after every row of a list paged by time, most
-// recent first: its first page starts there.
-var endOfTime = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
-
-// OutboxDeadList implements driver.Executor.
-func (s *executor) OutboxDeadList(ctx context.Context, after *driver.OutboxDead, max int) ([]driver.OutboxDead, error) {
-	db, err := s.pooled()
-	if err != nil {
-		return nil, err
-	}
-	p := &dbsqlc.OutboxDeadListParams{AfterDeadAt: endOfTime, AfterID: math.MaxInt64, Max: int32(max)}
-	if after != nil {
-		p.AfterID, p.AfterDeadAt = after.ID, after.DeadAt
-	}
-	rows, err := s.queries.OutboxDeadList(ctx, db, p)
-	if err != nil {
-		return nil, fmt.Errorf("list dead outbox rows in schema %q: %w", s.schema, err)
-	}
-	out := make([]driver.OutboxDead, len(rows))
-	for i, r := range rows {
-		out[i] = driver.OutboxDead{
-			OutboxRow: driver.OutboxRow{ID: r.ID, Message: outboxMessage(r), PublishAttempts: int(r.PublishAttempts)},
-			Reason:    r.LastError,
-		}
-		if r.DeadAt != nil {
-			out[i].DeadAt = *r.DeadAt
-		}
-	}
-	return out, nil
-}
-
-// OutboxDeadRetry implements driver.Executor.
-func (s *executor) OutboxDeadRetry(ctx context.Context, ids []int64) (int64, error) {
-	db, err := s.pooled()
-	if err != nil {
-		return 0, err
-	}
-	n, err := s.queries.OutboxDeadRetry(ctx, db, nonNil(ids))
-	if err != nil {
-		return 0, fmt.Errorf("retry dead outbox rows in schema %q: %w", s.schema, err)
-	}
-	return n, nil
-}
-
-// OutboxDeadDelete implements driver.Executor.
-func (s *executor) OutboxDeadDelete(ctx context.Context, ids []int64) (int64, error) {
-	db, err := s.pooled()
-	if err != nil {
-		return 0, err
-	}
-	n, err := s.queries.OutboxDeadDelete(ctx, db, nonNil(ids))
-	if err != nil {
-		return 0, fmt.Errorf("delete dead outbox rows in schema %q: %w", s.schema, err)
-	}
-	return n, nil
 }
 
 // OutboxPresent implements driver.Executor.

@@ -23,23 +23,6 @@ import (
 // are in queries/outboxlog.sql; the publication's DDL names the publication
 // and the schema's table, like the migrations' DDL.
 
-// SetupOutboxLog creates, unless they exist, the publication of the
-// schema's outbox inserts and the logical replication slot that a relay in
-// log mode reads under its default names (sagabox_<schema>), as `sagabox
-// relay setup-log` does, and reports whether it created the slot. The
-// server needs wal_level = logical.
-func (s *Store) SetupOutboxLog(ctx context.Context) (bool, error) {
-	slot, pub := driver.LogNames(s.schema)
-	return s.Executor().OutboxLogSetup(ctx, slot, pub)
-}
-
-// DropOutboxLog drops the slot and publication SetupOutboxLog creates, as
-// `sagabox relay drop-log` does; it refuses while a relay reads the slot.
-func (s *Store) DropOutboxLog(ctx context.Context) error {
-	slot, pub := driver.LogNames(s.schema)
-	return s.Executor().OutboxLogDrop(ctx, slot, pub)
-}
-
 // SQLSTATEs of the replication commands.
 const (
 	sqlstateObjectInUse     = "55006" // the slot is active for another PID
@@ -66,7 +49,7 @@ func (s *executor) OutboxLogStatus(ctx context.Context, slot, publication string
 	if s.pool == nil {
 		return driver.LogStatus{}, fmt.Errorf("store for schema %q has no connection pool", s.schema)
 	}
-	row, err := s.queries.OutboxLogStatus(ctx, s.pool, &dbsqlc.OutboxLogStatusParams{Publication: publication, Slot: slot})
+	row, err := s.queries.OutboxLogStatus(ctx, s.db(s.pool), &dbsqlc.OutboxLogStatusParams{Publication: publication, Slot: slot})
 	if err != nil {
 		return driver.LogStatus{}, fmt.Errorf("read replication slot %q: %w", slot, err)
 	}
@@ -98,13 +81,13 @@ func (s *executor) OutboxLogSetup(ctx context.Context, slot, publication string)
 		_, err := s.pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{publication}.Sanitize()+
 			" FOR TABLE "+s.prefix+"sagabox_outbox WITH (publish = 'insert')")
 		if err != nil && !isCode(err, sqlstateDuplicateObject) {
-			return false, fmt.Errorf("create publication %q: %w", publication, err)
+			return false, fmt.Errorf("create publication %q: %w", publication, interpretError(err))
 		}
 	}
 	if st.SlotExists {
 		return false, nil
 	}
-	err = s.queries.OutboxLogCreateSlot(ctx, s.pool, slot)
+	err = s.queries.OutboxLogCreateSlot(ctx, s.db(s.pool), slot)
 	var pgErr *pgconn.PgError
 	if err != nil && errors.As(err, &pgErr) && pgErr.Code == sqlstateDuplicateObject {
 		return false, nil
@@ -115,9 +98,10 @@ func (s *executor) OutboxLogSetup(ctx context.Context, slot, publication string)
 	return true, nil
 }
 
-// OutboxLogDrop implements driver.Executor. It waits up to 5 s for a
-// reader that is going away.
-func (s *executor) OutboxLogDrop(ctx context.Context, slot, publication string) error {
+// outboxLogDrop drops the slot (refused while a reader holds it) and the
+// publication, those that exist. It waits up to 5 s for a reader that is
+// going away.
+func (s *executor) outboxLogDrop(ctx context.Context, slot, publication string) error {
 	st, err := s.OutboxLogStatus(ctx, slot, publication)
 	if err != nil {
 		return err
@@ -138,12 +122,12 @@ func (s *executor) OutboxLogDrop(ctx context.Context, slot, publication string) 
 		if st.Active {
 			return fmt.Errorf("drop replication slot %q: a relay (backend PID %d) is reading it: stop the relays in log mode first", slot, st.ActivePID)
 		}
-		err := s.queries.OutboxLogDropSlot(ctx, s.pool, slot)
+		err := s.queries.OutboxLogDropSlot(ctx, s.db(s.pool), slot)
 		if err != nil && !isCode(err, sqlstateUndefinedObject) {
 			return fmt.Errorf("drop replication slot %q: %w", slot, err)
 		}
 	}
-	if _, err := s.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{publication}.Sanitize()); err != nil {
+	if _, err := s.db(s.pool).Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{publication}.Sanitize()); err != nil {
 		return fmt.Errorf("drop publication %q: %w", publication, err)
 	}
 	return nil

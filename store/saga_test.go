@@ -90,6 +90,7 @@ func TestWriteTransitionsDetectsConflict(t *testing.T) {
 	require.NoError(t, write(got))
 	err = write(got)
 	require.Error(t, err, "the second write carries a stale revision")
+	require.ErrorIs(t, err, driver.ErrConflict, "the driver marks a conflict: the transaction runs again")
 	require.True(t, store.IsRetryable(err), "a conflict asks for the transaction to run again: %v", err)
 	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_saga_history`), "the stale write wrote no history")
 	require.Equal(t, 2, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "nor a message")

@@ -24,6 +24,8 @@
 package store
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -83,13 +85,33 @@ func New(pool *pgxpool.Pool, schema string) (*Store, error) {
 // Schema returns the schema the store works in.
 func (s *Store) Schema() string { return s.schema }
 
-// Executor returns the store as the engine's persistence: its units of
-// work. It is for sagabox's engine, clients and tools; the migrations and
-// CheckSchema are the Store's stable API for users.
-func (s *Store) Executor() driver.Executor { return &executor{s} }
+// NewExecutor returns the persistence of schema on pool as the engine's
+// contract (driver.Executor): one method per unit of work of the engine.
+// sagabox's clients build their engine on it. Applications use the
+// clients, and operators the clients' and the Store's operations; no other
+// package of sagabox calls it (the architecture test keeps it so). An empty
+// schema means DefaultSchema.
+func NewExecutor(pool *pgxpool.Pool, schema string) (driver.Executor, error) {
+	if pool == nil {
+		return nil, errors.New("store: a connection pool is required")
+	}
+	s, err := New(pool, schema)
+	if err != nil {
+		return nil, err
+	}
+	return &executor{s}, nil
+}
 
 // executor implements driver.Executor on a Store.
 type executor struct{ *Store }
+
+// SchemaCheck implements driver.Executor.
+func (s *executor) SchemaCheck(ctx context.Context, sagas bool) error {
+	if sagas {
+		return s.CheckSchema(ctx, LineMessaging, LineSaga)
+	}
+	return s.CheckSchema(ctx, LineMessaging)
+}
 
 var _ driver.Executor = (*executor)(nil)
 

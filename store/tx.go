@@ -94,7 +94,11 @@ func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 			return nil, err
 		}
 	}
-	return t.tx.Begin(ctx)
+	sp, err := t.tx.Begin(ctx)
+	if err != nil {
+		return nil, t.lost(err)
+	}
+	return &savepointTx{Tx: sp, t: t}, nil
 }
 
 // Commit implements driver.Tx.
@@ -129,11 +133,12 @@ func (t *engineTx) Commit(ctx context.Context) error {
 	return t.lost((&pipe{t: t, commit: true}).end(br, nil))
 }
 
-// lost returns err marked as a lost connection when pgx closed t's
-// connection under the statement that failed (see IsConnectionError).
+// lost returns err marked with the driver's sentinels (interpretError),
+// and as a lost connection when pgx closed t's connection under the
+// statement that failed.
 func (t *engineTx) lost(err error) error {
 	if err == nil || t.conn == nil {
-		return err
+		return interpretError(err)
 	}
 	return lostConn(t.conn.Conn(), err)
 }
@@ -144,7 +149,7 @@ func (t *engineTx) readPending(br pgx.BatchResults, pending []pendingStmt) error
 	for _, s := range pending {
 		if _, err := br.Exec(); err != nil {
 			name, _, _ := strings.Cut(s.sql, "\n")
-			t.err = fmt.Errorf("%s: %w", name, err)
+			t.err = t.lost(fmt.Errorf("%s: %w", name, err))
 			return t.err
 		}
 	}

@@ -147,7 +147,7 @@ func (a *app) setup(ctx context.Context) error {
 			return err
 		}
 		if a.o.relayMode == string(orchestrator.RelayModeLog) {
-			if _, err := st.SetupOutboxLog(ctx); err != nil {
+			if _, err := st.SetupOutboxLog(ctx, store.OutboxLogNames{}); err != nil {
 				return fmt.Errorf("set up the log relay of %s: %w", name, err)
 			}
 		}

@@ -7,8 +7,13 @@ package archtest
 import (
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -19,6 +24,9 @@ const module = "github.com/sagabox/sagabox"
 
 type pkg struct {
 	ImportPath string
+	Name       string
+	Dir        string
+	GoFiles    []string
 	Imports    []string
 }
 
@@ -113,7 +121,18 @@ var rules = []rule{
 	{"the library never imports the fault kit", in("saga", "message", "store", "transport", "internal", "orchestrator", "participant", "cmd"), in("faulttest")},
 	{"the fault kit uses the public API only", in("faulttest"), in("internal")},
 	{"the library uses the OpenTelemetry API only", not(in("examples", "internal/testkit")), external("go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters")},
+	// The one door to PostgreSQL: the engine speaks the driver contract,
+	// never its implementation.
+	{"the engine sees PostgreSQL only through the driver contract", in("internal/engine", "internal/relay", "internal/telemetry"), and(in("store"), not(in("store/driver")))},
+	// Tools work through the clients' and the store's public operations,
+	// as a user's tool would.
+	{"tools use public operations, never the driver or the engine", in("console", "faulttest", "cmd", "examples"), in("store/driver", "internal/engine", "internal/relay", "internal/telemetry")},
 }
+
+// executorUsers are the packages whose code may open the driver's executor
+// (store.NewExecutor): the two clients build their engine on it, and the
+// test kit's database helper hands it to the engine's own tests.
+var executorUsers = []string{"store", "orchestrator", "participant", "internal/testkit/dbtest"}
 
 // TestImportRules checks the import direction that README.md sets: every
 // arrow points down (cmd → clients → internal engine → store, transport →
@@ -138,19 +157,21 @@ func TestImportRules(t *testing.T) {
 func TestRulesCatchViolations(t *testing.T) {
 	t.Parallel()
 	violations := map[string][2]string{
-		"saga imports nothing of ours":                            {module + "/saga", module + "/message"},
-		"message imports nothing of ours":                         {module + "/message", module + "/transport"},
-		"store speaks message's types, not transport's":           {module + "/store", module + "/transport"},
-		"store makes no tracing decisions":                        {module + "/store", "go.opentelemetry.io/otel/propagation"},
-		"transport knows nothing of persistence":                  {module + "/transport/rabbitmq", module + "/store"},
-		"the orchestrator never imports the participant":          {module + "/orchestrator", module + "/participant"},
-		"the participant never imports the orchestrator":          {module + "/participant", module + "/orchestrator"},
-		"internal/ is below the clients":                          {module + "/internal/relay", module + "/orchestrator"},
-		"store is below the engine and the clients":               {module + "/store", module + "/internal/engine"},
-		"the driver contract imports nothing of ours but message": {module + "/store/driver", module + "/store"},
-		"the console is a tool above the clients":                 {module + "/orchestrator", module + "/console"},
-		"the library never imports the fault kit":                 {module + "/participant", module + "/faulttest"},
-		"the fault kit uses the public API only":                  {module + "/faulttest", module + "/internal/engine"},
+		"saga imports nothing of ours":                                {module + "/saga", module + "/message"},
+		"message imports nothing of ours":                             {module + "/message", module + "/transport"},
+		"store speaks message's types, not transport's":               {module + "/store", module + "/transport"},
+		"store makes no tracing decisions":                            {module + "/store", "go.opentelemetry.io/otel/propagation"},
+		"transport knows nothing of persistence":                      {module + "/transport/rabbitmq", module + "/store"},
+		"the orchestrator never imports the participant":              {module + "/orchestrator", module + "/participant"},
+		"the participant never imports the orchestrator":              {module + "/participant", module + "/orchestrator"},
+		"internal/ is below the clients":                              {module + "/internal/relay", module + "/orchestrator"},
+		"store is below the engine and the clients":                   {module + "/store", module + "/internal/engine"},
+		"the driver contract imports nothing of ours but message":     {module + "/store/driver", module + "/store"},
+		"the console is a tool above the clients":                     {module + "/orchestrator", module + "/console"},
+		"the library never imports the fault kit":                     {module + "/participant", module + "/faulttest"},
+		"the fault kit uses the public API only":                      {module + "/faulttest", module + "/internal/engine"},
+		"the engine sees PostgreSQL only through the driver contract": {module + "/internal/engine", module + "/store"},
+		"tools use public operations, never the driver or the engine": {module + "/cmd/sagabox/internal/bench", module + "/store/driver"},
 	}
 	for _, r := range rules {
 		v, ok := violations[r.why]
@@ -161,4 +182,83 @@ func TestRulesCatchViolations(t *testing.T) {
 		delete(violations, r.why)
 	}
 	require.Empty(t, violations, "every listed violation has its rule")
+}
+
+// TestOnlyTheClientsOpenTheExecutor checks that no package outside store,
+// the two clients and the test kit's database helper calls
+// store.NewExecutor: the driver's executor is the engine's door to
+// PostgreSQL, and tools use public operations instead.
+func TestOnlyTheClientsOpenTheExecutor(t *testing.T) {
+	t.Parallel()
+	allowed := in(executorUsers...)
+	for _, p := range listPackages(t) {
+		if allowed(p.ImportPath) {
+			continue
+		}
+		for _, file := range p.GoFiles {
+			for _, pos := range executorCalls(t, filepath.Join(p.Dir, file)) {
+				t.Errorf("%s opens the driver's executor (store.NewExecutor) at %s: use the clients' or the store's operations", p.ImportPath, pos)
+			}
+		}
+	}
+}
+
+// executorCalls returns the positions in the Go file path of references to
+// store.NewExecutor (calls or method values).
+func executorCalls(t *testing.T, path string) []string {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	require.NoError(t, err)
+	local := ""
+	for _, imp := range f.Imports {
+		if strings.Trim(imp.Path.Value, `"`) != module+"/store" {
+			continue
+		}
+		local = "store"
+		if imp.Name != nil {
+			local = imp.Name.Name
+		}
+	}
+	if local == "" {
+		return nil
+	}
+	var found []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok || sel.Sel.Name != "NewExecutor" {
+			return true
+		}
+		if id, ok := sel.X.(*ast.Ident); ok && id.Name == local {
+			found = append(found, fset.Position(sel.Pos()).String())
+		}
+		return true
+	})
+	return found
+}
+
+// TestExecutorCallsAreFound makes sure executorCalls is not vacuous: it
+// finds a call under the package's own name and under another.
+func TestExecutorCallsAreFound(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for name, src := range map[string]string{
+		"plain.go":   "package x\nimport \"" + module + "/store\"\nvar _, _ = store.NewExecutor(nil, \"s\")\n",
+		"renamed.go": "package x\nimport st \"" + module + "/store\"\nvar f = st.NewExecutor\n",
+	} {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(src), 0o600))
+		require.Len(t, executorCalls(t, path), 1, name)
+	}
+}
+
+// TestInternalHoldsNoProgram checks that internal/ holds libraries only:
+// programs live under cmd/ (and examples/).
+func TestInternalHoldsNoProgram(t *testing.T) {
+	t.Parallel()
+	for _, p := range listPackages(t) {
+		if in("internal")(p.ImportPath) && p.Name == "main" {
+			t.Errorf("%s is a program: programs live under cmd/", p.ImportPath)
+		}
+	}
 }

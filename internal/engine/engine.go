@@ -25,13 +25,12 @@ import (
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 )
 
 // ConflictRetries is how many times a delivery's transaction is run again
-// at once after a serialization failure or a deadlock (store.IsRetryable).
+// at once after a serialization failure or a deadlock (driver.ErrConflict).
 const ConflictRetries = 5
 
 // DefaultMaxPayloadBytes is the largest payload a client accepts (1 MiB).
@@ -52,7 +51,7 @@ type Processor interface {
 	// Process applies d in one transaction of its own and commits it.
 	// attempt is 1 the first time d is processed and n after n-1 failed
 	// attempts. An error that is a *Poison gives d up at once; an error for
-	// which store.IsRetryable is true runs Process again at once (up to
+	// which errors.Is(err, driver.ErrConflict) runs Process again at once (up to
 	// ConflictRetries times); any other error is retried with backoff.
 	Process(ctx context.Context, d *transport.Delivery, attempt int) (Result, error)
 	// GiveUp records that d is given up on, for p's reason, in a
@@ -100,7 +99,7 @@ type Result struct {
 	// the others' committed: the engine counts it as the delivery's first
 	// attempt and retries it after the backoff, as it would a delivery
 	// processed on its own, rather than process it again at once. A
-	// deadlock or a serialization failure (store.IsRetryable) is processed
+	// deadlock or a serialization failure (driver.ErrConflict) is processed
 	// again at once, uncounted, as it would be alone.
 	Failed error
 
@@ -373,7 +372,7 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 	for k, i := range at {
 		var h telemetry.Handled
 		switch {
-		case err != nil || results[k].Defer || store.IsRetryable(results[k].Failed):
+		case err != nil || results[k].Defer || errors.Is(results[k].Failed, driver.ErrConflict):
 			// A deadlock or serialization failure of one item is run
 			// again at once and not counted, as Process's are (Retrying).
 			if len(items) > 1 && err != nil && k == 0 && ctx.Err() == nil {
@@ -435,7 +434,7 @@ func (e *Engine) settle(ctx context.Context, d *transport.Delivery, res Result, 
 		// Shutting down past the stop timeout: not the message's fault.
 		e.log.Info("delivery cancelled by shutdown; it will be redelivered", logAttrs(d)...)
 		return transport.Retry(0), telemetry.Handled{Outcome: telemetry.OutcomeRetry, Cause: telemetry.CauseShutdown, Err: err}
-	case store.IsConnectionError(err):
+	case errors.Is(e.cfg.DB.InterpretError(err), driver.ErrConnection):
 		// The database is restarting or unreachable: not the message's
 		// fault, so it does not count against its attempts.
 		return e.infraRetry(ctx, d, err)
@@ -506,12 +505,12 @@ func (e *Engine) wake(res Result) {
 
 // Retrying runs fn, a transaction, and again at once, up to ConflictRetries
 // more times, while it fails with a serialization failure or a deadlock
-// (store.IsRetryable) and ctx is not done. fn must be safe to run again: its
+// (driver.ErrConflict) and ctx is not done. fn must be safe to run again: its
 // transaction was rolled back.
 func Retrying(ctx context.Context, fn func() error) error {
 	for try := 0; ; try++ {
 		err := fn()
-		if err == nil || !store.IsRetryable(err) || try >= ConflictRetries || ctx.Err() != nil {
+		if err == nil || !errors.Is(err, driver.ErrConflict) || try >= ConflictRetries || ctx.Err() != nil {
 			return err
 		}
 	}
@@ -565,7 +564,7 @@ func (e *Engine) giveUp(ctx context.Context, d *transport.Delivery, p *Poison) (
 		if res.Wrote {
 			e.relay.Wake()
 		}
-	case store.IsDataError(err) && ctx.Err() == nil:
+	case errors.Is(err, driver.ErrDataRefused) && ctx.Err() == nil:
 		// Postgres refuses the message's own data (text it cannot hold, a
 		// step too long for the barrier's key): every retry would fail the
 		// same way. It cannot be recorded nor answered, only dead-lettered.

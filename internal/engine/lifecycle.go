@@ -3,10 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 )
 
@@ -92,3 +94,52 @@ func AwaitReady(ctx context.Context, log *slog.Logger, what string, transient fu
 // BrokerTransient reports whether err, from the broker's Declare or
 // Subscribe, may go away by waiting: every error but transport.ErrPermanent.
 func BrokerTransient(err error) bool { return !errors.Is(err, transport.ErrPermanent) }
+
+// RunGuard lets one Run of a client run at a time. Its lock also guards
+// what a client may change only while it is not running (the participant's
+// handlers): change and read it in With. What Run's goroutines read of it
+// needs no lock: it cannot change while they run.
+type RunGuard struct {
+	mu      sync.Mutex
+	running bool
+}
+
+// Enter marks the client running, unless it is already or ready refuses
+// to start (no handler registered, say): ready runs under the guard's
+// lock, so that what it reads cannot change before Run begins. Errors are
+// prefixed with client. Call leave when Run returns.
+func (g *RunGuard) Enter(client string, ready func() error) (leave func(), err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.running {
+		return nil, fmt.Errorf("%s: Run called while the client is already running", client)
+	}
+	if ready != nil {
+		if err := ready(); err != nil {
+			return nil, fmt.Errorf("%s: %w", client, err)
+		}
+	}
+	g.running = true
+	return func() {
+		g.mu.Lock()
+		g.running = false
+		g.mu.Unlock()
+	}, nil
+}
+
+// With runs fn under the guard's lock, telling it whether Run is running.
+func (g *RunGuard) With(fn func(running bool)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	fn(g.running)
+}
+
+// AwaitSchema waits until the client's schema is reachable and checks that
+// it is migrated (the saga tables too when the engine keeps sagas),
+// logging and retrying while the database is down or restarting. It
+// returns the check's error when the schema is not migrated (it names the
+// command to run), and ctx's when ctx ends first.
+func (e *Engine) AwaitSchema(ctx context.Context) error {
+	return AwaitReady(ctx, e.log, "check the schema", func(err error) bool { return errors.Is(err, driver.ErrConnection) },
+		func(ctx context.Context) error { return e.cfg.DB.SchemaCheck(ctx, e.cfg.KeepsSagas) })
+}

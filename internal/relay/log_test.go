@@ -91,7 +91,7 @@ func logStoreWith(t *testing.T, pg *servers.Postgres, modify func(*pgxpool.Confi
 		// The relays have stopped (cleanups run last first); a killed
 		// reader's backend may take a moment to go.
 		require.Eventually(t, func() bool {
-			return s.OutboxLogDrop(context.Background(), slot, pub) == nil
+			return s.Store.DropOutboxLog(context.Background(), store.OutboxLogNames{Slot: slot, Publication: pub}) == nil
 		}, waitFor, 100*time.Millisecond, "drop the slot")
 	})
 	return s
@@ -224,7 +224,7 @@ func TestLogRelayCheckSaysWhatToChange(t *testing.T) {
 	// On a logical server without the set-up, it names the command.
 	ls := logStore(t, logPostgres(t))
 	slot, pub := LogNames(ls.Schema())
-	require.NoError(t, ls.OutboxLogDrop(context.Background(), slot, pub))
+	require.NoError(t, ls.Store.DropOutboxLog(context.Background(), store.OutboxLogNames{Slot: slot, Publication: pub}))
 	r, err = New(ls.Executor, b, Options{Mode: ModeLog}, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
 	require.ErrorContains(t, r.Check(context.Background()), "sagabox relay setup-log")
@@ -315,17 +315,17 @@ func runHelperRelay() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	st, err := store.New(pool, os.Getenv("HELPER_SCHEMA"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	b, err := rabbitmq.New(ctx, rabbitmq.Config{URL: os.Getenv("HELPER_AMQP"), Namespace: os.Getenv("HELPER_NS")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	r, err := New(st.Executor(), b, Options{Mode: ModeLog, BatchSize: 10}, Schema{}, nil)
+	ex, err := store.NewExecutor(pool, os.Getenv("HELPER_SCHEMA"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	r, err := New(ex, b, Options{Mode: ModeLog, BatchSize: 10}, Schema{}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -498,7 +498,7 @@ func TestSwitchingRelayModesLosesNothing(t *testing.T) {
 	ctx := context.Background()
 	s := logStore(t, logPostgres(t))
 	slot, pub := LogNames(s.Schema())
-	require.NoError(t, s.OutboxLogDrop(ctx, slot, pub)) // a service that never ran in log mode
+	require.NoError(t, s.Store.DropOutboxLog(ctx, store.OutboxLogNames{Slot: slot, Publication: pub})) // a service that never ran in log mode
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
 
@@ -548,7 +548,7 @@ func TestSwitchingRelayModesLosesNothing(t *testing.T) {
 	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Mode: ModePoll}})
 	waitWritten(len(beforeSlot) + 300)
 	stopLog()
-	require.NoError(t, s.OutboxLogDrop(ctx, slot, pub))
+	require.NoError(t, s.Store.DropOutboxLog(ctx, store.OutboxLogNames{Slot: slot, Publication: pub}))
 	waitWritten(len(beforeSlot) + 400)
 	stopWriting()
 	<-writerDone

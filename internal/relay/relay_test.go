@@ -572,7 +572,7 @@ func TestUnroutableReplyAloneIsRecordedDead(t *testing.T) {
 		st, err := s.OutboxStats(ctx)
 		return err == nil && st.Dead == 1
 	}, waitFor, 20*time.Millisecond, "the reply is recorded dead")
-	dead, err := s.OutboxDeadList(ctx, nil, 10)
+	dead, err := s.Store.DeadRows(ctx, nil, 10)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, msgs[0].MessageID, dead[0].Message.MessageID)
@@ -608,7 +608,7 @@ func TestUnroutableReplyIsGivenUpAndCanBeRetried(t *testing.T) {
 		st, err := s.OutboxStats(ctx)
 		return err == nil && st.Dead == 1
 	}, waitFor, 20*time.Millisecond, "the reply is given up on")
-	dead, err := s.OutboxDeadList(ctx, nil, 10)
+	dead, err := s.Store.DeadRows(ctx, nil, 10)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
 	require.Equal(t, reply.MessageID, dead[0].Message.MessageID)
@@ -631,7 +631,7 @@ func TestUnroutableReplyIsGivenUpAndCanBeRetried(t *testing.T) {
 	// A queue for the reply appears; the operator retries it.
 	spec := transport.QueueSpec{Name: "gone", Replies: true}
 	require.NoError(t, b.Declare(ctx, spec))
-	n, err := s.OutboxDeadRetry(ctx, []int64{dead[0].ID})
+	n, err := s.Store.RetryDeadRows(ctx, []int64{dead[0].ID})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	got := make(chan uuid.UUID, 1)

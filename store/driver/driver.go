@@ -4,7 +4,7 @@
 // write transitions, claim and settle an outbox batch, prune), each sent as
 // one pipelined round trip where SQL allows, in the types of package message
 // and of this package. Package store implements it on PostgreSQL
-// (store.Store.Executor); the engine, the clients and sagabox's own tools
+// (store.NewExecutor); the engine, the clients and sagabox's own tools
 // use it. It is internal: its shape follows the engine's needs.
 package driver
 
@@ -49,6 +49,16 @@ type Executor interface {
 	// Begin returns a transaction that begins with its first operation; it
 	// acquires a connection then.
 	Begin() Tx
+	// SchemaCheck returns an error wrapping ErrSchemaOutdated, which names
+	// the command to run, unless the schema holds the messaging tables at
+	// their latest version, and with sagas the saga tables too.
+	SchemaCheck(ctx context.Context, sagas bool) error
+	// InterpretError marks err, an error of code the engine runs besides
+	// the executor's operations (a handler, a local step, which may reach
+	// the database through pools of their own), with the sentinel errors
+	// of this package (ErrConflict, ErrConnection, ErrDataRefused) as the
+	// executor marks its own errors; other errors pass unchanged.
+	InterpretError(err error) error
 
 	// StartSaga writes st in tx, the caller's transaction, in one statement:
 	// the saga exists, and its first messages are sent, if and only if tx
@@ -120,7 +130,7 @@ type Executor interface {
 	// state the caller kept from its own last write of them: their inbox
 	// record goes out with t's next statement, and no saga is read or
 	// locked. If the inbox had any of them, t fails with an error for which
-	// store.IsRetryable is true (as the write does if a saga moved on since
+	// errors.Is(err, ErrConflict) (as the write does if a saga moved on since
 	// the caller's copy): run the transaction again with ReceiveReplies.
 	ReceiveKnownReplies(ctx context.Context, t Tx, envs []*message.Envelope) error
 	// LockSagas locks the sagas ids in t, in id order, and returns those
@@ -134,7 +144,7 @@ type Executor interface {
 	// WriteTransitions writes trs in t in one statement, and with commit
 	// commits t in the same round trip. A saga whose revision moved on since
 	// its transition was computed fails it with an error for which
-	// store.IsRetryable is true, and nothing is written: run the transaction
+	// errors.Is(err, ErrConflict), and nothing is written: run the transaction
 	// again. The messages are prepared in place, and once the statement
 	// succeeds each trs[i].Saga is the row as stored: its revision
 	// advanced, its times at the microsecond in UTC, its error text as
@@ -205,9 +215,6 @@ type Executor interface {
 	// Barrier returns, read in t, the mark of env's saga step in phase, or
 	// an error wrapping message.ErrNotFound.
 	Barrier(ctx context.Context, t Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error)
-	// BarrierList returns the barrier marks saga id left in this schema, in
-	// the order they were left.
-	BarrierList(ctx context.Context, id uuid.UUID) ([]BarrierRecord, error)
 	// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
 	// phase unless one is there, and reports whether it did. A "started"
 	// mark that env itself left (an outside call given up on) is completed
@@ -226,11 +233,6 @@ type Executor interface {
 	// AttemptGet returns the attempt record of message id, or an error
 	// wrapping message.ErrNotFound when it never failed.
 	AttemptGet(ctx context.Context, id uuid.UUID) (Attempt, error)
-	// AttemptList lists up to max attempt records, most recently updated
-	// first; only those of dead-lettered messages with deadLetteredOnly.
-	// A non-nil after is the last record of the previous page (its
-	// UpdatedAt and MessageID are read): the list goes on after it.
-	AttemptList(ctx context.Context, deadLetteredOnly bool, after *Attempt, max int) ([]Attempt, error)
 
 	// OutboxWrite inserts msgs into the outbox in tx, the caller's
 	// transaction, so they are published if and only if tx commits. It
@@ -245,16 +247,6 @@ type Executor interface {
 	// are never published out of order by two relays. Its cost is bounded by
 	// opts.Max whatever the backlog.
 	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
-	// OutboxDeadList lists up to max rows the relay gave up on, most
-	// recent first. A non-nil after is the last row of the previous page
-	// (its DeadAt and ID are read): the list goes on after it.
-	OutboxDeadList(ctx context.Context, after *OutboxDead, max int) ([]OutboxDead, error)
-	// OutboxDeadRetry makes the dead rows ids unpublished again, attempts
-	// reset, and returns how many it found.
-	OutboxDeadRetry(ctx context.Context, ids []int64) (int64, error)
-	// OutboxDeadDelete deletes the dead rows ids and returns how many it
-	// found.
-	OutboxDeadDelete(ctx context.Context, ids []int64) (int64, error)
 	// OutboxPresent returns which of the rows ids are still in the outbox.
 	OutboxPresent(ctx context.Context, ids []int64) ([]int64, error)
 	// Notify wakes the relays of the schema that Listen in other processes
@@ -276,9 +268,6 @@ type Executor interface {
 	// the logical replication slot (pgoutput) unless they exist, and
 	// reports whether it created the slot.
 	OutboxLogSetup(ctx context.Context, slot, publication string) (bool, error)
-	// OutboxLogDrop drops the slot (refused while a reader holds it) and
-	// the publication, those that exist.
-	OutboxLogDrop(ctx context.Context, slot, publication string) error
 	// OutboxLogStatus returns the state of the set-up and of the slot.
 	OutboxLogStatus(ctx context.Context, slot, publication string) (LogStatus, error)
 
@@ -287,11 +276,6 @@ type Executor interface {
 	Prune(ctx context.Context, r Retention) (Pruned, error)
 	// OutboxStats returns the backlog of the outbox.
 	OutboxStats(ctx context.Context) (OutboxStats, error)
-	// InboxStats summarises the inbox; recent is the window of
-	// InboxStats.RecentlyDuplicated.
-	InboxStats(ctx context.Context, recent time.Duration) (InboxStats, error)
-	// SagaCounts counts sagas by type and status.
-	SagaCounts(ctx context.Context) ([]SagaCount, error)
 	// SagaCountOpen counts the running, compensating and failed sagas of
 	// the given types, by type and status (statuses without sagas are
 	// left out).
@@ -328,6 +312,10 @@ type Executor interface {
 	// OperationsPending counts the pending requests.
 	OperationsPending(ctx context.Context) (int64, error)
 }
+
+// ErrSchemaOutdated is wrapped by SchemaCheck's error when the schema is not
+// migrated to the version the executor needs.
+var ErrSchemaOutdated = errors.New("schema is not migrated")
 
 // ErrNotPending says an operator request was already applied, refused or
 // withdrawn.

@@ -21,15 +21,6 @@ type OutboxStats struct {
 	Dead int64
 }
 
-// OutboxDead is an outbox row the relay gave up on.
-type OutboxDead struct {
-	OutboxRow
-	// Reason is why it was given up on.
-	Reason string
-	// DeadAt is when.
-	DeadAt time.Time
-}
-
 // LateSend is a saga's command or compensation that was published Delay
 // after it was written.
 type LateSend struct {
@@ -44,19 +35,6 @@ type LateSend struct {
 type DeadRow struct {
 	ID     int64
 	Reason string
-}
-
-// InboxStats is a summary of an inbox.
-type InboxStats struct {
-	// Total is the number of processed messages still kept.
-	Total int64
-	// Duplicates is the number of duplicate arrivals, summed over messages.
-	Duplicates int64
-	// DuplicatedMessages is the number of messages that arrived more than once.
-	DuplicatedMessages int64
-	// RecentlyDuplicated is the number of messages whose last duplicate
-	// arrived within the window passed to InboxStats.
-	RecentlyDuplicated int64
 }
 
 // SagaCount is the number of sagas of one type in one status.
@@ -408,19 +386,6 @@ type DeliveryEnd struct {
 	// back and its inbox entry and barrier marks removed, and it is
 	// delivered again on its own.
 	Undo bool
-}
-
-// BarrierRecord is one barrier mark as stored, for inspection.
-type BarrierRecord struct {
-	SagaID uuid.UUID
-	// Run is the saga's run (message.Envelope.Run) the mark belongs to.
-	Run       int
-	Step      string
-	Phase     message.Phase
-	MessageID uuid.UUID
-	Outcome   BarrierOutcome
-	ReplyKind message.Kind
-	CreatedAt time.Time
 }
 
 // LogBatch is what OutboxLog.Next read: rows in commit order, and how far

@@ -162,5 +162,9 @@ func StoreOnPool(tb testing.TB, pool *pgxpool.Pool, lines ...store.Line) *DB {
 	if _, err := s.MigrateUp(ctx, lines...); err != nil {
 		tb.Fatalf("dbtest: migrate schema %s: %v", schema, err)
 	}
-	return &DB{Executor: s.Executor(), Store: s, Pool: pool}
+	ex, err := store.NewExecutor(pool, schema)
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	return &DB{Executor: ex, Store: s, Pool: pool}
 }

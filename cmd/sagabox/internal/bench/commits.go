@@ -8,14 +8,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/sagabox/sagabox/message"
-	"github.com/sagabox/sagabox/store"
+	"github.com/sagabox/sagabox/participant"
 )
 
-// rawCommits measures single-row outbox insert commits from writers: the
-// relay bench's database ceiling.
-func rawCommits(ctx context.Context, pool *pgxpool.Pool, st *store.Store, writers int, d time.Duration) (float64, error) {
+// rawCommits measures single-row outbox insert commits from writers, each
+// through c's Publish (c does not run): the relay bench's database
+// ceiling.
+func rawCommits(ctx context.Context, pool *pgxpool.Pool, c *participant.Client, schema string, writers int, d time.Duration) (float64, error) {
 	var mu sync.Mutex
 	commits := 0
 	cctx, cancel := context.WithTimeout(ctx, d)
@@ -25,7 +24,7 @@ func rawCommits(ctx context.Context, pool *pgxpool.Pool, st *store.Store, writer
 		wg.Go(func() {
 			for cctx.Err() == nil {
 				if err := pgx.BeginFunc(cctx, pool, func(tx pgx.Tx) error {
-					return st.Executor().OutboxWrite(cctx, tx, []message.Message{benchMessage(0)})
+					return c.Publish(cctx, tx, benchMessage(0))
 				}); err == nil {
 					mu.Lock()
 					commits++
@@ -35,6 +34,6 @@ func rawCommits(ctx context.Context, pool *pgxpool.Pool, st *store.Store, writer
 		})
 	}
 	wg.Wait()
-	_, err := pool.Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{st.Schema()}.Sanitize()))
+	_, err := pool.Exec(ctx, fmt.Sprintf("TRUNCATE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize()))
 	return float64(commits) / d.Seconds(), err
 }

@@ -1,6 +1,9 @@
-// Package bench measures the relay against the raw ceilings it sits between:
-// the broker's pipelined-confirm publish rate and Postgres's single-row commit
-// rate, all in one run on one machine, so results are read as ratios.
+// Package bench measures sagabox against baselines measured in the same run
+// on the same machine, so that results are read as ratios: the relay
+// against the raw ceilings it sits between (the broker's pipelined-confirm
+// publish rate and PostgreSQL's single-row commit rate), and saga pipelines
+// against a hand-written one. It drives sagabox through its public API, as
+// a user's service does.
 package bench
 
 import (
@@ -18,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/message"
+	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/store"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
@@ -45,9 +48,9 @@ type RelayConfig struct {
 	// measurements (by default half the saturated rate).
 	LatencyRate float64
 	// Modes are the relay modes measured side by side, in this order;
-	// default relay.ModePoll only. relay.ModeLog needs a server with
-	// wal_level = logical.
-	Modes []relay.Mode
+	// default participant.RelayModePoll only. participant.RelayModeLog needs
+	// a server with wal_level = logical.
+	Modes []participant.RelayMode
 	// Log receives progress lines.
 	Log io.Writer
 }
@@ -75,7 +78,7 @@ type RelayReport struct {
 
 // ModeReport is what RunRelay measured of one relay mode.
 type ModeReport struct {
-	Mode        relay.Mode
+	Mode        participant.RelayMode
 	DrainPerSec float64
 	// DrainCPU is the CPU time per drained message of PostgreSQL (the
 	// server's postmaster and its children), RabbitMQ (every RabbitMQ
@@ -215,7 +218,11 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 
 	// 2. Raw single-row insert commit rate (no relay running).
 	logf("raw commits: %d writers for %s", cfg.CommitWriters, cfg.Duration)
-	if rep.RawCommitPerSec, err = rawCommits(ctx, pool, st, cfg.CommitWriters, cfg.Duration); err != nil {
+	writer, err := relayClient(pool, schema, broker, participant.RelayConfig{})
+	if err != nil {
+		return nil, err
+	}
+	if rep.RawCommitPerSec, err = rawCommits(ctx, pool, writer, schema, cfg.CommitWriters, cfg.Duration); err != nil {
 		return nil, err
 	}
 
@@ -224,7 +231,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	// the relay's drain and the database's commits).
 	modes := cfg.Modes
 	if len(modes) == 0 {
-		modes = []relay.Mode{relay.ModePoll}
+		modes = []participant.RelayMode{participant.RelayModePoll}
 	}
 	polling := false
 	for _, mode := range modes {
@@ -237,7 +244,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 		if mode == modes[0] {
 			rep.DrainPerSec, rep.Latency, rep.LatencyRatePerSec = mr.DrainPerSec, mr.Latency, mr.LatencyRatePerSec
 		}
-		polling = polling || mode == relay.ModePoll
+		polling = polling || mode == participant.RelayModePoll
 	}
 	if rep.RawHop, err = measureRawHop(ctx, broker, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
 		return nil, err
@@ -245,7 +252,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if !polling {
 		return rep, nil
 	}
-	rl, err := relay.New(st.Executor(), broker, relay.Options{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}, relay.Schema{}, quiet)
+	rl, err := relayClient(pool, schema, broker, participant.RelayConfig{BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
@@ -271,32 +278,45 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	if _, err := pool.Exec(ctx, fmt.Sprintf("VACUUM ANALYZE %s.sagabox_outbox", pgx.Identifier{schema}.Sanitize())); err != nil {
 		return nil, err
 	}
-	if rep.LatencyOldRows, err = measureLatency(ctx, pool, st, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
+	if rep.LatencyOldRows, err = measureLatency(ctx, pool, rl, arrivals, rep.LatencyRatePerSec, cfg.Duration); err != nil {
 		return nil, err
 	}
 	return rep, nil
+}
+
+// relayClient returns a participant client of schema whose relay, tuned
+// by relay, publishes the outbox to broker: the relay as a service runs it.
+// It handles no command of the bench's; it consumes a queue of its own.
+func relayClient(pool *pgxpool.Pool, schema string, broker *rabbitmq.Broker, relay participant.RelayConfig) (*participant.Client, error) {
+	c, err := participant.NewClient(participant.Config{
+		Pool: pool, Schema: schema, Service: "relay-bench", Broker: broker, Relay: relay,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	participant.HandleEvent(c, "relay-bench.unused", func(context.Context, pgx.Tx, *participant.Request[json.RawMessage]) error { return nil })
+	return c, nil
 }
 
 // measureMode drains a backlog of cfg.Backlog rows (written in
 // transactions of 1,000) with a relay in mode, with the CPU it cost, then
 // measures commit→consume latency at half the saturated rate. It returns
 // how to stop the relay (and, in log mode, drop its slot).
-func measureMode(ctx context.Context, cfg RelayConfig, mode relay.Mode, pool *pgxpool.Pool, st *store.Store, broker *rabbitmq.Broker,
+func measureMode(ctx context.Context, cfg RelayConfig, mode participant.RelayMode, pool *pgxpool.Pool, st *store.Store, broker *rabbitmq.Broker,
 	consumed *atomic.Int64, arrivals <-chan uuid.UUID, waitConsumed func(int64, time.Duration) error, drainArrivals func(),
 	rawCommitPerSec float64, logf func(string, ...any),
 ) (ModeReport, func(), error) {
 	mr := ModeReport{Mode: mode}
 	schema := pgx.Identifier{st.Schema()}.Sanitize()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts := relay.Options{Mode: mode, BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}
-	slot, pub := relay.LogNames(st.Schema())
+	opts := participant.RelayConfig{Mode: mode, BatchSize: 500, Workers: 4, PollInterval: 100 * time.Millisecond}
 	cleanup := func() {}
-	if mode == relay.ModeLog {
-		if _, err := st.Executor().OutboxLogSetup(ctx, slot, pub); err != nil {
+	if mode == participant.RelayModeLog {
+		if _, err := st.SetupOutboxLog(ctx, store.OutboxLogNames{}); err != nil {
 			return mr, nil, err
 		}
 		cleanup = func() {
-			if err := st.Executor().OutboxLogDrop(context.WithoutCancel(ctx), slot, pub); err != nil {
+			if err := st.DropOutboxLog(context.WithoutCancel(ctx), store.OutboxLogNames{}); err != nil {
 				logf("drop the replication slot: %v", err)
 			}
 		}
@@ -313,7 +333,7 @@ func measureMode(ctx context.Context, cfg RelayConfig, mode relay.Mode, pool *pg
 	}
 	// No ANALYZE: the claim's plan must stay bounded by the batch on a
 	// backlog the planner has never seen, as after an outage.
-	rl, err := relay.New(st.Executor(), broker, opts, relay.Schema{}, quiet)
+	rl, err := relayClient(pool, st.Schema(), broker, opts)
 	if err != nil {
 		cleanup()
 		return mr, nil, err
@@ -365,7 +385,7 @@ func measureMode(ctx context.Context, cfg RelayConfig, mode relay.Mode, pool *pg
 		mr.LatencyRatePerSec = cfg.LatencyRate
 	}
 	logf("%s relay latency: %.0f msg/s for %s", mode, mr.LatencyRatePerSec, cfg.Duration)
-	if mr.Latency, err = measureLatency(ctx, pool, st, rl, arrivals, mr.LatencyRatePerSec, cfg.Duration); err != nil {
+	if mr.Latency, err = measureLatency(ctx, pool, rl, arrivals, mr.LatencyRatePerSec, cfg.Duration); err != nil {
 		stop()
 		return mr, nil, err
 	}
@@ -389,19 +409,20 @@ func measureRawHop(ctx context.Context, broker transport.Publisher, arrivals <-c
 	})
 }
 
-// measureLatency commits single-row transactions at rate for d, waking the
-// relay after each commit as sagabox's own writers do, and returns the
+// measureLatency commits single-row transactions at rate for d, through
+// the public Publish of rl, a running participant client, and waking its
+// relay after each commit as the documentation says to, and returns the
 // commit→consume latency distribution.
-func measureLatency(ctx context.Context, pool *pgxpool.Pool, st *store.Store, rl *relay.Relay, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
+func measureLatency(ctx context.Context, pool *pgxpool.Pool, rl *participant.Client, arrivals <-chan uuid.UUID, rate float64, d time.Duration) (Percentiles, error) {
 	return measureHops(ctx, arrivals, rate, d, func(ctx context.Context, i int) (uuid.UUID, time.Time, error) {
-		msg := []message.Message{benchMessage(i)}
-		msg[0].MessageID = uuid.Must(uuid.NewV7())
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.Executor().OutboxWrite(ctx, tx, msg) }); err != nil {
+		msg := benchMessage(i)
+		msg.MessageID = uuid.Must(uuid.NewV7())
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return rl.Publish(ctx, tx, msg) }); err != nil {
 			return uuid.Nil, time.Time{}, err
 		}
 		committed := time.Now()
 		rl.Wake()
-		return msg[0].MessageID, committed, nil
+		return msg.MessageID, committed, nil
 	})
 }
 

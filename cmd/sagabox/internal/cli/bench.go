@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/bench"
-	relaypkg "github.com/sagabox/sagabox/internal/relay"
+	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/transport"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
@@ -28,8 +28,8 @@ func (a *app) benchCommand() *cobra.Command {
 			cfg.Log = a.stderr
 			cfg.Modes = nil
 			for _, m := range modes {
-				switch m := relaypkg.Mode(m); m {
-				case relaypkg.ModePoll, relaypkg.ModeLog:
+				switch m := participant.RelayMode(m); m {
+				case participant.RelayModePoll, participant.RelayModeLog:
 					cfg.Modes = append(cfg.Modes, m)
 				default:
 					return withCode(ExitUsage, fmt.Errorf("--mode %q: want poll or log (or both: --mode poll,log)", m))

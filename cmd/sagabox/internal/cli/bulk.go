@@ -41,10 +41,10 @@ func (a *app) sagaBulkCommand() *cobra.Command {
 			default:
 				return withCode(ExitUsage, fmt.Errorf("action %q: want retry, cancel, terminate or restart", action))
 			}
-			var params []byte
+			var restartOpts *orchestrator.RestartOpts
 			if action == "restart" {
 				var err error
-				if params, err = restart.params(); err != nil {
+				if restartOpts, err = restart.opts(); err != nil {
 					return err
 				}
 			}
@@ -74,7 +74,7 @@ func (a *app) sagaBulkCommand() *cobra.Command {
 				opts.Statuses = append(opts.Statuses, st)
 			}
 			ctx := cmd.Context()
-			c, st, closeDB, err := a.client(ctx)
+			c, _, closeDB, err := a.client(ctx)
 			if err != nil {
 				return err
 			}
@@ -110,11 +110,11 @@ func (a *app) sagaBulkCommand() *cobra.Command {
 			}
 			if yes {
 				for _, s := range selected {
-					op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason, params)
+					op, err := c.RequestAction(ctx, s.ID, action, actor, reason, restartOpts)
 					if err != nil {
 						return fmt.Errorf("%s of saga %s (after %d requests): %w", action, s.ID, len(out.Requests), err)
 					}
-					out.Requests = append(out.Requests, view.OperationOf(&op))
+					out.Requests = append(out.Requests, view.OperationOf(op))
 				}
 			}
 			return a.print(out, func(w io.Writer) {

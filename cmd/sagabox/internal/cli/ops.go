@@ -9,9 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
-	"github.com/sagabox/sagabox/message"
-	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/store/driver"
+	"github.com/sagabox/sagabox/orchestrator"
 )
 
 func (a *app) opsCommand() *cobra.Command {
@@ -26,15 +24,12 @@ func (a *app) opsCommand() *cobra.Command {
 			if err := positive("limit", limit); err != nil {
 				return err
 			}
-			st, pool, err := a.openStore(cmd.Context())
+			c, _, closeDB, err := a.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging, store.LineSaga); err != nil {
-				return err
-			}
-			ops, err := st.Executor().Operations(cmd.Context(), all, limit)
+			defer closeDB()
+			ops, err := c.ListRequests(cmd.Context(), &orchestrator.ListRequestsOpts{All: all, Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -67,25 +62,22 @@ func (a *app) opsCommand() *cobra.Command {
 			if err != nil || id < 1 {
 				return withCode(ExitUsage, fmt.Errorf("%q is not a request id (a positive number; see `sagabox ops list`)", args[0]))
 			}
-			st, pool, err := a.openStore(cmd.Context())
+			c, _, closeDB, err := a.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging, store.LineSaga); err != nil {
-				return err
-			}
-			op, err := st.Executor().WithdrawOperation(cmd.Context(), id, actor)
+			defer closeDB()
+			op, err := c.WithdrawRequest(cmd.Context(), id, actor)
 			switch {
-			case errors.Is(err, message.ErrNotFound):
+			case errors.Is(err, orchestrator.ErrNotFound):
 				return withCode(ExitNotFound, fmt.Errorf("operator request %d does not exist in schema %s", id, a.schema))
-			case errors.Is(err, driver.ErrNotPending):
-				v := view.OperationOf(&op)
+			case errors.Is(err, orchestrator.ErrRequestNotPending):
+				v := view.OperationOf(op)
 				return withCode(ExitRefused, fmt.Errorf("operator request %d is %s, not pending: nothing to cancel", id, v.State))
 			case err != nil:
 				return err
 			}
-			v := view.OperationOf(&op)
+			v := view.OperationOf(op)
 			return a.print(v, func(w io.Writer) {
 				fmt.Fprintf(w, "operator request %d (%s of saga %s) withdrawn\n", op.ID, op.Action, op.SagaID)
 			})

@@ -30,7 +30,7 @@ func (a *app) outboxDeadCommand() *cobra.Command {
 			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging); err != nil {
 				return err
 			}
-			dead, err := st.Executor().OutboxDeadList(cmd.Context(), nil, limit)
+			dead, err := st.DeadRows(cmd.Context(), nil, limit)
 			if err != nil {
 				return err
 			}
@@ -72,14 +72,13 @@ func (a *app) outboxRetryDeadCommand() *cobra.Command {
 			if err := a.checkSchema(cmd.Context(), st, pool, store.LineMessaging); err != nil {
 				return err
 			}
-			ex := st.Executor()
 			var n int64
 			verb := "made unpublished again (the relay publishes them)"
 			if drop {
-				n, err = ex.OutboxDeadDelete(cmd.Context(), ids)
+				n, err = st.DeleteDeadRows(cmd.Context(), ids)
 				verb = "deleted"
 			} else {
-				n, err = ex.OutboxDeadRetry(cmd.Context(), ids)
+				n, err = st.RetryDeadRows(cmd.Context(), ids)
 			}
 			if err != nil {
 				return err

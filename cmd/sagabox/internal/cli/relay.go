@@ -4,22 +4,21 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/sagabox/sagabox/store"
 	"github.com/spf13/cobra"
-
-	"github.com/sagabox/sagabox/internal/relay"
 )
 
 // relayCommand groups the set-up of the relay's log mode.
 func (a *app) relayCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "relay", Short: "Set up, inspect and remove the relay's log mode (logical replication slot and publication)"}
-	var slot, pub string
-	names := func() (string, string) {
-		s, p := relay.LogNames(a.schema)
-		if slot != "" {
-			s = slot
+	var names store.OutboxLogNames
+	resolved := func() (string, string) {
+		s, p := store.DefaultOutboxLogNames(a.schema)
+		if names.Slot != "" {
+			s = names.Slot
 		}
-		if pub != "" {
-			p = pub
+		if names.Publication != "" {
+			p = names.Publication
 		}
 		return s, p
 	}
@@ -39,8 +38,8 @@ slot fills the disk). Run it once per schema, after migrate up.`,
 				return err
 			}
 			defer pool.Close()
-			s, p := names()
-			created, err := st.Executor().OutboxLogSetup(cmd.Context(), s, p)
+			s, p := resolved()
+			created, err := st.SetupOutboxLog(cmd.Context(), names)
 			if err != nil {
 				return err
 			}
@@ -63,8 +62,8 @@ slot fills the disk). Run it once per schema, after migrate up.`,
 				return err
 			}
 			defer pool.Close()
-			s, p := names()
-			if err := st.Executor().OutboxLogDrop(cmd.Context(), s, p); err != nil {
+			s, p := resolved()
+			if err := st.DropOutboxLog(cmd.Context(), names); err != nil {
 				return err
 			}
 			return a.print(map[string]any{"schema": a.schema, "slot": s, "publication": p, "dropped": true}, func(w io.Writer) {
@@ -82,8 +81,8 @@ slot fills the disk). Run it once per schema, after migrate up.`,
 				return err
 			}
 			defer pool.Close()
-			s, p := names()
-			ls, err := st.Executor().OutboxLogStatus(cmd.Context(), s, p)
+			s, p := resolved()
+			ls, err := st.OutboxLogStatus(cmd.Context(), names)
 			if err != nil {
 				return err
 			}
@@ -109,8 +108,8 @@ slot fills the disk). Run it once per schema, after migrate up.`,
 			})
 		},
 	}
-	cmd.PersistentFlags().StringVar(&slot, "slot", "", "replication slot (default sagabox_<schema>, as the relay derives it)")
-	cmd.PersistentFlags().StringVar(&pub, "publication", "", "publication (default sagabox_<schema>)")
+	cmd.PersistentFlags().StringVar(&names.Slot, "slot", "", "replication slot (default sagabox_<schema>, as the relay derives it)")
+	cmd.PersistentFlags().StringVar(&names.Publication, "publication", "", "publication (default sagabox_<schema>)")
 	cmd.AddCommand(setup, drop, status)
 	return cmd
 }

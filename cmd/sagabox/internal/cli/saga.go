@@ -18,7 +18,6 @@ import (
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
-	"github.com/sagabox/sagabox/store/driver"
 )
 
 // ExitPending means an operator request was recorded but no orchestrator
@@ -262,9 +261,9 @@ func (f *restartFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.data, "data", "", "replace the saga's data with this JSON, or @FILE to read it from a file (default: the data as stored)")
 }
 
-// params returns the JSON params of a restart request, checked as far as
-// the CLI can (the orchestrator checks the step and the data's type).
-func (f *restartFlags) params() ([]byte, error) {
+// opts returns the options of a restart request, checked as far as the CLI
+// can (the orchestrator checks the step and the data's type).
+func (f *restartFlags) opts() (*orchestrator.RestartOpts, error) {
 	if strings.TrimSpace(f.from) == "" {
 		return nil, withCode(ExitUsage, errors.New("--from is required: the step to run the saga again from"))
 	}
@@ -286,11 +285,7 @@ func (f *restartFlags) params() ([]byte, error) {
 		}
 		opts.Data = data
 	}
-	b, err := json.Marshal(opts)
-	if err != nil {
-		return nil, fmt.Errorf("encode restart params: %w", err)
-	}
-	return b, nil
+	return &opts, nil
 }
 
 func (a *app) sagaActionCommand(action string) *cobra.Command {
@@ -332,15 +327,15 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			if wait < 0 {
 				return withCode(ExitUsage, fmt.Errorf("--wait %s: want 0 or more", wait))
 			}
-			var params []byte
+			var restartOpts *orchestrator.RestartOpts
 			if action == "restart" {
 				var err error
-				if params, err = restart.params(); err != nil {
+				if restartOpts, err = restart.opts(); err != nil {
 					return err
 				}
 			}
 			ctx := cmd.Context()
-			c, st, closeDB, err := a.client(ctx)
+			c, _, closeDB, err := a.client(ctx)
 			if err != nil {
 				return err
 			}
@@ -352,21 +347,22 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 			if why := applicable(action, s); why != "" {
 				return withCode(ExitRefused, fmt.Errorf("%s of saga %s refused: %s", action, s.ID, why))
 			}
-			op, err := st.Executor().RequestOperation(ctx, s.ID, action, actor, reason, params)
+			op, err := c.RequestAction(ctx, s.ID, action, actor, reason, restartOpts)
 			if err != nil {
 				return err
 			}
-			op, waitErr := waitApplied(ctx, st, op, wait)
-			if waitErr != nil && ctx.Err() == nil {
-				return waitErr
+			if read, err := c.WaitRequest(ctx, op.ID, wait); err != nil && ctx.Err() == nil {
+				return err
+			} else if read != nil {
+				op = read
 			}
 			if op.Pending() && (!keep || ctx.Err() != nil) {
 				// Expired or interrupted: withdraw, unless an orchestrator
 				// applied it meanwhile (then report that outcome).
 				wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 				defer cancel()
-				withdrawn, err := st.Executor().WithdrawOperation(wctx, op.ID, actor)
-				if err != nil && !errors.Is(err, driver.ErrNotPending) {
+				withdrawn, err := c.WithdrawRequest(wctx, op.ID, actor)
+				if err != nil && !errors.Is(err, orchestrator.ErrRequestNotPending) {
 					return fmt.Errorf("%s of saga %s: request %d was not applied and could not be withdrawn (withdraw it with `sagabox ops cancel %d`): %w", action, s.ID, op.ID, op.ID, err)
 				}
 				op = withdrawn
@@ -391,7 +387,7 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 				return err
 			}
 			sv := view.SagaOf(s)
-			return a.print(view.OperationResult{Operation: view.OperationOf(&op), Saga: &sv}, func(w io.Writer) {
+			return a.print(view.OperationResult{Operation: view.OperationOf(op), Saga: &sv}, func(w io.Writer) {
 				fmt.Fprintf(w, "%s of saga %s applied; status is now %s\n", action, s.ID, s.Status)
 			})
 		},
@@ -410,35 +406,13 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 
 // pending prints op with --json (a script learns the request's id and
 // state) and returns err, which carries the exit code.
-func (a *app) pending(op driver.Operation, err error) error {
+func (a *app) pending(op *orchestrator.Request, err error) error {
 	if a.json {
-		if perr := a.print(view.OperationResult{Operation: view.OperationOf(&op)}, nil); perr != nil {
+		if perr := a.print(view.OperationResult{Operation: view.OperationOf(op)}, nil); perr != nil {
 			return perr
 		}
 	}
 	return err
-}
-
-// waitApplied polls request op until an orchestrator handled it, wait has
-// passed or ctx is done; it returns the request as last read (op itself if
-// no read succeeded).
-func waitApplied(ctx context.Context, st *store.Store, op driver.Operation, wait time.Duration) (driver.Operation, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		read, err := st.Executor().Operation(ctx, op.ID)
-		if err != nil {
-			return op, err
-		}
-		op = read
-		if !op.Pending() || !time.Now().Before(deadline) {
-			return op, nil
-		}
-		select {
-		case <-ctx.Done():
-			return op, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 func defaultActor() string {

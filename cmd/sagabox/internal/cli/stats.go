@@ -59,7 +59,7 @@ func (a *app) outboxCommand() *cobra.Command {
 			}
 			out := view.OutboxStatsList{Schemas: []view.OutboxStats{}}
 			for _, st := range stores {
-				s, err := st.Executor().OutboxStats(cmd.Context())
+				s, err := st.OutboxStats(cmd.Context())
 				if err != nil {
 					return err
 				}
@@ -102,7 +102,7 @@ func (a *app) inboxCommand() *cobra.Command {
 			}
 			out := view.InboxStatsList{Schemas: []view.InboxStats{}}
 			for _, st := range stores {
-				s, err := st.Executor().InboxStats(cmd.Context(), recent)
+				s, err := st.InboxStats(cmd.Context(), recent)
 				if err != nil {
 					return err
 				}

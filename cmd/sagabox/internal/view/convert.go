@@ -5,7 +5,6 @@ import (
 
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
-	"github.com/sagabox/sagabox/store/driver"
 )
 
 // SagaOf returns s as a listing row: without data, steps and history.
@@ -45,7 +44,7 @@ func SagaDetailOf(s *orchestrator.Saga, hist []saga.HistoryEntry) Saga {
 }
 
 // OperationOf returns an operator request with its state.
-func OperationOf(op *driver.Operation) Operation {
+func OperationOf(op *orchestrator.Request) Operation {
 	v := Operation{
 		ID: op.ID, SagaID: op.SagaID, Action: op.Action, Actor: op.Actor, Reason: op.Reason,
 		RequestedAt: utc(op.RequestedAt), AppliedAt: utc(op.AppliedAt), Error: op.Error,
