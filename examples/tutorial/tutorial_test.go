@@ -239,7 +239,7 @@ func cliArgs(line string, cfg Config) []string {
 var (
 	uuidPattern     = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 	timePattern     = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
-	durationPattern = regexp.MustCompile(`(^|\s)\+?(\d+(\.\d+)?(ns|µs|ms|s|m|h))+(\s|$)`)
+	durationPattern = regexp.MustCompile(`(^|\s)[+-]?(\d+(\.\d+)?(ns|µs|ms|s|m|h))+(\s|$)`)
 	spaces          = regexp.MustCompile(`[ \t]+`)
 )
 
