@@ -206,10 +206,10 @@ type usage struct {
 	host hostTicks
 }
 
-// readUsage reads the usage of the processes a measurement counts: every
-// PostgreSQL and RabbitMQ process and this process.
-func readUsage() (usage, error) {
-	cpu, err := readCPUProcs(0, nil)
+// readUsage reads the usage of the processes a measurement of p counts:
+// every PostgreSQL and RabbitMQ process, this process and p's children.
+func readUsage(p *pipeline) (usage, error) {
+	cpu, err := readCPUProcs(0, p.children)
 	if err != nil {
 		return usage{}, err
 	}

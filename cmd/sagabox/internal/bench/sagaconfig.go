@@ -95,6 +95,16 @@ type SagaConfig struct {
 	// Duration is how long each open-loop run starts sagas. Defaults to
 	// DefaultDuration (10s).
 	Duration time.Duration
+	// Replicas makes the run a measurement of orchestrator replicas
+	// instead: for each count n, the engine saturated with its orchestrator
+	// in n processes of their own (ReplicaCommand) on one database, the
+	// participants and the sagas' starts in this process. Defaults to none.
+	Replicas []int
+	// ReplicaCommand is the command line that starts one orchestrator
+	// replica: a process that reads a ReplicaSpec as JSON on its stdin and
+	// runs RunOrchestratorReplica (`sagabox bench orchestrator-replica`).
+	// Required with Replicas.
+	ReplicaCommand []string
 	// KeepSchemas leaves the engine's schemas in place after the run, for
 	// inspection (saga history, inbox timestamps); drop them yourself.
 	KeepSchemas bool
@@ -175,6 +185,23 @@ func (c SagaConfig) Validate() error {
 	}
 	if c.Duration < 0 {
 		errs = append(errs, fmt.Errorf("Duration %s: want a positive duration", c.Duration))
+	}
+	for _, n := range c.Replicas {
+		if n < 1 || n > MaxReplicas {
+			errs = append(errs, fmt.Errorf("Replicas %v: want counts from 1 to %d", c.Replicas, MaxReplicas))
+			break
+		}
+	}
+	if len(c.Replicas) > 0 {
+		if len(c.Rates) > 0 {
+			errs = append(errs, errors.New("Rates and Replicas: choose one measurement"))
+		}
+		if len(c.Only) > 0 {
+			errs = append(errs, errors.New("Only: the replicas measurement runs the engine only"))
+		}
+		if len(c.ReplicaCommand) == 0 || c.ReplicaCommand[0] == "" {
+			errs = append(errs, errors.New("ReplicaCommand is required with Replicas"))
+		}
 	}
 	if c.Linger < 0 {
 		errs = append(errs, fmt.Errorf("Linger %s: want a positive duration", c.Linger))

@@ -33,7 +33,10 @@ type SagaReport struct {
 	// Sweep is the open-loop runs: the latency sweep at Rates, or else
 	// the one at half the engine's saturated rate after the saturated runs
 	// (none when the engine did not run).
-	Sweep     *SweepReport `json:"sweep,omitempty"`
+	Sweep *SweepReport `json:"sweep,omitempty"`
+	// Replicas is the replicas measurement, one run per count of
+	// orchestrator processes, when SagaConfig.Replicas asked for it.
+	Replicas  []ReplicaRun `json:"replicas,omitempty"`
 	PoolSize  int          `json:"pool_size"`
 	QueueType string       `json:"queue_type"`
 	Workers   int          `json:"workers"`
@@ -112,8 +115,12 @@ type pipeline struct {
 	// countSQL counts the completed sagas; doneSQL returns id and
 	// finished_at of each.
 	countSQL, doneSQL string
-	// errs reports failures of the pipeline's background loops.
+	// errs reports failures of the pipeline's background loops and
+	// processes.
 	errs <-chan error
+	// children are the PIDs of the pipeline's processes besides this one,
+	// whose CPU time counts as the bench's (Go).
+	children []int
 	// close stops everything and drops what the pipeline created.
 	close func()
 }
@@ -126,7 +133,7 @@ type pipeline struct {
 // PostgreSQL, RabbitMQ and this process, and the start→completed
 // percentiles; then the latency of each in open-loop runs at half the
 // engine's rate (a sweep of one rate). With cfg.Rates it runs only the
-// sweep, at those rates.
+// sweep, at those rates; with cfg.Replicas only the replicas measurement.
 func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -146,7 +153,11 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	if rep.Machine, err = readMachine(ctx, cfg); err != nil {
 		return nil, err
 	}
-	if len(cfg.Rates) > 0 {
+	switch {
+	case len(cfg.Replicas) > 0:
+		rep.Replicas, err = runReplicas(ctx, cfg, logf)
+		return rep, err
+	case len(cfg.Rates) > 0:
 		rep.Sweep, err = runSweep(ctx, cfg, cfg.Rates, cfg.pipelines(), logf)
 		return rep, err
 	}
@@ -192,7 +203,7 @@ func pipelineOpener(name string) func(context.Context, SagaConfig) (*pipeline, e
 	case PipelineGroup:
 		return func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, true) }
 	}
-	return openEngine
+	return func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openEngine(ctx, cfg, 0) }
 }
 
 // withPipeline opens a pipeline with open, warms it up and runs fn on it,
@@ -247,7 +258,7 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 	var firstErr error
 	var once sync.Once
 	var wg sync.WaitGroup
-	u0, err := readUsage()
+	u0, err := readUsage(p)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +284,7 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 		return nil, err
 	}
 	elapsed := time.Since(t0)
-	u1, err := readUsage()
+	u1, err := readUsage(p)
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +318,7 @@ func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (L
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
-	u0, err := readUsage()
+	u0, err := readUsage(p)
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
@@ -357,7 +368,7 @@ func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (L
 	if err := waitCompleted(ctx, p, base+int64(total)); err != nil {
 		return LoadPoint{}, 0, err
 	}
-	u1, err := readUsage()
+	u1, err := readUsage(p)
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
@@ -504,13 +515,13 @@ func readMachine(ctx context.Context, cfg SagaConfig) (Machine, error) {
 }
 
 // Print writes the report as tables under the machine and setup lines:
-// the saturated runs and the open-loop runs, those that ran.
+// the saturated runs, the open-loop runs and the replicas, those that ran.
 func (r *SagaReport) Print(w io.Writer) {
 	m := r.Machine
 	fmt.Fprintf(w, "machine: %d CPUs, %s %s/%s, %s, %s\n", m.NProc, m.GoVersion, m.OS, m.Arch, m.Postgres, m.RabbitMQ)
 	fmt.Fprintf(w, "setup:   one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n",
 		r.PoolSize, r.QueueType, r.Workers, GroupConsumers, GroupMaxBatch, GroupLinger)
-	if r.Engine != nil || r.Baseline != nil || r.GroupBaseline != nil {
+	if r.Engine != nil || r.Baseline != nil || r.GroupBaseline != nil || len(r.Replicas) > 0 {
 		fmt.Fprintf(w, "         saturated runs: %d sagas from %d goroutines each\n", r.Sagas, r.Concurrency)
 	}
 	fmt.Fprintf(w, "engine:  orchestrator MaxBatch %d, participants MaxBatch %d (group commit; %s linger)\n",
@@ -545,5 +556,9 @@ func (r *SagaReport) Print(w io.Writer) {
 			title = "half load (half the engine's saturated rate)"
 		}
 		r.Sweep.Print(w, title)
+	}
+	if len(r.Replicas) > 0 {
+		fmt.Fprintln(w)
+		printReplicas(w, r.Replicas)
 	}
 }

@@ -105,6 +105,9 @@ func TestSagaConfigValidate(t *testing.T) {
 	t.Parallel()
 	valid := SagaConfig{DatabaseURL: "postgres://x"}
 	require.NoError(t, valid.WithDefaults().Validate())
+	replicas := func(n ...int) func(*SagaConfig) {
+		return func(c *SagaConfig) { c.Replicas, c.ReplicaCommand = n, []string{"sagabox"} }
+	}
 	for _, tc := range []struct {
 		name  string
 		edit  func(*SagaConfig)
@@ -114,6 +117,11 @@ func TestSagaConfigValidate(t *testing.T) {
 		{"a negative rate", func(c *SagaConfig) { c.Rates = []float64{-5} }, "Rates"},
 		{"repeat past 100", func(c *SagaConfig) { c.Repeat = 101 }, "Repeat"},
 		{"an unknown pipeline", func(c *SagaConfig) { c.Only = []string{"nope"} }, `Only "nope"`},
+		{"no replicas", replicas(0), "Replicas"},
+		{"too many replicas", replicas(1, MaxReplicas+1), "Replicas"},
+		{"replicas without a command", func(c *SagaConfig) { c.Replicas = []int{1} }, "ReplicaCommand"},
+		{"replicas and rates", func(c *SagaConfig) { replicas(1)(c); c.Rates = []float64{50} }, "Rates and Replicas"},
+		{"replicas and only", func(c *SagaConfig) { replicas(1)(c); c.Only = []string{PipelineEngine} }, "Only"},
 	} {
 		cfg := valid
 		tc.edit(&cfg)

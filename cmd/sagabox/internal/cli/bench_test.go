@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +32,7 @@ func runBench(t *testing.T, args ...string) result {
 	return result{code, out.String(), errOut.String()}
 }
 
-// Bad sweep flags are usage errors, found before anything
+// Bad sweep and replicas flags are usage errors, found before anything
 // connects.
 func TestBenchSagasFlagErrors(t *testing.T) {
 	t.Parallel()
@@ -42,6 +45,10 @@ func TestBenchSagasFlagErrors(t *testing.T) {
 		{[]string{"--rates", "-20"}, "Rates"},
 		{[]string{"--repeat", "0"}, "--repeat 0"},
 		{[]string{"--only", "engine,nope"}, `Only "nope"`},
+		{[]string{"--replicas", "0"}, "Replicas"},
+		{[]string{"--replicas", "1,x"}, "--replicas"},
+		{[]string{"--replicas", "1,2", "--rates", "50"}, "Rates and Replicas"},
+		{[]string{"--replicas", "1", "--only", "baseline"}, "Only"},
 	} {
 		var out, errOut bytes.Buffer
 		args := append([]string{"--database-url", "postgres://nobody@127.0.0.1:1/none", "bench", "sagas"}, tc.args...)
@@ -107,4 +114,61 @@ func TestBenchSagasSweep(t *testing.T) {
 		require.Contains(t, r.stdout, k)
 	}
 	require.NotContains(t, r.stdout, "half_load")
+}
+
+// One short replicas measurement with 1 and 2 orchestrator processes: its
+// JSON has a row per count, and every replica process is gone afterwards.
+func TestBenchSagasReplicas(t *testing.T) {
+	t.Parallel()
+	r := runBench(t, "--replicas", "1,2", "--sagas", "40")
+	require.Equal(t, cli.ExitOK, r.code, r.stderr)
+	var rep bench.SagaReport
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), r.stdout)
+	require.Nil(t, rep.Engine, "the replicas measurement runs nothing else")
+	require.Nil(t, rep.Sweep)
+	require.Len(t, rep.Replicas, 2)
+	for i, n := range []int{1, 2} {
+		run := rep.Replicas[i]
+		require.Equal(t, n, run.Replicas)
+		require.Equal(t, 40, run.Sagas, "every saga started completed")
+		require.Positive(t, run.SagasPerSec)
+		require.Positive(t, run.RatioToOne)
+		require.Positive(t, run.CPUMicrosGo, "the replicas' CPU counts")
+		require.InDelta(t, run.CPUMicrosPostgres+run.CPUMicrosRabbitMQ+run.CPUMicrosGo, run.CPUMicros, 0.2)
+		require.LessOrEqual(t, run.P50ms, run.P99ms)
+	}
+	require.Equal(t, 1.0, rep.Replicas[0].RatioToOne)
+	var doc struct {
+		Replicas []map[string]any `json:"replicas"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
+	for _, k := range []string{"replicas", "ratio_to_one_replica", "sagas_per_s", "cpu_us_per_saga", "cpu_us_per_saga_pg", "cpu_us_per_saga_rabbitmq", "cpu_us_per_saga_go", "p50_ms", "p99_ms", "steal_pct"} {
+		require.Contains(t, doc.Replicas[1], k)
+	}
+	require.Empty(t, replicaChildren(t), "every replica was stopped and waited for")
+}
+
+// replicaChildren returns the PIDs of this process's children that run
+// `bench orchestrator-replica`.
+func replicaChildren(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if len(fields) > 1 && fields[1] == strconv.Itoa(os.Getpid()) && strings.Contains(string(cmdline), "orchestrator-replica") {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
