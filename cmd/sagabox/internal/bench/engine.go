@@ -41,8 +41,13 @@ var benchSaga = saga.MustNew("bench", 1,
 // openEngine runs sagabox on the benchmark's work: an orchestrator and two
 // participant clients in this process, sharing one pool of cfg.PoolSize
 // connections and one broker, each with its own schema, handlers that only
-// return success.
-func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
+// return success. With replicas > 0 the orchestrator runs instead in that
+// many processes of its own (startReplicas), each with its own pool and
+// broker connection, on the same schema and queues; this process starts
+// the sagas through a client that runs nothing and wakes the replicas'
+// relays with NOTIFY (orchestrator.RelayConfig.Notify), the way a web
+// process that starts sagas does.
+func openEngine(ctx context.Context, cfg SagaConfig, replicas int) (_ *pipeline, err error) {
 	var undo []func()
 	closeAll := func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -96,11 +101,16 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 		deleteTopology(cfg.AMQPURL, broker)
 	})
 
-	orch, err := orchestrator.NewClient(orchestrator.Config{
+	orchCfg := orchestrator.Config{
 		Pool: pool, Schema: schemas[svcOrch], Service: svcOrch, Broker: broker,
 		Definitions: []saga.Runner{benchSaga}, Workers: cfg.Workers, Logger: logger, TracerProvider: probeTP,
 		Admission: orchestrator.AdmissionConfig{MaxRunning: cfg.MaxRunning}, BatchLinger: cfg.Linger,
-	})
+	}
+	if replicas > 0 {
+		orchCfg.Broker = nil // a starter: it runs nothing
+		orchCfg.Relay.Notify = true
+	}
+	orch, err := orchestrator.NewClient(orchCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -121,8 +131,12 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	for _, r := range []interface{ Run(context.Context) error }{orch, alpha, beta} {
+	errs := make(chan error, 3+replicas)
+	clients := []interface{ Run(context.Context) error }{alpha, beta}
+	if replicas == 0 {
+		clients = append(clients, orch)
+	}
+	for _, r := range clients {
 		wg.Go(func() {
 			if err := r.Run(runCtx); err != nil {
 				errs <- fmt.Errorf("engine client stopped: %w", err)
@@ -130,13 +144,38 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 		})
 	}
 	undo = append(undo, func() { stop(); wg.Wait() })
+	var children []int
+	if replicas > 0 {
+		// Declared here too, so that deleteTopology deletes it.
+		if err := broker.Declare(ctx, transport.QueueSpec{Name: svcOrch, Replies: true}); err != nil {
+			return nil, fmt.Errorf("declare the orchestrator's reply queue: %w", err)
+		}
+		spec := ReplicaSpec{
+			DatabaseURL: cfg.DatabaseURL, AMQPURL: cfg.AMQPURL, Schema: schemas[svcOrch], Namespace: ns,
+			QueueType: string(cfg.QueueType), PoolSize: cfg.PoolSize, Workers: cfg.Workers,
+			Linger: cfg.Linger, MaxRunning: cfg.MaxRunning,
+		}
+		reps, err := startReplicas(ctx, cfg.ReplicaCommand, spec, replicas, errs)
+		if err != nil {
+			return nil, err
+		}
+		undo = append(undo, reps.stop)
+		if err := awaitConsumers(ctx, cfg.AMQPURL, broker.QueueName(svcOrch), replicas, errs); err != nil {
+			return nil, err
+		}
+		children = reps.pids()
+	}
 
 	// The completion poll reads the saga table itself, through its status
 	// index: the view computes columns per row that the poll does not need,
 	// and its cost would count as the engine's.
 	sagas := pgx.Identifier{schemas[svcOrch], "sagabox_saga"}.Sanitize()
+	name := PipelineEngine
+	if replicas > 0 {
+		name = replicasName(replicas)
+	}
 	return &pipeline{
-		name: PipelineEngine,
+		name: name,
 		pool: pool,
 		start: func(ctx context.Context) (uuid.UUID, error) {
 			tx, err := pool.Begin(ctx)
@@ -157,6 +196,7 @@ func openEngine(ctx context.Context, cfg SagaConfig) (_ *pipeline, err error) {
 		countSQL: "SELECT count(*) FROM " + sagas + " WHERE status = 'completed'",
 		doneSQL:  "SELECT id, finished_at FROM " + sagas + " WHERE status = 'completed'",
 		errs:     errs,
+		children: children,
 		close:    closeAll,
 	}, nil
 }

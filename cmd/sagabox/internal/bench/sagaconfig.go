@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/sagabox/sagabox/participant"
@@ -32,6 +33,9 @@ const (
 	// DefaultParticipantBatch is the engine's participants' MaxBatch.
 	DefaultParticipantBatch = participant.MaxBatchLimit
 	DefaultDuration         = 10 * time.Second
+	// DefaultRepeat is how many open-loop runs each pipeline has at each
+	// rate.
+	DefaultRepeat = 1
 	// DefaultAMQPURL is the broker used when SagaConfig.AMQPURL is empty.
 	DefaultAMQPURL = rabbitmq.DefaultURL
 )
@@ -72,16 +76,35 @@ type SagaConfig struct {
 	// QueueType is the type of every queue, the engine's and the
 	// baselines'. Defaults to rabbitmq.DefaultQueueType (quorum).
 	QueueType rabbitmq.QueueType
-	// Only restricts the run to one pipeline: PipelineEngine,
-	// PipelineBaseline or PipelineGroup. Defaults to all three.
-	Only string
-	// Rate is the start rate, in sagas per second, of the open-loop
-	// (half-load) runs of the engine and the baseline. They run only with
-	// the engine. Defaults to half the engine's saturated rate.
-	Rate float64
-	// Duration is how long the open-loop runs start sagas. Defaults to
+	// Only restricts the run to these pipelines, of PipelineEngine,
+	// PipelineBaseline and PipelineGroup; they run in that order whatever
+	// the order here. Defaults to all three, and in a sweep (Rates) to the
+	// engine and the baseline.
+	Only []string
+	// Rates makes the run a latency sweep: open-loop runs only, at each of
+	// these start rates in sagas per second, Repeat runs of each pipeline
+	// alternating (engine, baseline, engine, baseline, …), each on fresh
+	// schemas and queues. Defaults to none: the saturated runs, then one
+	// such sweep at half the engine's saturated rate (none without the
+	// engine).
+	Rates []float64
+	// Repeat is how many open-loop runs each pipeline has at each rate; the
+	// report gives each run and their medians. Defaults to DefaultRepeat
+	// (1).
+	Repeat int
+	// Duration is how long each open-loop run starts sagas. Defaults to
 	// DefaultDuration (10s).
 	Duration time.Duration
+	// Replicas makes the run a measurement of orchestrator replicas
+	// instead: for each count n, the engine saturated with its orchestrator
+	// in n processes of their own (ReplicaCommand) on one database, the
+	// participants and the sagas' starts in this process. Defaults to none.
+	Replicas []int
+	// ReplicaCommand is the command line that starts one orchestrator
+	// replica: a process that reads a ReplicaSpec as JSON on its stdin and
+	// runs RunOrchestratorReplica (`sagabox bench orchestrator-replica`).
+	// Required with Replicas.
+	ReplicaCommand []string
 	// KeepSchemas leaves the engine's schemas in place after the run, for
 	// inspection (saga history, inbox timestamps); drop them yourself.
 	KeepSchemas bool
@@ -119,10 +142,15 @@ func (c SagaConfig) WithDefaults() SagaConfig {
 	if c.Duration == 0 {
 		c.Duration = DefaultDuration
 	}
+	if c.Repeat == 0 {
+		c.Repeat = DefaultRepeat
+	}
 	return c
 }
 
-func (c SagaConfig) validate() error {
+// Validate checks a config that went through WithDefaults; its errors name
+// the field at fault.
+func (c SagaConfig) Validate() error {
 	var errs []error
 	if c.DatabaseURL == "" {
 		errs = append(errs, errors.New("DatabaseURL is required"))
@@ -141,16 +169,39 @@ func (c SagaConfig) validate() error {
 	if c.QueueType != rabbitmq.QueueTypeQuorum && c.QueueType != rabbitmq.QueueTypeClassic {
 		errs = append(errs, fmt.Errorf("QueueType %q: want %q or %q", c.QueueType, rabbitmq.QueueTypeQuorum, rabbitmq.QueueTypeClassic))
 	}
-	switch c.Only {
-	case "", PipelineEngine, PipelineBaseline, PipelineGroup:
-	default:
-		errs = append(errs, fmt.Errorf("Only %q: want %q, %q or %q", c.Only, PipelineEngine, PipelineBaseline, PipelineGroup))
+	for _, p := range c.Only {
+		if !slices.Contains(pipelines, p) {
+			errs = append(errs, fmt.Errorf("Only %q: want %q, %q or %q", p, PipelineEngine, PipelineBaseline, PipelineGroup))
+		}
 	}
-	if c.Rate < 0 || math.IsNaN(c.Rate) {
-		errs = append(errs, fmt.Errorf("Rate %v: want a positive rate, or 0 for half the engine's", c.Rate))
+	for _, r := range c.Rates {
+		if !(r > 0) || math.IsInf(r, 0) || r > 1_000_000 {
+			errs = append(errs, fmt.Errorf("Rates %v: want positive rates up to 1000000 sagas/s", c.Rates))
+			break
+		}
+	}
+	if c.Repeat < 1 || c.Repeat > 100 {
+		errs = append(errs, fmt.Errorf("Repeat %d: want 1 to 100", c.Repeat))
 	}
 	if c.Duration < 0 {
 		errs = append(errs, fmt.Errorf("Duration %s: want a positive duration", c.Duration))
+	}
+	for _, n := range c.Replicas {
+		if n < 1 || n > MaxReplicas {
+			errs = append(errs, fmt.Errorf("Replicas %v: want counts from 1 to %d", c.Replicas, MaxReplicas))
+			break
+		}
+	}
+	if len(c.Replicas) > 0 {
+		if len(c.Rates) > 0 {
+			errs = append(errs, errors.New("Rates and Replicas: choose one measurement"))
+		}
+		if len(c.Only) > 0 {
+			errs = append(errs, errors.New("Only: the replicas measurement runs the engine only"))
+		}
+		if len(c.ReplicaCommand) == 0 || c.ReplicaCommand[0] == "" {
+			errs = append(errs, errors.New("ReplicaCommand is required with Replicas"))
+		}
 	}
 	if c.Linger < 0 {
 		errs = append(errs, fmt.Errorf("Linger %s: want a positive duration", c.Linger))
@@ -158,4 +209,19 @@ func (c SagaConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-func (c SagaConfig) runs(p string) bool { return c.Only == "" || c.Only == p }
+// pipelines are the pipelines in the order they run.
+var pipelines = []string{PipelineEngine, PipelineBaseline, PipelineGroup}
+
+// pipelines returns the pipelines the run measures, in the order they run:
+// Only's, else all three, or in a sweep the engine and the baseline.
+func (c SagaConfig) pipelines() []string {
+	var out []string
+	for _, p := range pipelines {
+		switch {
+		case len(c.Only) > 0 && slices.Contains(c.Only, p),
+			len(c.Only) == 0 && (len(c.Rates) == 0 || p != PipelineGroup):
+			out = append(out, p)
+		}
+	}
+	return out
+}

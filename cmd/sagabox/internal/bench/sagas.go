@@ -30,12 +30,16 @@ type SagaReport struct {
 	// over the group-commit baseline's. Zero when either did not run.
 	Ratio      float64 `json:"ratio,omitempty"`
 	RatioGroup float64 `json:"ratio_group,omitempty"`
-	// HalfLoad is the open-loop run, when the engine ran or Rate was
-	// given (its engine fields are zero when only the baseline ran).
-	HalfLoad  *HalfLoadReport `json:"half_load,omitempty"`
-	PoolSize  int             `json:"pool_size"`
-	QueueType string          `json:"queue_type"`
-	Workers   int             `json:"workers"`
+	// Sweep is the open-loop runs: the latency sweep at Rates, or else
+	// the one at half the engine's saturated rate after the saturated runs
+	// (none when the engine did not run).
+	Sweep *SweepReport `json:"sweep,omitempty"`
+	// Replicas is the replicas measurement, one run per count of
+	// orchestrator processes, when SagaConfig.Replicas asked for it.
+	Replicas  []ReplicaRun `json:"replicas,omitempty"`
+	PoolSize  int          `json:"pool_size"`
+	QueueType string       `json:"queue_type"`
+	Workers   int          `json:"workers"`
 	// OrchestratorBatch and ParticipantBatch are the engine clients'
 	// MaxBatch (group commit).
 	OrchestratorBatch int `json:"orchestrator_batch"`
@@ -60,6 +64,9 @@ type PipelineReport struct {
 	CPUMicrosPostgres float64 `json:"cpu_us_per_saga_pg"`
 	CPUMicrosRabbitMQ float64 `json:"cpu_us_per_saga_rabbitmq"`
 	CPUMicrosGo       float64 `json:"cpu_us_per_saga_go"`
+	// StealPct is the host's CPU steal over the same interval, in percent
+	// of all its CPU time: what a hypervisor gave other guests.
+	StealPct float64 `json:"steal_pct"`
 	// Start→completed of each saga.
 	Latency
 }
@@ -71,36 +78,22 @@ type Latency struct {
 	MaxMs float64 `json:"max_ms"`
 }
 
-// HalfLoadReport is the open-loop run: sagas started at a fixed rate,
-// whatever the completions, for a fixed duration.
-type HalfLoadReport struct {
-	// Rate is the start rate in sagas per second.
-	Rate float64 `json:"rate"`
-	// Seconds is how long sagas were started; Sagas how many.
-	Seconds float64 `json:"duration_s"`
-	Sagas   int     `json:"sagas"`
-	// The engine's start→completed, measured from each saga's scheduled
-	// start (a start that could not begin on time counts its delay), and
-	// its CPU per saga at this rate.
-	LoadPoint
-	// Baseline is the baseline's at the same rate, when it ran.
-	Baseline *LoadPoint `json:"baseline,omitempty"`
-	// GroupBaseline is the group-commit baseline's at the same rate, when
-	// it ran: what batching by itself costs in latency at that rate.
-	GroupBaseline *LoadPoint `json:"group_baseline,omitempty"`
-}
-
 // LoadPoint is one pipeline at a fixed start rate: its start→completed
-// distribution and the CPU time per saga of PostgreSQL, RabbitMQ and this
-// process over the run. Below saturation deliveries come too far apart to
-// be batched, so a saga costs more than in the saturated run: this is what
-// the latency at that rate pays for.
+// distribution, measured from each saga's scheduled start (a start that
+// could not begin on time counts its delay), the CPU time per saga of
+// PostgreSQL, RabbitMQ and this process over the run, and the host's CPU
+// steal meanwhile. Below saturation deliveries come too far apart to be
+// batched, so a saga costs more than in the saturated run: this is what the
+// latency at that rate pays for.
 type LoadPoint struct {
 	Latency
 	CPUMicros         float64 `json:"cpu_us_per_saga"`
 	CPUMicrosPostgres float64 `json:"cpu_us_per_saga_pg"`
 	CPUMicrosRabbitMQ float64 `json:"cpu_us_per_saga_rabbitmq"`
 	CPUMicrosGo       float64 `json:"cpu_us_per_saga_go"`
+	// StealPct is the host's CPU steal over the run, in percent of all its
+	// CPU time.
+	StealPct float64 `json:"steal_pct"`
 }
 
 // Machine says where the numbers were measured.
@@ -122,22 +115,28 @@ type pipeline struct {
 	// countSQL counts the completed sagas; doneSQL returns id and
 	// finished_at of each.
 	countSQL, doneSQL string
-	// errs reports failures of the pipeline's background loops.
+	// errs reports failures of the pipeline's background loops and
+	// processes.
 	errs <-chan error
+	// children are the PIDs of the pipeline's processes besides this one,
+	// whose CPU time counts as the bench's (Go).
+	children []int
 	// close stops everything and drops what the pipeline created.
 	close func()
 }
 
-// RunSagas measures three-step sagas end to end in three pipelines, one
-// after the other, each with fresh schemas and queues: sagabox's engine, a
-// hand-written baseline doing the same work with pgx and amqp091-go directly,
-// and the baseline with group-commit consumers. For each it reports the
-// saturated throughput, the CPU time per saga of PostgreSQL, RabbitMQ and
-// this process, and the start→completed percentiles; then the latency of
-// each in an open-loop run at half the engine's rate.
+// RunSagas measures three-step sagas end to end. By default it runs three
+// pipelines one after the other, each with fresh schemas and queues:
+// sagabox's engine, a hand-written baseline doing the same work with pgx and
+// amqp091-go directly, and the baseline with group-commit consumers. For
+// each it reports the saturated throughput, the CPU time per saga of
+// PostgreSQL, RabbitMQ and this process, and the start→completed
+// percentiles; then the latency of each in open-loop runs at half the
+// engine's rate (a sweep of one rate). With cfg.Rates it runs only the
+// sweep, at those rates; with cfg.Replicas only the replicas measurement.
 func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("saga bench config: %w", err)
 	}
 	logf := func(format string, args ...any) {
@@ -154,54 +153,27 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	if rep.Machine, err = readMachine(ctx, cfg); err != nil {
 		return nil, err
 	}
-
-	// The engine runs first: its rate sets the open-loop rate.
-	if cfg.runs(PipelineEngine) {
-		err := withPipeline(ctx, cfg, PipelineEngine, logf, func(p *pipeline) error {
-			var err error
-			if rep.Engine, err = saturate(ctx, cfg, p, logf); err != nil {
-				return err
-			}
-			rate := cfg.Rate
-			if rate == 0 {
-				rate = rep.Engine.SagasPerSec / 2
-			}
-			rep.HalfLoad = &HalfLoadReport{Rate: round(rate, 1), Seconds: cfg.Duration.Seconds()}
-			logf("engine: open loop at %.1f sagas/s for %s", rate, cfg.Duration)
-			rep.HalfLoad.LoadPoint, rep.HalfLoad.Sagas, err = openLoop(ctx, cfg, p, rate)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
+	switch {
+	case len(cfg.Replicas) > 0:
+		rep.Replicas, err = runReplicas(ctx, cfg, logf)
+		return rep, err
+	case len(cfg.Rates) > 0:
+		rep.Sweep, err = runSweep(ctx, cfg, cfg.Rates, cfg.pipelines(), logf)
+		return rep, err
 	}
-	// The baselines run saturated, then open-loop at the engine's half rate
-	// (or --rate).
-	for _, b := range []struct {
-		name      string
-		saturated **PipelineReport
-		setHalf   func(h *HalfLoadReport, lp *LoadPoint)
-	}{
-		{PipelineBaseline, &rep.Baseline, func(h *HalfLoadReport, lp *LoadPoint) { h.Baseline = lp }},
-		{PipelineGroup, &rep.GroupBaseline, func(h *HalfLoadReport, lp *LoadPoint) { h.GroupBaseline = lp }},
-	} {
-		if !cfg.runs(b.name) {
-			continue
-		}
-		err := withPipeline(ctx, cfg, b.name, logf, func(p *pipeline) error {
-			var err error
-			if *b.saturated, err = saturate(ctx, cfg, p, logf); err != nil {
-				return err
+
+	// The saturated runs; the engine's rate sets the open-loop rate.
+	for _, name := range cfg.pipelines() {
+		err := withPipeline(ctx, cfg, name, pipelineOpener(name), logf, func(p *pipeline) error {
+			r, err := saturate(ctx, cfg, p, logf)
+			switch name {
+			case PipelineEngine:
+				rep.Engine = r
+			case PipelineBaseline:
+				rep.Baseline = r
+			case PipelineGroup:
+				rep.GroupBaseline = r
 			}
-			if rep.HalfLoad == nil {
-				if cfg.Rate == 0 {
-					return nil // no engine rate to halve, and none asked for
-				}
-				rep.HalfLoad = &HalfLoadReport{Rate: round(cfg.Rate, 1), Seconds: cfg.Duration.Seconds()}
-			}
-			logf("%s: open loop at %.1f sagas/s for %s", b.name, rep.HalfLoad.Rate, cfg.Duration)
-			point, _, err := openLoop(ctx, cfg, p, rep.HalfLoad.Rate)
-			b.setHalf(rep.HalfLoad, &point)
 			return err
 		})
 		if err != nil {
@@ -214,19 +186,29 @@ func RunSagas(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	if rep.Engine != nil && rep.GroupBaseline != nil && rep.GroupBaseline.SagasPerSec > 0 {
 		rep.RatioGroup = round(rep.Engine.SagasPerSec/rep.GroupBaseline.SagasPerSec, 3)
 	}
+	if rep.Engine != nil {
+		half := max(0.1, round(rep.Engine.SagasPerSec/2, 1))
+		if rep.Sweep, err = runSweep(ctx, cfg, []float64{half}, cfg.pipelines(), logf); err != nil {
+			return nil, err
+		}
+	}
 	return rep, nil
 }
 
-// withPipeline opens the pipeline called name, warms it up and runs fn on
-// it, and closes it whatever happens.
-func withPipeline(ctx context.Context, cfg SagaConfig, name string, logf func(string, ...any), fn func(*pipeline) error) error {
-	open := openEngine
+// pipelineOpener returns the function that opens the pipeline called name.
+func pipelineOpener(name string) func(context.Context, SagaConfig) (*pipeline, error) {
 	switch name {
 	case PipelineBaseline:
-		open = func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, false) }
+		return func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, false) }
 	case PipelineGroup:
-		open = func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, true) }
+		return func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openBaseline(ctx, cfg, true) }
 	}
+	return func(ctx context.Context, cfg SagaConfig) (*pipeline, error) { return openEngine(ctx, cfg, 0) }
+}
+
+// withPipeline opens a pipeline with open, warms it up and runs fn on it,
+// and closes it whatever happens. name is the pipeline's in messages.
+func withPipeline(ctx context.Context, cfg SagaConfig, name string, open func(context.Context, SagaConfig) (*pipeline, error), logf func(string, ...any), fn func(*pipeline) error) error {
 	logf("%s: setting up", name)
 	p, err := open(ctx, cfg)
 	if err != nil {
@@ -276,7 +258,7 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 	var firstErr error
 	var once sync.Once
 	var wg sync.WaitGroup
-	cpu0, err := readCPU()
+	u0, err := readUsage(p)
 	if err != nil {
 		return nil, err
 	}
@@ -302,7 +284,7 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 		return nil, err
 	}
 	elapsed := time.Since(t0)
-	cpu1, err := readCPU()
+	u1, err := readUsage(p)
 	if err != nil {
 		return nil, err
 	}
@@ -310,10 +292,10 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 	if err != nil {
 		return nil, err
 	}
-	pg, rmq, goCPU := perSaga(cpu1.sub(cpu0), n)
+	pg, rmq, goCPU, steal := u1.spent(u0, n)
 	r := &PipelineReport{
 		Sagas: n, Seconds: round(elapsed.Seconds(), 3), SagasPerSec: round(float64(n)/elapsed.Seconds(), 1),
-		CPUMicrosPostgres: pg, CPUMicrosRabbitMQ: rmq, CPUMicrosGo: goCPU,
+		CPUMicrosPostgres: pg, CPUMicrosRabbitMQ: rmq, CPUMicrosGo: goCPU, StealPct: steal,
 		Latency: lat,
 	}
 	r.CPUMicros = round(r.CPUMicrosPostgres+r.CPUMicrosRabbitMQ+r.CPUMicrosGo, 1)
@@ -325,7 +307,8 @@ func saturate(ctx context.Context, cfg SagaConfig, p *pipeline, logf func(string
 // time whether or not earlier ones completed, and returns the
 // start→completed distribution measured from the scheduled starts (so that
 // a start delayed by a busy pipeline counts its delay) with the CPU spent
-// per saga until the last completed, and the number of sagas.
+// per saga and the host's steal until the last completed, and the number
+// of sagas.
 func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (LoadPoint, int, error) {
 	if rate <= 0 || math.IsInf(rate, 0) {
 		return LoadPoint{}, 0, fmt.Errorf("open loop rate %v: want a positive rate", rate)
@@ -335,7 +318,7 @@ func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (L
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
-	cpu0, err := readCPU()
+	u0, err := readUsage(p)
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
@@ -385,7 +368,7 @@ func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (L
 	if err := waitCompleted(ctx, p, base+int64(total)); err != nil {
 		return LoadPoint{}, 0, err
 	}
-	cpu1, err := readCPU()
+	u1, err := readUsage(p)
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
@@ -393,10 +376,10 @@ func openLoop(ctx context.Context, cfg SagaConfig, p *pipeline, rate float64) (L
 	if err != nil {
 		return LoadPoint{}, 0, err
 	}
-	pg, rmq, goCPU := perSaga(cpu1.sub(cpu0), total)
+	pg, rmq, goCPU, steal := u1.spent(u0, total)
 	return LoadPoint{
 		Latency: lat, CPUMicrosPostgres: pg, CPUMicrosRabbitMQ: rmq, CPUMicrosGo: goCPU,
-		CPUMicros: round(pg+rmq+goCPU, 1),
+		CPUMicros: round(pg+rmq+goCPU, 1), StealPct: steal,
 	}, total, nil
 }
 
@@ -531,45 +514,51 @@ func readMachine(ctx context.Context, cfg SagaConfig) (Machine, error) {
 	return m, nil
 }
 
-// Print writes the report as a table with the machine and setup lines.
+// Print writes the report as tables under the machine and setup lines:
+// the saturated runs, the open-loop runs and the replicas, those that ran.
 func (r *SagaReport) Print(w io.Writer) {
 	m := r.Machine
 	fmt.Fprintf(w, "machine: %d CPUs, %s %s/%s, %s, %s\n", m.NProc, m.GoVersion, m.OS, m.Arch, m.Postgres, m.RabbitMQ)
-	fmt.Fprintf(w, "setup:   %d sagas from %d goroutines per pipeline; one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n",
-		r.Sagas, r.Concurrency, r.PoolSize, r.QueueType, r.Workers, GroupConsumers, GroupMaxBatch, GroupLinger)
-	fmt.Fprintf(w, "engine:  orchestrator MaxBatch %d, participants MaxBatch %d (group commit; %s linger)\n\n",
-		r.OrchestratorBatch, r.ParticipantBatch, time.Duration(r.LingerMS*float64(time.Millisecond)))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "pipeline\tsagas/s\t× baseline\tCPU µs/saga PG\tRMQ\tGo\ttotal\tp50 ms\tp99 ms\t")
-	for _, row := range []struct {
-		name string
-		p    *PipelineReport
-	}{{"baseline (hand-written)", r.Baseline}, {"group-commit baseline", r.GroupBaseline}, {"sagabox engine", r.Engine}} {
-		if row.p == nil {
-			continue
-		}
-		ratio := "-"
-		if r.Baseline != nil && r.Baseline.SagasPerSec > 0 {
-			ratio = fmt.Sprintf("%.2f", row.p.SagasPerSec/r.Baseline.SagasPerSec)
-		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t\n", row.name, row.p.SagasPerSec, ratio,
-			row.p.CPUMicrosPostgres, row.p.CPUMicrosRabbitMQ, row.p.CPUMicrosGo, row.p.CPUMicros, row.p.P50ms, row.p.P99ms)
+	fmt.Fprintf(w, "setup:   one pool of %d connections per pipeline (the engine's 3 clients share theirs); %s queues; %d workers per queue (group: %d consumers × up to %d per tx, %s linger)\n",
+		r.PoolSize, r.QueueType, r.Workers, GroupConsumers, GroupMaxBatch, GroupLinger)
+	if r.Engine != nil || r.Baseline != nil || r.GroupBaseline != nil || len(r.Replicas) > 0 {
+		fmt.Fprintf(w, "         saturated runs: %d sagas from %d goroutines each\n", r.Sagas, r.Concurrency)
 	}
-	_ = tw.Flush()
+	fmt.Fprintf(w, "engine:  orchestrator MaxBatch %d, participants MaxBatch %d (group commit; %s linger)\n",
+		r.OrchestratorBatch, r.ParticipantBatch, time.Duration(r.LingerMS*float64(time.Millisecond)))
+	if r.Engine != nil || r.Baseline != nil || r.GroupBaseline != nil {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "pipeline\tsagas/s\t× baseline\tCPU µs/saga PG\tRMQ\tGo\ttotal\tp50 ms\tp99 ms\tsteal %\t")
+		for _, row := range []struct {
+			name string
+			p    *PipelineReport
+		}{{"baseline (hand-written)", r.Baseline}, {"group-commit baseline", r.GroupBaseline}, {"sagabox engine", r.Engine}} {
+			if row.p == nil {
+				continue
+			}
+			ratio := "-"
+			if r.Baseline != nil && r.Baseline.SagasPerSec > 0 {
+				ratio = fmt.Sprintf("%.2f", row.p.SagasPerSec/r.Baseline.SagasPerSec)
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t\n", row.name, row.p.SagasPerSec, ratio,
+				row.p.CPUMicrosPostgres, row.p.CPUMicrosRabbitMQ, row.p.CPUMicrosGo, row.p.CPUMicros, row.p.P50ms, row.p.P99ms, row.p.StealPct)
+		}
+		_ = tw.Flush()
+	}
 	if r.Ratio > 0 || r.RatioGroup > 0 {
 		fmt.Fprintf(w, "\nengine / baseline: %.2f   engine / group-commit baseline: %.2f\n", r.Ratio, r.RatioGroup)
 	}
-	if h := r.HalfLoad; h != nil {
-		fmt.Fprintf(w, "half load, open loop at %.1f sagas/s for %s", h.Rate, time.Duration(h.Seconds*float64(time.Second)))
-		if h.Sagas > 0 {
-			fmt.Fprintf(w, " (%d sagas): engine p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.Sagas, h.P50ms, h.P99ms, h.CPUMicros)
-		}
-		if h.Baseline != nil {
-			fmt.Fprintf(w, "; baseline p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.Baseline.P50ms, h.Baseline.P99ms, h.Baseline.CPUMicros)
-		}
-		if h.GroupBaseline != nil {
-			fmt.Fprintf(w, "; group-commit baseline p50 %.1f ms p99 %.1f ms, %.0f µs CPU per saga", h.GroupBaseline.P50ms, h.GroupBaseline.P99ms, h.GroupBaseline.CPUMicros)
-		}
+	if r.Sweep != nil {
 		fmt.Fprintln(w)
+		title := "latency sweep"
+		if r.Engine != nil {
+			title = "half load (half the engine's saturated rate)"
+		}
+		r.Sweep.Print(w, title)
+	}
+	if len(r.Replicas) > 0 {
+		fmt.Fprintln(w)
+		printReplicas(w, r.Replicas)
 	}
 }

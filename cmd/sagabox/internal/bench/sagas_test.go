@@ -38,8 +38,8 @@ func BenchmarkSagas(b *testing.B) {
 }
 
 // TestSagaBenchSmoke runs every pipeline of the saga bench on a few sagas
-// against the real services and checks the report's structure, never a
-// timing.
+// against the real services, saturated and then open-loop at half the
+// engine's rate, and checks the report's structure, never a timing.
 func TestSagaBenchSmoke(t *testing.T) {
 	t.Parallel()
 	dbtest.Pool(t) // creates the test database if needed
@@ -48,7 +48,7 @@ func TestSagaBenchSmoke(t *testing.T) {
 	rep, err := RunSagas(ctx, SagaConfig{
 		DatabaseURL: dbtest.URL(), AMQPURL: amqptest.URL(t),
 		Sagas: 50, Concurrency: 2, PoolSize: 4, Workers: 2,
-		Rate: 50, Duration: 500 * time.Millisecond,
+		Duration: 500 * time.Millisecond,
 	})
 	require.NoError(t, err)
 
@@ -60,16 +60,25 @@ func TestSagaBenchSmoke(t *testing.T) {
 			require.GreaterOrEqual(t, v, 0.0, name)
 		}
 		require.LessOrEqual(t, p.P50ms, p.P99ms, name)
+		require.GreaterOrEqual(t, p.StealPct, 0.0, name)
 	}
-	require.NotNil(t, rep.HalfLoad)
-	require.Equal(t, 25, rep.HalfLoad.Sagas)
-	require.NotNil(t, rep.HalfLoad.Baseline)
-	require.NotNil(t, rep.HalfLoad.GroupBaseline)
-	for name, lp := range map[string]LoadPoint{"engine": rep.HalfLoad.LoadPoint, "baseline": *rep.HalfLoad.Baseline, "group_baseline": *rep.HalfLoad.GroupBaseline} {
-		require.Positive(t, lp.CPUMicros, "%s: the open loop's CPU per saga", name)
-		require.InDelta(t, lp.CPUMicrosPostgres+lp.CPUMicrosRabbitMQ+lp.CPUMicrosGo, lp.CPUMicros, 0.2, name)
-		require.LessOrEqual(t, lp.P50ms, lp.P99ms, name)
+	// The half load is a sweep of one rate, one run of each pipeline.
+	require.NotNil(t, rep.Sweep)
+	require.Equal(t, []string{PipelineEngine, PipelineBaseline, PipelineGroup}, rep.Sweep.Pipelines)
+	require.Len(t, rep.Sweep.Rates, 1)
+	pt := rep.Sweep.Rates[0]
+	require.InDelta(t, rep.Engine.SagasPerSec/2, pt.Rate, 0.1)
+	require.Len(t, pt.Runs, 3)
+	for _, run := range pt.Runs {
+		require.Equal(t, max(1, int(pt.Rate*0.5)), run.Sagas, run.Pipeline)
+		require.Positive(t, run.CPUMicros, "%s: the open loop's CPU per saga", run.Pipeline)
+		require.InDelta(t, run.CPUMicrosPostgres+run.CPUMicrosRabbitMQ+run.CPUMicrosGo, run.CPUMicros, 0.2, run.Pipeline)
+		require.LessOrEqual(t, run.P50ms, run.P99ms, run.Pipeline)
 	}
+	for name, m := range map[string]*LoadPoint{"engine": pt.Engine, "baseline": pt.Baseline, "group_baseline": pt.GroupBaseline} {
+		require.NotNil(t, m, name)
+	}
+	require.Equal(t, pt.Runs[0].LoadPoint, *pt.Engine, "the median of one run is the run")
 	require.Equal(t, 4, rep.PoolSize)
 	require.Equal(t, "quorum", rep.QueueType)
 
@@ -77,17 +86,18 @@ func TestSagaBenchSmoke(t *testing.T) {
 	require.NoError(t, err)
 	var doc map[string]any
 	require.NoError(t, json.Unmarshal(out, &doc))
-	for _, k := range []string{"engine", "baseline", "group_baseline", "ratio", "ratio_group", "half_load", "pool_size", "queue_type", "machine"} {
+	for _, k := range []string{"engine", "baseline", "group_baseline", "ratio", "ratio_group", "sweep", "pool_size", "queue_type", "machine"} {
 		require.Contains(t, doc, k)
 	}
 	for _, p := range []string{"engine", "baseline", "group_baseline"} {
 		row := doc[p].(map[string]any)
-		for _, k := range []string{"sagas_per_s", "cpu_us_per_saga", "cpu_us_per_saga_pg", "cpu_us_per_saga_rabbitmq", "cpu_us_per_saga_go", "p50_ms", "p99_ms"} {
+		for _, k := range []string{"sagas_per_s", "cpu_us_per_saga", "cpu_us_per_saga_pg", "cpu_us_per_saga_rabbitmq", "cpu_us_per_saga_go", "p50_ms", "p99_ms", "steal_pct"} {
 			require.Contains(t, row, k, p)
 		}
 	}
-	for _, k := range []string{"rate", "p50_ms", "p99_ms"} {
-		require.Contains(t, doc["half_load"], k)
+	sweep := doc["sweep"].(map[string]any)
+	for _, k := range []string{"duration_s", "repeat", "pipelines", "rates"} {
+		require.Contains(t, sweep, k)
 	}
 	for _, k := range []string{"nproc", "go_version", "postgres_version", "rabbitmq_version"} {
 		require.Contains(t, doc["machine"], k)

@@ -63,13 +63,39 @@ work with pgx and amqp091-go directly (inbox, saga row and outbox in one round
 trip per message, a SKIP LOCKED relay with pipelined confirms), and that
 baseline with group-commit consumers. For each it prints the saturated rate,
 the CPU time per saga of PostgreSQL, RabbitMQ and this process (from /proc),
-and start→completed p50/p99; then the latency of each in an open-loop run at
-half the engine's rate (--rate to choose it).`,
+start→completed p50/p99 and the host's CPU steal; then the latency of each in
+an open-loop run at half the engine's rate, on fresh schemas and queues again.
+
+--rates makes it a latency sweep instead: open-loop runs only, at each rate
+--repeat runs of the engine and the baseline alternating (engine, baseline,
+engine, …), each on fresh schemas and queues for --duration; it prints per
+rate the medians over the runs of p50, p99 and CPU per saga, the engine's p50
+and p99 as ratios of the baseline's, and the host's steal during each run.
+
+--replicas measures orchestrator replicas instead: the engine saturated with
+its orchestrator in 1, 2, 3… processes of its own (this binary, each with its
+own pool) on one database, the participants and the starts in this process.`,
+		Example: `  sagabox bench sagas
+  sagabox bench sagas --rates 50,100,200 --repeat 3 --json
+  sagabox bench sagas --replicas 1,2,3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sagaCfg.DatabaseURL = a.databaseURL
 			sagaCfg.QueueType = rabbitmq.QueueType(queueType)
 			sagaCfg.Log = a.stderr
+			if len(sagaCfg.Replicas) > 0 {
+				self, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("find this program to start orchestrator replicas: %w", err)
+				}
+				sagaCfg.ReplicaCommand = []string{self, "bench", "orchestrator-replica"}
+			}
+			if sagaCfg.Repeat < 1 {
+				return withCode(ExitUsage, fmt.Errorf("--repeat %d: want 1 or more", sagaCfg.Repeat))
+			}
+			if err := sagaCfg.WithDefaults().Validate(); err != nil {
+				return withCode(ExitUsage, err)
+			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -104,11 +130,22 @@ half the engine's rate (--rate to choose it).`,
 	f.IntVar(&sagaCfg.MaxRunning, "max-running", 0, "the engine orchestrator's limit of running sagas (flow control; 0: its default, -1: none)")
 	f.IntVar(&sagaCfg.Workers, "workers", bench.DefaultWorkers, "deliveries of one queue handled at once (engine clients' Workers, baseline consumers per queue)")
 	f.StringVar(&queueType, "queue-type", string(rabbitmq.DefaultQueueType), "queue type of every queue: quorum or classic")
-	f.StringVar(&sagaCfg.Only, "only", "", "run one pipeline only: engine, baseline or group (default all three)")
-	f.Float64Var(&sagaCfg.Rate, "rate", 0, "sagas per second of the open-loop runs (default half the engine's saturated rate)")
-	f.DurationVar(&sagaCfg.Duration, "duration", bench.DefaultDuration, "length of the open-loop runs")
+	f.StringSliceVar(&sagaCfg.Only, "only", nil, "run only these pipelines: engine, baseline, group (default all three; with --rates engine,baseline)")
+	f.Float64SliceVar(&sagaCfg.Rates, "rates", nil, "a latency sweep: open-loop runs only, at these rates in sagas/s (e.g. 50,100,200; default one run at half the engine's saturated rate, after the saturated runs)")
+	f.IntVar(&sagaCfg.Repeat, "repeat", bench.DefaultRepeat, "open-loop runs of each pipeline at each rate, alternating, each on fresh schemas and queues (the tables show their medians)")
+	f.DurationVar(&sagaCfg.Duration, "duration", bench.DefaultDuration, "length of each open-loop run")
+	f.IntSliceVar(&sagaCfg.Replicas, "replicas", nil, "measure orchestrator replicas instead: the engine saturated with its orchestrator in each of these numbers of processes (e.g. 1,2,3)")
 	f.BoolVar(&sagaCfg.KeepSchemas, "keep-schemas", false, "leave the engine's schemas in place after the run, for inspection (drop them yourself)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
-	cmd.AddCommand(relay, withJSON(sagas))
+	replica := &cobra.Command{
+		Use:    "orchestrator-replica",
+		Short:  "One orchestrator replica of `bench sagas --replicas`: reads its spec as JSON on stdin, runs until stdin ends or SIGTERM",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.RunOrchestratorReplica(cmd.Context(), cmd.InOrStdin(), a.stderr)
+		},
+	}
+	cmd.AddCommand(relay, withJSON(sagas), replica)
 	return cmd
 }
