@@ -243,7 +243,7 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 	err = engine.Retrying(ctx, func() error {
 		trs, waits, more, claimed, full = trs[:0], waits[:0], false, 0, false
 		now := c.now()
-		t := c.db.Begin()
+		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
 		locked, err := c.db.TryLockAdmission(ctx, t)
 		if err != nil || !locked {
@@ -288,10 +288,7 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 				budget--
 			}
 		}
-		if len(trs) == 0 {
-			return t.Commit(ctx)
-		}
-		return c.db.WriteTransitions(ctx, t, writes(trs...), now, true)
+		return c.writeAndCommit(ctx, t, writes(trs...), now)
 	})
 	if err != nil {
 		return 0, false, fmt.Errorf("admit queued sagas: %w", err)

@@ -290,20 +290,25 @@ func (c *Client) consumeKept(ctx context.Context, t driver.Tx, tx pgx.Tx, runner
 // orchestrator's queue (another service published it, with the saga's id
 // in its envelope), as SendEvent does, in one transaction with its inbox
 // record; the message id is the event id.
-func (c *Client) processEvent(ctx context.Context, d *transport.Delivery) (engine.Result, error) {
-	t := c.db.Begin()
+func (c *Client) processEvent(ctx context.Context, d *transport.Delivery, lease *driver.OutboxLease) (engine.Result, error) {
+	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
 	rcpts, err := c.db.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
 	if err != nil {
 		return engine.Result{}, err
 	}
+	commit := func(res engine.Result) (engine.Result, error) {
+		committed, err := t.Commit(ctx)
+		res.Committed = committed
+		return res, err
+	}
 	switch r := rcpts[0]; {
 	case !r.Fresh:
-		return engine.Result{Outcome: telemetry.OutcomeDuplicate}, t.Commit(ctx)
+		return commit(engine.Result{Outcome: telemetry.OutcomeDuplicate})
 	case r.Saga == nil:
 		c.log.Warn("event for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(),
 			"saga_id", d.SagaID.String(), "type", d.Type)
-		return engine.Result{Outcome: telemetry.OutcomeUnknownSaga}, t.Commit(ctx)
+		return commit(engine.Result{Outcome: telemetry.OutcomeUnknownSaga})
 	}
 	sent, tr, write, err := c.applyOutside(ctx, t, nil, *rcpts[0].Saga, d.Type, d.MessageID.String(), d.Payload)
 	switch {
@@ -314,13 +319,17 @@ func (c *Client) processEvent(ctx context.Context, d *transport.Delivery) (engin
 	case err != nil:
 		return engine.Result{}, err
 	case !write:
-		return engine.Result{Outcome: telemetry.OutcomeIgnored, Note: string(sent.Outcome)}, t.Commit(ctx)
+		return commit(engine.Result{Outcome: telemetry.OutcomeIgnored, Note: string(sent.Outcome)})
 	}
-	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
+	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at); err != nil {
+		return engine.Result{}, err
+	}
+	res, err := commit(engine.Result{Outcome: telemetry.OutcomeApplied})
+	if err != nil {
 		return engine.Result{}, err
 	}
 	c.applied(ctx, tr)
-	return engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0}, nil
+	return res, nil
 }
 
 // awaitedEvents names the outside events the Client's definitions wait for:

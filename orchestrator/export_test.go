@@ -23,7 +23,8 @@ func (c *Client) ProcessBatch(ctx context.Context, ds []*transport.Delivery) ([]
 	for i, d := range ds {
 		items[i] = engine.Item{Ctx: ctx, Delivery: d}
 	}
-	return processor{c}.ProcessBatch(ctx, items)
+	res, _, err := processor{c}.ProcessBatch(ctx, items, nil)
+	return res, err
 }
 
 // RoomFreshnessForTest is how long a Start trusts another Start's

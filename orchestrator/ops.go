@@ -298,13 +298,13 @@ func (c *Client) operate(ctx context.Context, id uuid.UUID, act operatorAction) 
 	}
 	var tr transition
 	err = engine.Retrying(ctx, func() error {
-		t := c.db.Begin()
+		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
 		var err error
 		if tr, err = c.operateTx(ctx, t, id, act); err != nil {
 			return err
 		}
-		return c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true)
+		return c.writeAndCommit(ctx, t, writes(tr), tr.at)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)

@@ -35,52 +35,139 @@ const (
 // metrics.
 const componentName = "orchestrator"
 
-// processor is the orchestrator's part of the delivery engine: it applies a
-// reply to its saga.
+// processor is the orchestrator's part of the delivery engine: it applies
+// a reply to its saga.
 type processor struct{ c *Client }
 
-// Process applies one reply in one transaction. A reply to a saga the
-// Client kept from its own last write (Config.SagaCache) takes one round
-// trip: the inbox record, the new state (checked against the revision
-// kept), its history and the next commands go out with BEGIN and COMMIT,
-// and the saga core decides before. Any other takes two: the inbox record
-// and the saga's row lock go out with BEGIN, the write with COMMIT, and the
-// core decides in between.
-func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int) (engine.Result, error) {
+// Process applies one reply in one transaction, as ProcessBatch applies a
+// batch of one; an event message goes to processEvent.
+func (p processor) Process(ctx context.Context, d *transport.Delivery, _ int, lease *driver.OutboxLease) (engine.Result, error) {
 	c := p.c
 	if d.Kind == message.KindEvent {
-		return c.processEvent(ctx, d)
+		return c.processEvent(ctx, d, lease)
 	}
 	if !d.Kind.IsReply() {
 		return engine.Result{}, &engine.Poison{Class: telemetry.ReasonUnexpectedKind, Reason: fmt.Sprintf(
 			"message %s of kind %q reached the reply queue %s: only replies are handled here", d.MessageID, d.Kind, c.cfg.Service)}
 	}
-	if rec, ok := c.kept(d.SagaID); ok {
-		if res, done, err := p.processKnown(ctx, d, rec); done {
-			return res, err
+	results, committed, err := c.applyReplies(ctx, []engine.Item{{Ctx: ctx, Delivery: d}}, lease)
+	if err != nil {
+		return engine.Result{}, err
+	}
+	res := results[0]
+	res.Committed = committed
+	return res, nil
+}
+
+// ProcessBatch applies a batch of replies in one transaction (group
+// commit), as applyReplies does.
+func (p processor) ProcessBatch(ctx context.Context, items []engine.Item, lease *driver.OutboxLease) ([]engine.Result, driver.Committed, error) {
+	return p.c.applyReplies(ctx, items, lease)
+}
+
+// applyReplies applies the replies of items in one transaction, its writes
+// under lease: one statement that records them in the inbox and reads
+// their sagas goes out with BEGIN (receiveReplies), the saga core decides
+// on each (decideReplies), and one statement writes every transition and
+// commits. When the Client keeps every saga of the batch (Config.SagaCache)
+// none is read and that is one round trip. It applies at most one reply per
+// saga (a saga's second reply needs the state the first one leaves) and
+// defers the others, and what is not a reply, so that each gets the
+// treatment of one delivery. A reply the core cannot decide on a kept copy
+// fails the transaction with a conflict: the engine runs it again, and the
+// saga, no longer kept, is read.
+func (c *Client) applyReplies(ctx context.Context, items []engine.Item, lease *driver.OutboxLease) ([]engine.Result, driver.Committed, error) {
+	results := make([]engine.Result, len(items))
+	at := pickReplies(items, results)
+	if len(at) == 0 {
+		return results, driver.Committed{}, nil
+	}
+	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
+	defer t.Rollback(ctx)
+	recv, err := c.receiveReplies(ctx, t, items, at)
+	var trs []*transition
+	if err == nil {
+		trs, err = c.decideReplies(ctx, t, items, at, recv, results)
+	}
+	var committed driver.Committed
+	if err == nil {
+		committed, err = c.commitTransitions(ctx, t, trs)
+	}
+	if err != nil {
+		// What was kept of the sagas is not known to be stored any more.
+		for _, r := range recv {
+			if r.kept {
+				c.cache.forget(r.saga.ID)
+			}
+		}
+		return nil, driver.Committed{}, err
+	}
+	for k, i := range at {
+		if trs[k] != nil {
+			results[i] = c.replyApplied(items[i].Ctx, items[i].Delivery, *trs[k])
 		}
 	}
-	t := c.db.Begin()
-	defer t.Rollback(ctx)
-	rcpts, err := c.db.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
+	return results, committed, nil
+}
+
+// pickReplies returns the positions of the items of a batch to apply
+// together, and marks the others deferred in results: what is not a reply,
+// and a second reply of one saga or one message id.
+func pickReplies(items []engine.Item, results []engine.Result) []int {
+	var at []int
+	seen := make(map[uuid.UUID]struct{}, 2*len(items))
+	for i, it := range items {
+		d := it.Delivery
+		_, msgSeen := seen[d.MessageID]
+		_, sagaSeen := seen[d.SagaID]
+		if !d.Kind.IsReply() || msgSeen || sagaSeen {
+			results[i].Defer = true
+			continue
+		}
+		seen[d.MessageID], seen[d.SagaID] = struct{}{}, struct{}{}
+		at = append(at, i)
+	}
+	return at
+}
+
+// received is what receiveReplies found for one reply.
+type received struct {
+	// fresh is false for a duplicate, which the inbox counted.
+	fresh bool
+	// saga is the reply's saga (nil: none here); kept when it is the
+	// Client's copy of its last write, unread and unlocked.
+	saga *driver.SagaRecord
+	kept bool
+}
+
+// receiveReplies begins t with the replies items[at]: each is recorded in
+// the inbox and its saga read. The Client's kept copies stand in for the
+// reads when it keeps every saga of the batch (their inbox records go out
+// with the write, which checks each saga's revision); otherwise every saga
+// is read and locked, in id order, so that every batch takes its row locks
+// at BEGIN in one order.
+func (c *Client) receiveReplies(ctx context.Context, t driver.Tx, items []engine.Item, at []int) ([]received, error) {
+	envs := make([]*message.Envelope, len(at))
+	out := make([]received, len(at))
+	kept := 0
+	for k, i := range at {
+		envs[k] = &items[i].Delivery.Envelope
+		if rec, ok := c.kept(envs[k].SagaID); ok {
+			out[k] = received{fresh: true, saga: &rec, kept: true}
+			kept++
+		}
+	}
+	if kept == len(at) {
+		return out, c.db.ReceiveKnownReplies(ctx, t, envs)
+	}
+	rcpts, err := c.db.ReceiveReplies(ctx, t, envs)
 	if err != nil {
-		return engine.Result{}, err
+		return nil, err
 	}
-	switch r := rcpts[0]; {
-	case !r.Fresh:
-		return engine.Result{Outcome: telemetry.OutcomeDuplicate}, t.Commit(ctx)
-	case r.Saga == nil:
-		c.log.Warn("reply for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String())
-		return engine.Result{Outcome: telemetry.OutcomeUnknownSaga}, t.Commit(ctx)
+	for k, r := range rcpts {
+		out[k] = received{fresh: r.Fresh, saga: r.Saga}
 	}
-	tr, err := c.applyReply(ctx, t, d, *rcpts[0].Saga, false)
-	if err != nil {
-		return engine.Result{}, err
-	}
-	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
-		return engine.Result{}, err
-	}
-	return c.replyApplied(ctx, d, tr), nil
+	return out, nil
 }
 
 // kept returns the saga id as this Client last wrote it, if it keeps it
@@ -97,159 +184,60 @@ func (c *Client) kept(id uuid.UUID) (driver.SagaRecord, bool) {
 	return rec, err == nil && !hasLocalStep(runner)
 }
 
-// processKnown applies the reply d to rec, its saga as this Client last
-// wrote it, in one round trip. A saga written meanwhile by someone else, or
-// a duplicate reply, fails the transaction with a retryable error (the
-// engine runs Process again, which then reads the saga). When the core
-// ignores or refuses the reply, which it may do because rec is out of date,
-// processKnown writes nothing and reports done false: the reply is to be
-// applied the ordinary way. Either way the saga is no longer kept.
-func (p processor) processKnown(ctx context.Context, d *transport.Delivery, rec driver.SagaRecord) (res engine.Result, done bool, err error) {
-	c := p.c
-	t := c.db.Begin()
-	defer t.Rollback(ctx)
-	if err := c.db.ReceiveKnownReplies(ctx, t, []*message.Envelope{&d.Envelope}); err != nil {
-		c.cache.forget(d.SagaID)
-		return engine.Result{}, true, err
-	}
-	tr, err := c.applyReply(ctx, t, d, rec, true)
-	if err != nil || tr.res.Ignored {
-		c.cache.forget(d.SagaID)
-		return engine.Result{}, false, nil
-	}
-	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, true); err != nil {
-		c.cache.forget(d.SagaID)
-		return engine.Result{}, true, err
-	}
-	return c.replyApplied(ctx, d, tr), true, nil
-}
+// errStaleCopy fails a transaction that applied a reply to a kept copy of
+// its saga the core could not decide on (it ignored or refused the reply,
+// or reached a step waiting for an event): the saga may have moved on, so
+// the transaction runs again reading it.
+var errStaleCopy = fmt.Errorf("orchestrator: a reply is to be applied to its saga as stored: %w", driver.ErrConflict)
 
-// ProcessBatch applies a batch of replies in one transaction, as Process
-// applies one (group commit): one statement that records them all in the
-// inbox and locks their sagas goes out with BEGIN, the core decides on
-// each, and one statement writes every transition and commits. When the
-// Client kept every saga of the batch, none is read and that is one round
-// trip (a batch with any saga not kept reads them all, so that every batch
-// takes its row locks in id order at BEGIN). It applies at most one reply per saga (a saga's second
-// reply in the batch needs the state the first one leaves), deferring the
-// others, and defers what is not a reply, so that each gets the treatment
-// of one delivery. Should the core ignore or refuse a reply to a kept saga,
-// the batch is applied again reading every saga.
-func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
-	results, again, err := p.processBatch(ctx, items, true)
-	if again {
-		results, _, err = p.processBatch(ctx, items, false)
-	}
-	return results, err
-}
-
-// processBatch is ProcessBatch, using the sagas kept if useKept. It reports
-// again, having written nothing, when a reply to a kept saga is to be
-// applied reading its saga.
-func (p processor) processBatch(ctx context.Context, items []engine.Item, useKept bool) (results []engine.Result, again bool, err error) {
-	c := p.c
-	results = make([]engine.Result, len(items))
-	var envs, knownEnvs []*message.Envelope
-	var at, knownAt []int
-	var known []driver.SagaRecord
-	seen := make(map[uuid.UUID]struct{}, 2*len(items))
-	for i, it := range items {
-		d := it.Delivery
-		_, msgSeen := seen[d.MessageID]
-		_, sagaSeen := seen[d.SagaID]
-		if !d.Kind.IsReply() || msgSeen || sagaSeen {
-			results[i].Defer = true
-			continue
-		}
-		seen[d.MessageID], seen[d.SagaID] = struct{}{}, struct{}{}
-		if rec, ok := c.kept(d.SagaID); ok && useKept {
-			knownEnvs, knownAt, known = append(knownEnvs, &d.Envelope), append(knownAt, i), append(known, rec)
-			continue
-		}
-		envs = append(envs, &d.Envelope)
-		at = append(at, i)
-	}
-	if len(envs) > 0 && len(knownEnvs) > 0 {
-		// A mixed batch reads every saga: its locks are then all taken at
-		// BEGIN, in id order, as every other batch takes them (the kept
-		// sagas' would only be taken by the write, against that order).
-		envs, at = append(envs, knownEnvs...), append(at, knownAt...)
-		knownEnvs, knownAt, known = nil, nil, nil
-	}
-	if len(envs)+len(knownEnvs) == 0 {
-		return results, false, nil
-	}
-	forgetKnown := func() {
-		for _, rec := range known {
-			c.cache.forget(rec.ID)
-		}
-	}
-	t := c.db.Begin()
-	defer t.Rollback(ctx)
-	if len(knownEnvs) > 0 {
-		// Sent ahead of the write.
-		if err := c.db.ReceiveKnownReplies(ctx, t, knownEnvs); err != nil {
-			forgetKnown()
-			return nil, false, err
-		}
-	}
-	var rcpts []driver.Receipt
-	if len(envs) > 0 {
-		if rcpts, err = c.db.ReceiveReplies(ctx, t, envs); err != nil {
-			forgetKnown()
-			return nil, false, err
-		}
-	}
-	var trs []transition
-	var applied []int
-	var write []driver.Transition
-	var now time.Time
-	apply := func(i int, rec driver.SagaRecord, kept bool) error {
-		tr, err := c.applyReply(items[i].Ctx, t, items[i].Delivery, rec, kept)
-		if err != nil {
-			return err
-		}
-		trs, applied = append(trs, tr), append(applied, i)
-		write = append(write, tr.write)
-		now = tr.at
-		return nil
-	}
-	for k, i := range knownAt {
-		if err := apply(i, known[k], true); err != nil || trs[len(trs)-1].res.Ignored {
-			c.cache.forget(known[k].ID)
-			return nil, true, nil
-		}
-	}
-	for k, r := range rcpts {
-		i := at[k]
-		d := items[i].Delivery
+// decideReplies runs the saga core on each reply received, in t, and
+// returns the transitions to write (nil for a reply that writes nothing: a
+// duplicate, one for a saga that does not exist here), noting those in
+// results. A kept saga the core could not decide on is no longer kept, and
+// the transaction fails with errStaleCopy.
+func (c *Client) decideReplies(ctx context.Context, t driver.Tx, items []engine.Item, at []int, recv []received, results []engine.Result) ([]*transition, error) {
+	trs := make([]*transition, len(at))
+	for k, i := range at {
+		d, r := items[i].Delivery, recv[k]
 		switch {
-		case !r.Fresh:
+		case !r.fresh:
 			results[i] = engine.Result{Outcome: telemetry.OutcomeDuplicate}
 			continue
-		case r.Saga == nil:
+		case r.saga == nil:
 			c.log.Warn("reply for a saga that does not exist here acknowledged without effect", "message_id", d.MessageID.String(), "saga_id", d.SagaID.String())
 			results[i] = engine.Result{Outcome: telemetry.OutcomeUnknownSaga}
 			continue
 		}
-		if err := apply(i, *r.Saga, false); err != nil {
-			forgetKnown()
-			return nil, false, err
+		tr, err := c.applyReply(items[i].Ctx, t, d, *r.saga, r.kept)
+		switch {
+		case r.kept && (err != nil || tr.res.Ignored):
+			c.cache.forget(r.saga.ID)
+			return nil, errStaleCopy
+		case err != nil:
+			return nil, err
+		}
+		trs[k] = &tr
+	}
+	return trs, nil
+}
+
+// commitTransitions writes the transitions trs (nil entries write nothing)
+// in t and commits t, in one round trip.
+func (c *Client) commitTransitions(ctx context.Context, t driver.Tx, trs []*transition) (driver.Committed, error) {
+	var write []driver.Transition
+	var now time.Time
+	for _, tr := range trs {
+		if tr != nil {
+			write = append(write, tr.write)
+			now = tr.at
 		}
 	}
-	if len(write) == 0 {
-		err = t.Commit(ctx)
-	} else {
-		err = c.db.WriteTransitions(ctx, t, write, now, true)
+	if len(write) > 0 {
+		if err := c.db.WriteTransitions(ctx, t, write, now); err != nil {
+			return driver.Committed{}, err
+		}
 	}
-	if err != nil {
-		forgetKnown()
-		return nil, false, err
-	}
-	for k, i := range applied {
-		results[i] = c.replyApplied(items[i].Ctx, items[i].Delivery, trs[k])
-	}
-	return results, false, nil
+	return t.Commit(ctx)
 }
 
 // replyApplied does what follows the commit of tr, the transition of the
@@ -263,20 +251,15 @@ func (c *Client) replyApplied(ctx context.Context, d *transport.Delivery, tr tra
 	// sent the command this reply answers.
 	c.tel.StepDone(ctx, tr.rec.Type, d.Step, string(tr.phase), tr.rec.UpdatedAt.Sub(tr.since))
 	c.applied(ctx, tr)
-	return engine.Result{Outcome: telemetry.OutcomeApplied, Wrote: len(tr.res.Emit) > 0, SpanAttrs: []attribute.KeyValue{
+	return engine.Result{Outcome: telemetry.OutcomeApplied, SpanAttrs: []attribute.KeyValue{
 		telemetry.AttrStatus.String(string(tr.res.Instance.Status)), telemetry.AttrPhase.String(string(tr.res.Instance.Phase)),
 	}}
 }
 
-// errReadTheSaga is applyReply's refusal to apply a reply to a kept copy
-// of its saga (kept): the reply is to be applied to the saga read and
-// locked.
-var errReadTheSaga = errors.New("orchestrator: the reply is applied to its saga as stored")
-
 // applyReply runs the saga core on the reply d to the saga rec, locked in t,
 // or, with kept, as this Client last wrote it (not locked; kept returned
 // it, so its definition has no local step). A kept saga whose transition
-// reaches a step waiting for an event is refused with errReadTheSaga.
+// reaches a step waiting for an event is refused with errStaleCopy.
 // A reply that no retry can apply (its definition is not registered here,
 // its payload breaks the command's contract, the stored saga is corrupt) is
 // poison.
@@ -312,7 +295,7 @@ func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Deliv
 		// Whether an event is kept for the saga is read from the events,
 		// whose senders hold the saga's row lock, not its revision: a
 		// sender about to commit one would go unseen.
-		return transition{}, errReadTheSaga
+		return transition{}, errStaleCopy
 	}
 	tr, err := c.transition(ctx, rec, res, now)
 	if err == nil {
@@ -346,7 +329,7 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 // is left alone.
 func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h driver.HistoryRecord) {
 	err := engine.Retrying(ctx, func() error {
-		t := c.db.Begin()
+		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
 		recs, err := c.db.LockSagas(ctx, t, []uuid.UUID{id})
 		if err != nil || len(recs) == 0 {
@@ -356,9 +339,22 @@ func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h driver.Histor
 		now := c.now()
 		h.SagaID, h.At, h.Phase = id, now, rec.Phase
 		rec.LastError = h.Detail
-		return c.db.WriteTransitions(ctx, t, []driver.Transition{{Saga: &rec, History: []driver.HistoryRecord{h}}}, now, true)
+		return c.writeAndCommit(ctx, t, []driver.Transition{{Saga: &rec, History: []driver.HistoryRecord{h}}}, now)
 	})
 	if err != nil {
 		c.log.Warn("could not record on its saga that a reply was dead-lettered", "saga_id", id.String(), "message_id", h.MessageID.String(), "err", err)
 	}
+}
+
+// writeAndCommit writes trs in t and commits t, in one round trip, for a
+// transaction of the Client's own (not a delivery's): what it sent is
+// published after the wake-up that follows it (Client.committed).
+func (c *Client) writeAndCommit(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time) error {
+	if len(trs) > 0 {
+		if err := c.db.WriteTransitions(ctx, t, trs, now); err != nil {
+			return err
+		}
+	}
+	_, err := t.Commit(ctx)
+	return err
 }

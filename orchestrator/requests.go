@@ -45,7 +45,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 	var tr transition
 	var refusal error
 	err = engine.Retrying(ctx, func() error {
-		t := c.db.Begin()
+		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
 		var err error
 		if op, err = c.db.ClaimOperation(ctx, t, keys); err != nil || op == nil {
@@ -73,7 +73,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 			if err := sp.Commit(ctx); err != nil {
 				return err
 			}
-			if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at, false); err != nil {
+			if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at); err != nil {
 				return err
 			}
 		case refused(refusal):
@@ -90,7 +90,11 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 		if refusal != nil {
 			reason = fmt.Sprintf("%s saga %s: %v", kind, op.SagaID, refusal)
 		}
-		return c.db.MarkOperation(ctx, t, op.ID, c.now(), reason)
+		if err := c.db.MarkOperation(ctx, t, op.ID, c.now(), reason); err != nil {
+			return err
+		}
+		_, err = t.Commit(ctx)
+		return err
 	})
 	if op == nil {
 		return false, err

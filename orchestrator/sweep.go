@@ -110,16 +110,13 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 		if paused {
 			return nil
 		}
-		t := c.db.Begin()
+		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
 		recs, err := c.db.ClaimDueSagas(ctx, t, due, c.cfg.SweepBatch, keys)
 		if err != nil {
 			return err
 		}
 		claimed = len(recs)
-		if claimed == 0 {
-			return t.Commit(ctx)
-		}
 		for _, rec := range recs {
 			tr, err := c.fire(ctx, t, rec, now)
 			var refused *timerRefusedError
@@ -135,7 +132,7 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 				c.log.Error("deadline not applied; will try again", "saga_id", rec.ID.String(), "saga_type", rec.Type, "err", err)
 			}
 		}
-		return c.db.WriteTransitions(ctx, t, writes(trs...), now, true)
+		return c.writeAndCommit(ctx, t, writes(trs...), now)
 	})
 	if err != nil {
 		return 0, 0, err

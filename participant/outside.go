@@ -177,8 +177,8 @@ func (e errInFlight) Error() string { return e.what }
 // and the barrier mark "started" (or ends the delivery, when nothing is to
 // be called), the second records the call's outcome, the reply and the
 // entry "done".
-func (c *Client) deliverOutside(ctx context.Context, d *transport.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
-	t := c.db.Begin()
+func (c *Client) deliverOutside(ctx context.Context, d *transport.Delivery, h *handler, data any, attempt int, lease *driver.OutboxLease) (engine.Result, error) {
+	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
 	del, err := c.db.BeginOutsideDelivery(ctx, t, &d.Envelope, blockedReply(d))
 	if err != nil {
@@ -194,7 +194,7 @@ func (c *Client) deliverOutside(ctx context.Context, d *transport.Delivery, h *h
 	}
 	// The first commit: the entry and the mark are "started" before the
 	// call, so that a duplicate is caught before the side effect.
-	if err := t.Commit(ctx); err != nil {
+	if _, err := t.Commit(ctx); err != nil {
 		return engine.Result{}, err
 	}
 	req := &outsideReq{env: &d.Envelope, data: data, attempt: attempt,
@@ -215,7 +215,7 @@ func (c *Client) deliverOutside(ctx context.Context, d *transport.Delivery, h *h
 			return engine.Result{}, err
 		}
 	}
-	return c.recordOutside(ctx, d, h, req, reply, result, rejected)
+	return c.recordOutside(ctx, d, h, req, reply, result, rejected, lease)
 }
 
 // beginOutside decides, in the first transaction, what a fresh message of
@@ -268,11 +268,12 @@ func errActionInFlight(d *transport.Delivery) error {
 }
 
 // recordOutside is the second transaction: the handler's writes (none for a
-// rejection), the barrier mark's outcome, the reply and the entry "done".
+// rejection), the barrier mark's outcome, the reply (under lease) and the
+// entry "done".
 // Another delivery of d that recorded its call first makes this one a
 // duplicate.
-func (c *Client) recordOutside(ctx context.Context, d *transport.Delivery, h *handler, req *outsideReq, reply []byte, result any, rejected error) (engine.Result, error) {
-	t := c.db.Begin()
+func (c *Client) recordOutside(ctx context.Context, d *transport.Delivery, h *handler, req *outsideReq, reply []byte, result any, rejected error, lease *driver.OutboxLease) (engine.Result, error) {
+	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
 	del, err := c.db.ResumeDelivery(ctx, t, &d.Envelope)
 	if err != nil {

@@ -31,11 +31,11 @@ type processor struct{ c *Client }
 // Process handles one delivery in one transaction of two round trips: the
 // inbox record and the barrier mark go out with BEGIN, the reply and the
 // mark's outcome with COMMIT, and the handler runs in between, under a
-// savepoint.
+// savepoint. The reply takes lease, the relay's write-time lease.
 //
 // A message of an outside handler (HandleOutsideCommand) takes two
 // transactions instead, around its outside call (deliverOutside).
-func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt int) (engine.Result, error) {
+func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt int, lease *driver.OutboxLease) (engine.Result, error) {
 	h, data, poison := p.c.dispatch(d)
 	if poison != nil {
 		return engine.Result{}, poison
@@ -43,9 +43,9 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 	var res engine.Result
 	var err error
 	if h.outside != nil {
-		res, err = p.c.deliverOutside(ctx, d, h, data, attempt)
+		res, err = p.c.deliverOutside(ctx, d, h, data, attempt, lease)
 	} else {
-		t := p.c.db.Begin()
+		t := p.c.db.Begin(&driver.BeginOpts{Lease: lease})
 		defer t.Rollback(ctx)
 		res, err = p.c.deliver(ctx, t, d, h, data, attempt)
 	}
@@ -60,88 +60,38 @@ func (p processor) Process(ctx context.Context, d *transport.Delivery, attempt i
 // statements: the inbox records and barrier marks of all of them go out
 // with BEGIN in one statement, the handlers run one after the other, each
 // under a savepoint of its own begun with its first statement, and the
-// replies and the marks' outcomes go out with COMMIT in one statement. A
-// delivery whose handler fails leaves nothing (its savepoint is rolled back
-// and its inbox record and marks removed) and is reported failed
-// (engine.Result.Failed): that was its first attempt, and the engine
+// replies (under lease) and the marks' outcomes go out with COMMIT in one
+// statement. A delivery whose handler fails leaves nothing (its savepoint
+// is rolled back and its inbox record and marks removed) and is reported
+// failed (engine.Result.Failed): that was its first attempt, and the engine
 // retries it after its backoff, on its own. Deferred, processed again on
 // its own at once, are a message of an outside handler, which needs
 // transactions of its own, a poison message, and a second message of one
 // message id or saga step in the batch, which must see the first one's
 // outcome.
-func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]engine.Result, error) {
+func (p processor) ProcessBatch(ctx context.Context, items []engine.Item, lease *driver.OutboxLease) ([]engine.Result, driver.Committed, error) {
 	c := p.c
 	results := make([]engine.Result, len(items))
-	type member struct {
-		at   int
-		h    *handler
-		data any
+	g := c.groupOf(items, results)
+	if len(g.members) == 0 {
+		return results, driver.Committed{}, nil
 	}
-	type stepKey struct {
-		saga uuid.UUID
-		step string
-		run  int
-	}
-	var group []member
-	var envs []*message.Envelope
-	var blocked [][]byte
-	ids := make(map[uuid.UUID]bool, len(items))
-	steps := make(map[stepKey]bool, len(items))
-	for i, it := range items {
-		d := it.Delivery
-		h, data, poison := c.dispatch(d)
-		key := stepKey{d.SagaID, d.Step, d.Run}
-		saga := d.Kind != message.KindEvent
-		if poison != nil || h.outside != nil || ids[d.MessageID] || (saga && steps[key]) {
-			results[i].Defer = true
-			continue
-		}
-		ids[d.MessageID] = true
-		if saga {
-			steps[key] = true
-		}
-		group = append(group, member{at: i, h: h, data: data})
-		envs = append(envs, &d.Envelope)
-		blocked = append(blocked, blockedReply(d))
-	}
-	if len(group) == 0 {
-		return results, nil
-	}
-	t := c.db.Begin()
+	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
-	dels, err := c.db.BeginDeliveries(ctx, t, envs, blocked)
+	dels, err := c.db.BeginDeliveries(ctx, t, g.envs, g.blocked)
 	if err != nil {
-		return nil, err
+		return nil, driver.Committed{}, err
 	}
-	ends := make([]driver.DeliveryEnd, len(group))
-	for k, m := range group {
-		it := items[m.at]
-		end, res, err := c.decide(it.Ctx, it.Delivery, dels[k], m.h, m.data, 1)
-		if errors.Is(err, errHandlerTimedOut) {
-			// pgx closed the group's connection under the handler: the
-			// group cannot commit. The handler's run counts as failed, as
-			// do the runs that failed before it; the others, whether they
-			// ran or not, are handled again on their own (the transaction
-			// rolls back).
-			for _, other := range group {
-				if results[other.at].Failed == nil {
-					results[other.at] = engine.Result{Defer: true}
-				}
-			}
-			results[m.at] = engine.Result{Failed: err}
-			return results, nil
-		}
-		if err != nil {
-			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Failed: err}
-		}
-		if err := c.db.EndDelivery(it.Ctx, dels[k], end); err != nil {
-			return nil, err
-		}
-		res.Wrote = !res.Defer && res.Failed == nil && wrote(res)
-		ends[k], results[m.at] = end, res
+	ends, abandoned, err := c.runGroup(items, g, dels, results)
+	if err != nil || abandoned {
+		return results, driver.Committed{}, err
 	}
-	if err := c.db.FinishDeliveries(ctx, t, envs, dels, ends); err != nil {
-		return nil, err
+	if err := c.db.FinishDeliveries(ctx, t, g.envs, dels, ends); err != nil {
+		return nil, driver.Committed{}, err
+	}
+	committed, err := t.Commit(ctx)
+	if err != nil {
+		return nil, driver.Committed{}, err
 	}
 	if c.testHookAfterCommit != nil {
 		for i, it := range items {
@@ -150,7 +100,87 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item) ([]eng
 			}
 		}
 	}
-	return results, nil
+	return results, committed, nil
+}
+
+// group is the part of a batch applied in one transaction: its members,
+// with their envelopes and the replies their actions get when their
+// compensations came first (driver.Executor.BeginDeliveries).
+type group struct {
+	members []member
+	envs    []*message.Envelope
+	blocked [][]byte
+}
+
+// member is a delivery of a group: items[at], its handler and its decoded
+// payload.
+type member struct {
+	at   int
+	h    *handler
+	data any
+}
+
+// groupOf picks the deliveries of items that can be applied together and
+// marks the others deferred in results: a poison message, a message of an
+// outside handler, and a second message of one message id or saga step.
+func (c *Client) groupOf(items []engine.Item, results []engine.Result) group {
+	type stepKey struct {
+		saga uuid.UUID
+		step string
+		run  int
+	}
+	var g group
+	ids := make(map[uuid.UUID]bool, len(items))
+	steps := make(map[stepKey]bool, len(items))
+	for i, it := range items {
+		d := it.Delivery
+		h, data, poison := c.dispatch(d)
+		key := stepKey{d.SagaID, d.Step, d.Run}
+		sagaStep := d.Kind != message.KindEvent
+		if poison != nil || h.outside != nil || ids[d.MessageID] || (sagaStep && steps[key]) {
+			results[i].Defer = true
+			continue
+		}
+		ids[d.MessageID] = true
+		if sagaStep {
+			steps[key] = true
+		}
+		g.members = append(g.members, member{at: i, h: h, data: data})
+		g.envs = append(g.envs, &d.Envelope)
+		g.blocked = append(g.blocked, blockedReply(d))
+	}
+	return g
+}
+
+// runGroup runs the handlers of g's members, begun as dels, one after the
+// other, each ended before the next, and returns how each delivery ends.
+// It reports the group abandoned when a handler timed out: pgx closed the
+// group's connection under it, so the group cannot commit. That handler's
+// run counts as failed, as do the runs that failed before it; the others,
+// whether they ran or not, are handled again on their own.
+func (c *Client) runGroup(items []engine.Item, g group, dels []*driver.Delivery, results []engine.Result) (ends []driver.DeliveryEnd, abandoned bool, err error) {
+	ends = make([]driver.DeliveryEnd, len(g.members))
+	for k, m := range g.members {
+		it := items[m.at]
+		end, res, err := c.decide(it.Ctx, it.Delivery, dels[k], m.h, m.data, 1)
+		if errors.Is(err, errHandlerTimedOut) {
+			for _, other := range g.members {
+				if results[other.at].Failed == nil {
+					results[other.at] = engine.Result{Defer: true}
+				}
+			}
+			results[m.at] = engine.Result{Failed: err}
+			return nil, true, nil
+		}
+		if err != nil {
+			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Failed: err}
+		}
+		if err := c.db.EndDelivery(it.Ctx, dels[k], end); err != nil {
+			return nil, false, err
+		}
+		ends[k], results[m.at] = end, res
+	}
+	return ends, false, nil
 }
 
 // deliver handles d in t, committing t: the inbox record and the barrier
@@ -208,19 +238,19 @@ func (c *Client) dispatch(d *transport.Delivery) (*handler, any, *engine.Poison)
 	return h, data, nil
 }
 
-// finish ends the delivery begun in t and commits t.
+// finish ends the delivery begun in t and commits t: res, with what the
+// commit wrote to the outbox.
 func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, end driver.DeliveryEnd, res engine.Result) (engine.Result, error) {
 	if err := c.db.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
 		return engine.Result{}, err
 	}
-	res.Wrote = wrote(res)
+	committed, err := t.Commit(ctx)
+	if err != nil {
+		return engine.Result{}, err
+	}
+	res.Committed = res.Committed.Add(committed)
 	return res, nil
 }
-
-// wrote reports whether a delivery that committed with res may have written
-// to the outbox: any but a duplicate, since the handler may have written
-// messages of its own (Publish) besides the reply, so the relay looks.
-func wrote(res engine.Result) bool { return res.Outcome != telemetry.OutcomeDuplicate }
 
 // action processes a step's action behind the barrier: the first action
 // message of a (saga, step) runs the handler; every later one (a re-send
@@ -299,7 +329,7 @@ func (c *Client) callErr(ctx context.Context, del *driver.Delivery, h *handler, 
 // already holds), so that the saga does not wait for it.
 func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *engine.Poison) (engine.Result, error) {
 	c := p.c
-	t := c.db.Begin()
+	t := c.db.Begin(nil)
 	defer t.Rollback(ctx)
 	h := c.lookup(d.Kind, d.Type)
 	outside := h != nil && h.outside != nil

@@ -137,8 +137,8 @@ func inboxParams(env *message.Envelope) *dbsqlc.InboxRecordParams {
 	return &dbsqlc.InboxRecordParams{MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Step: env.Step}
 }
 
-// FinishDelivery ends d, the delivery begun in t (nil: one given up on,
-// recorded with RecordInbox), as end says, and commits t, in one round trip.
+// FinishDelivery implements driver.Executor: its statement goes out with
+// t's next round trip (Commit), its reply under t's write-time lease.
 func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, d *driver.Delivery, end driver.DeliveryEnd) error {
 	if d != nil {
 		h := d.Tx.(*handlerTx)
@@ -153,7 +153,7 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		h.closed = true
 	}
 	if end.Mark == nil && end.Reply == nil && !end.Settle {
-		return t.Commit(ctx)
+		return nil
 	}
 	p := &dbsqlc.DeliveryFinishParams{
 		SagaID: env.SagaID, Step: barrierStep(env), Phase: string(env.Kind.Phase()),
@@ -179,18 +179,13 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 		p.ReplyTo, p.CorrelationID, p.Traceparent, p.Tracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 		p.Headers, p.Payload, p.CreatedAt = o.headers, o.payload, o.createdAt
 	}
-	// The delivery takes the write-time lease of its reply.
 	tx := txOf(t)
-	var lease *driver.OutboxLease
-	if len(p.MessageID) > 0 {
-		lease = driver.OutboxLeaseFrom(ctx, s.schema)
-	}
-	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
-	row, err := s.queries.DeliveryFinish(ctx, tx.exec(ctx, true), p)
+	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(tx.lease)
+	row, err := s.queries.DeliveryFinish(ctx, tx.later(fmt.Sprintf("finish delivery of message %s in schema %q", env.MessageID, s.schema)), p)
 	if err != nil {
 		return fmt.Errorf("finish delivery of message %s in schema %q: %w", env.MessageID, s.schema, err)
 	}
-	s.reportLease(ctx, lease, reply, row.LeasedIds, row.LeasedMessageIds)
+	tx.onCommit(func() { tx.noteLeased(reply, row.LeasedIds, row.LeasedMessageIds) })
 	return nil
 }
 

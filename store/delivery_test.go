@@ -37,7 +37,7 @@ func reply(env *message.Envelope, kind message.Kind, payload string) *message.Me
 func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx pgx.Tx) error) *driver.Delivery {
 	t.Helper()
 	ctx := context.Background()
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
 	d, err := s.BeginDelivery(ctx, tx, env, []byte(`{"reason":"blocked"}`))
 	require.NoError(t, err)
@@ -60,6 +60,7 @@ func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx 
 		end.Reply = reply(env, message.KindReplySuccess, `{"ok":1}`)
 	}
 	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, end))
+	dbtest.Commit(t, tx)
 	return d
 }
 
@@ -105,7 +106,7 @@ func TestDeliveryRolledBackLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	s := dbtest.Store(t, store.LineMessaging)
 	env := command(uuid.New(), message.KindCommand)
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	d, err := s.BeginDelivery(ctx, tx, env, nil)
 	require.NoError(t, err)
 	require.True(t, d.Marked)
@@ -124,7 +125,7 @@ func TestDeliveryDiscardRollsBackTheHandler(t *testing.T) {
 	_, err := s.Pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %q.stock (n int)`, s.Schema()))
 	require.NoError(t, err)
 	env := command(uuid.New(), message.KindCommand)
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
 	d, err := s.BeginDelivery(ctx, tx, env, nil)
 	require.NoError(t, err)
@@ -135,6 +136,7 @@ func TestDeliveryDiscardRollsBackTheHandler(t *testing.T) {
 		Mark:    &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{"reason":"no"}`)},
 		Reply:   reply(env, message.KindReplyFailure, `{"reason":"no"}`),
 	}))
+	dbtest.Commit(t, tx)
 	require.Zero(t, count.n(t, s, `SELECT count(*) FROM %q.stock`), "the handler's write is gone")
 	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox`))
 	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_barrier WHERE outcome = 'rejected'`))
@@ -279,7 +281,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			s := dbtest.Store(t, store.LineMessaging)
 			sagaID := uuid.New()
 			actionEnv := command(sagaID, message.KindCommand)
-			action := s.Begin()
+			action := s.Begin(nil)
 			defer action.Rollback(ctx)
 			ad, err := s.BeginDelivery(ctx, action, actionEnv, nil)
 			require.NoError(t, err)
@@ -290,7 +292,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 				err error
 			}
 			compEnv := command(sagaID, message.KindCompensation)
-			comp := s.Begin()
+			comp := s.Begin(nil)
 			defer comp.Rollback(ctx)
 			done := make(chan begun, 1)
 			go func() {
@@ -308,6 +310,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 				require.NoError(t, s.FinishDelivery(ctx, action, actionEnv, ad, driver.DeliveryEnd{
 					Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
 				}))
+				dbtest.Commit(t, action)
 			} else {
 				action.Rollback(ctx)
 			}
@@ -325,6 +328,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			}
 			require.Equal(t, want, r.d.Action, "the compensation sees the winner's mark")
 			require.NoError(t, s.FinishDelivery(ctx, comp, compEnv, r.d, driver.DeliveryEnd{}))
+			dbtest.Commit(t, comp)
 		})
 	}
 }

@@ -89,10 +89,10 @@ func (s *executor) EndDelivery(_ context.Context, d *driver.Delivery, end driver
 }
 
 // FinishDeliveries ends the deliveries dels of envs, a group begun with
-// BeginDeliveries whose handlers EndDelivery ended, as ends say, and
-// commits t, in one statement sent with COMMIT. A delivery whose end is
+// BeginDeliveries whose handlers EndDelivery ended, as ends say, in one
+// statement sent with t's next round trip (Commit). A delivery whose end is
 // Undo leaves nothing: its inbox entry and the marks it left are removed.
-// The replies take the write-time lease ctx may carry.
+// The replies take t's write-time lease.
 func (s *executor) FinishDeliveries(ctx context.Context, t driver.Tx, envs []*message.Envelope, dels []*driver.Delivery, ends []driver.DeliveryEnd) error {
 	p := &dbsqlc.DeliveryFinishManyParams{
 		MarkSagaID: []uuid.UUID{}, MarkStep: []string{}, MarkPhase: []string{}, MarkOutcome: []string{},
@@ -139,19 +139,17 @@ func (s *executor) FinishDeliveries(ctx context.Context, t driver.Tx, envs []*me
 	p.ReplySagaID, p.SagaType, p.ReplyStep, p.StepIndex, p.Attempt = o.sagaID, o.sagaType, o.step, o.stepIndex, o.attempt
 	p.ReplyTo, p.CorrelationID, p.Traceparent, p.Tracestate = o.replyTo, o.correlationID, o.traceparent, o.tracestate
 	p.Headers, p.Payload, p.CreatedAt = o.headers, o.payload, o.createdAt
-	var lease *driver.OutboxLease
-	if len(replies) > 0 {
-		lease = driver.OutboxLeaseFrom(ctx, s.schema)
-	}
-	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
+	tx := txOf(t)
+	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(tx.lease)
 	// Under writePlan, as a transition write: the marks and the undone
 	// inbox entries are found by primary key among array parameters, and
 	// a generic plan built while the tables were small would scan them.
-	// The setting ends with the commit.
-	row, err := s.queries.DeliveryFinishMany(ctx, txOf(t).execAround(true, []string{writePlan}, nil), p)
+	tx.queue(writePlan)
+	row, err := s.queries.DeliveryFinishMany(ctx, tx.later(fmt.Sprintf("finish %d deliveries in schema %q", len(ends), s.schema)), p)
 	if err != nil {
 		return fmt.Errorf("finish %d deliveries in schema %q: %w", len(ends), s.schema, err)
 	}
-	s.reportLease(ctx, lease, replies, row.LeasedIds, row.LeasedMessageIds)
+	tx.pending = append(tx.pending, &pendingStmt{sql: writePlanEnd, restore: true})
+	tx.onCommit(func() { tx.noteLeased(replies, row.LeasedIds, row.LeasedMessageIds) })
 	return nil
 }

@@ -39,11 +39,11 @@ func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 	// delivery's first statement waits for another delivery of the same
 	// message, which holds its inbox key.
 	env := command(uuid.New(), message.KindCommand)
-	holder := p.shared.Begin()
+	holder := p.shared.Begin(nil)
 	defer holder.Rollback(ctx)
 	_, err := p.shared.BeginDelivery(ctx, holder, env, nil)
 	require.NoError(t, err)
-	tx := p.ex.Begin()
+	tx := p.ex.Begin(nil)
 	defer tx.Rollback(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -133,7 +133,7 @@ func TestHandlerStatementsOnADroppedConnectionAreConnectionErrors(t *testing.T) 
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			p := newDroppable(t)
-			tx := p.ex.Begin()
+			tx := p.ex.Begin(nil)
 			defer tx.Rollback(ctx)
 			d, err := p.ex.BeginDelivery(ctx, tx, command(uuid.New(), message.KindCommand), nil)
 			require.NoError(t, err)
@@ -240,7 +240,7 @@ func TestHandlerTimeoutIsNotAConnectionError(t *testing.T) {
 	db := dbtest.Store(t, store.LineMessaging)
 	ctx := context.Background()
 	env := command(uuid.New(), message.KindCommand)
-	tx := db.Begin()
+	tx := db.Begin(nil)
 	defer tx.Rollback(ctx)
 	d, err := db.BeginDelivery(ctx, tx, env, nil)
 	require.NoError(t, err)
@@ -287,7 +287,7 @@ func TestInterpretErrorMarksByClass(t *testing.T) {
 
 	// A statement the database refuses comes back marked from the
 	// executor itself.
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(context.Background())
 	_, err := s.RecordInbox(context.Background(), tx, &message.Envelope{MessageID: uuid.New(), Kind: message.KindEvent, Type: "bad\x00type"})
 	require.ErrorIs(t, err, driver.ErrDataRefused, "%v", err)

@@ -70,9 +70,10 @@ func TestWrittenSagaIsTheStoredRow(t *testing.T) {
 	next.Status, next.FinishedAt = "compensated", now.Add(time.Second)
 	next.Deadline = time.Time{}
 	later := now.Add(2 * time.Second)
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &next}}, later, true))
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &next}}, later))
+	dbtest.Commit(t, tx)
 	require.Equal(t, int64(2), next.Revision)
 	requireStored(t, s, next)
 }
@@ -95,9 +96,10 @@ func TestWrittenSagaIsAdmittedAsStored(t *testing.T) {
 	requireStored(t, s, st.Saga)
 	next := st.Saga
 	next.Status = "running"
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &next}}, now.Add(time.Second), true))
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &next}}, now.Add(time.Second)))
+	dbtest.Commit(t, tx)
 	require.False(t, next.AdmittedAt.IsZero())
 	requireStored(t, s, next)
 }
@@ -122,7 +124,7 @@ func TestKnownRepliesAreCheckedByTheInboxAndTheRevision(t *testing.T) {
 		return &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: rec.ID, Step: "reserve"}
 	}
 	apply := func(env *message.Envelope, r driver.SagaRecord) (driver.SagaRecord, error) {
-		tx := s.Begin()
+		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
 		if err := s.ReceiveKnownReplies(ctx, tx, []*message.Envelope{env}); err != nil {
 			return r, err
@@ -132,7 +134,11 @@ func TestKnownRepliesAreCheckedByTheInboxAndTheRevision(t *testing.T) {
 			Saga:     &r,
 			History:  []driver.HistoryRecord{{SagaID: r.ID, At: now, Event: "reply-applied", MessageID: env.MessageID}},
 			Messages: []message.Message{{Envelope: message.Envelope{Type: "payment.charge", Kind: message.KindCommand, SagaID: r.ID, Step: "charge"}, Payload: []byte(`{}`)}},
-		}}, now, true)
+		}}, now)
+		if err != nil {
+			return r, err
+		}
+		_, err = tx.Commit(ctx)
 		return r, err
 	}
 	inbox := `SELECT count(*) FROM %q.sagabox_inbox WHERE message_id = $1`
@@ -165,7 +171,7 @@ func TestKnownRepliesAreCheckedByTheInboxAndTheRevision(t *testing.T) {
 
 	// The ordinary receipt then sees the duplicate as one, and the stale
 	// reply as new, with the saga as stored.
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
 	rcpts, err := s.ReceiveReplies(ctx, tx, []*message.Envelope{first, stale})
 	require.NoError(t, err)

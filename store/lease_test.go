@@ -16,23 +16,38 @@ import (
 	"github.com/sagabox/sagabox/store/driver"
 )
 
-// leaseRecorder is a write-time lease whose Committed records what it was
-// told.
+// leaseRecorder is a write-time lease and what the commits of the
+// transactions begun with it returned.
 type leaseRecorder struct {
 	driver.OutboxLease
-	calls    int
+	commits  int
 	leased   []driver.OutboxRow
 	unleased int
 }
 
-func newLease(schema string, confirmed ...int64) *leaseRecorder {
-	l := &leaseRecorder{OutboxLease: driver.OutboxLease{Schema: schema, Lease: time.Minute, ClaimedBy: "relay-a", Confirmed: confirmed}}
-	l.Committed = func(leased []driver.OutboxRow, unleased int) {
-		l.calls++
-		l.leased = append(l.leased, leased...)
-		l.unleased += unleased
+func newLease(confirmed ...int64) *leaseRecorder {
+	return &leaseRecorder{OutboxLease: driver.OutboxLease{Lease: time.Minute, ClaimedBy: "relay-a", Confirmed: confirmed}}
+}
+
+// begin begins a transaction of s under the lease (none when l is nil).
+func (l *leaseRecorder) begin(s *dbtest.DB) driver.Tx {
+	if l == nil {
+		return s.Begin(nil)
 	}
-	return l
+	return s.Begin(&driver.BeginOpts{Lease: &l.OutboxLease})
+}
+
+// commit commits tx, begun with l.begin, and records what it returned.
+func (l *leaseRecorder) commit(t *testing.T, tx driver.Tx) {
+	t.Helper()
+	c := dbtest.Commit(t, tx)
+	if l == nil {
+		require.Empty(t, c.Leased, "a transaction without a lease leases nothing")
+		return
+	}
+	l.commits++
+	l.leased = append(l.leased, c.Leased...)
+	l.unleased += c.Unleased
 }
 
 // sagaCommand is the next command of saga id, for step.
@@ -43,18 +58,18 @@ func sagaCommand(id uuid.UUID, step string) message.Message {
 	}
 }
 
-// writeUnder writes, in a transaction of the engine that the write commits,
-// one transition of saga id sending msgs, under lease (none when nil).
+// writeUnder writes, in a transaction of the engine under lease (none when
+// nil), one transition of saga id sending msgs, and commits it.
 func writeUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, msgs ...message.Message) {
 	t.Helper()
 	ctx := context.Background()
-	if lease != nil {
-		ctx = driver.WithOutboxLease(ctx, &lease.OutboxLease)
-	}
 	rec, err := s.SagaGet(ctx, id)
 	require.NoError(t, err)
 	tr := driver.Transition{Saga: &rec, Messages: msgs, History: []driver.HistoryRecord{{SagaID: id, At: time.Now(), Event: "command-sent"}}}
-	require.NoError(t, s.WriteTransitions(ctx, s.Begin(), []driver.Transition{tr}, time.Now(), true))
+	tx := lease.begin(s)
+	defer tx.Rollback(ctx)
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{tr}, time.Now()))
+	lease.commit(t, tx)
 }
 
 // outboxRowOf returns the id, claimant and attempts of message mid's row.
@@ -73,11 +88,11 @@ func outboxRowOf(t *testing.T, s *dbtest.DB, mid uuid.UUID) (id int64, claimedBy
 func pgIdent(s string) string { return `"` + s + `"` }
 
 // The write-time lease: a transition's messages are written claimed by the
-// relay that will publish them on commit, and handed to it (Committed), as
-// a claim would have returned them; a message whose key has an earlier
-// unpublished row the relay has not confirmed is written unclaimed, for a
-// claim to take in key order; a write without a lease, or with another
-// schema's, claims nothing.
+// relay that will publish them, and the commit returns them
+// (driver.Committed.Leased) as a claim would have; a message whose key has
+// an earlier unpublished row the relay has not confirmed is written
+// unclaimed, for a claim to take in key order; a write without a lease
+// claims nothing.
 func TestTransitionWriteTakesTheWriteTimeLease(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
@@ -86,10 +101,9 @@ func TestTransitionWriteTakesTheWriteTimeLease(t *testing.T) {
 	// The start's command is unpublished: the next command waits behind it.
 	held := newSaga("", time.Time{})
 	require.True(t, start(t, s, held, time.Now()))
-	lease := newLease(s.Schema())
+	lease := newLease()
 	next := sagaCommand(held.ID, "charge")
 	writeUnder(t, s, lease, held.ID, next)
-	require.Equal(t, 1, lease.calls, "Committed is called once the write committed")
 	require.Empty(t, lease.leased)
 	require.Equal(t, 1, lease.unleased)
 	_, by, _, attempts := outboxRowOf(t, s, next.MessageID)
@@ -102,7 +116,7 @@ func TestTransitionWriteTakesTheWriteTimeLease(t *testing.T) {
 	free := newSaga("", time.Time{})
 	require.True(t, start(t, s, free, time.Now()))
 	first := startCommandID(t, s, free.ID)
-	lease = newLease(s.Schema(), first)
+	lease = newLease(first)
 	a, b := sagaCommand(free.ID, "charge"), sagaCommand(free.ID, "ship")
 	writeUnder(t, s, lease, free.ID, a, b)
 	require.Equal(t, 0, lease.unleased)
@@ -136,18 +150,13 @@ func TestTransitionWriteTakesTheWriteTimeLease(t *testing.T) {
 		require.Equal(t, got[i].Message, lease.leased[i].Message, "a handed row is published as claimed")
 	}
 
-	// No lease, or another schema's: nothing is claimed at write.
-	for _, l := range []*leaseRecorder{nil, newLease("another_schema")} {
-		other := newSaga("", time.Time{})
-		require.True(t, start(t, s, other, time.Now()))
-		m := sagaCommand(other.ID, "charge")
-		writeUnder(t, s, l, other.ID, m)
-		_, by, _, _ := outboxRowOf(t, s, m.MessageID)
-		require.Equal(t, "", by)
-		if l != nil {
-			require.Zero(t, l.calls, "a lease of another schema is not told of the write")
-		}
-	}
+	// No lease: nothing is claimed at write.
+	other := newSaga("", time.Time{})
+	require.True(t, start(t, s, other, time.Now()))
+	m := sagaCommand(other.ID, "charge")
+	writeUnder(t, s, nil, other.ID, m)
+	_, by, _, _ = outboxRowOf(t, s, m.MessageID)
+	require.Equal(t, "", by)
 }
 
 // startCommandID returns the outbox id of the command saga id's start
@@ -183,7 +192,7 @@ func TestTransitionWriteKeepsItsGenericPlan(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	s := dbtest.StoreOnPool(t, pool)
-	lease := newLease(s.Schema())
+	lease := newLease()
 	const writes = 12
 	for range writes {
 		rec := newSaga("", time.Time{})
@@ -195,36 +204,43 @@ func TestTransitionWriteKeepsItsGenericPlan(t *testing.T) {
 	require.GreaterOrEqual(t, generic, int64(writes-customPlansFirst), "writes on the connection's generic plan")
 }
 
-// The outbox writes under a delivery's lease that take none (a handler's
-// own messages, a saga started in the transaction, a write that does not
-// commit its transaction) tell the lease how many rows they wrote, so that
-// the engine wakes the relay for them.
-func TestUnleasedWritesAreNoted(t *testing.T) {
+// The outbox writes in a delivery's transaction that take no lease (a
+// handler's own messages and a saga a local step started, written in the
+// transaction's savepoints; a row its key holds back) are counted in what
+// the commit returns (driver.Committed.Unleased), so that the engine wakes
+// the relay for them; writes in a caller's own transaction are the
+// caller's to announce.
+func TestUnleasedWritesAreCounted(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
 	ctx := context.Background()
-	lease := newLease(s.Schema())
-	noted := 0
-	lease.Unleased = func(n int) { noted += n }
-	lctx := driver.WithOutboxLease(ctx, &lease.OutboxLease)
+	lease := newLease()
 
 	rec := newSaga("", time.Time{})
-	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		_, err := s.StartSaga(lctx, tx, &driver.SagaStart{Saga: rec, Messages: []message.Message{sagaCommand(rec.ID, "reserve")}}, time.Now())
-		if err != nil {
-			return err
-		}
-		return s.OutboxWrite(lctx, tx, []message.Message{sagaCommand(rec.ID, "notify"), sagaCommand(rec.ID, "notify")})
-	}))
-	require.Equal(t, 3, noted, "a start's command and a caller's two messages")
-
-	got, err := s.SagaGet(ctx, rec.ID)
-	require.NoError(t, err)
-	tx := s.Begin()
+	tx := lease.begin(s)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(lctx, tx, []driver.Transition{{Saga: &got, Messages: []message.Message{sagaCommand(rec.ID, "charge")}}}, time.Now(), false))
-	require.Equal(t, 4, noted, "a write that leaves the commit to later takes no lease")
-	require.Zero(t, lease.calls)
+	sp, err := tx.Savepoint(ctx)
+	require.NoError(t, err)
+	st := &driver.SagaStart{Saga: rec, Messages: []message.Message{sagaCommand(rec.ID, "reserve")}}
+	_, err = s.StartSaga(ctx, sp, st, time.Now())
+	require.NoError(t, err)
+	nested, err := sp.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.OutboxWrite(ctx, nested, []message.Message{sagaCommand(uuid.New(), "notify"), sagaCommand(uuid.New(), "notify")}))
+	require.NoError(t, nested.Commit(ctx))
+	require.NoError(t, sp.Commit(ctx))
+	// Behind the start's command, unpublished: written for a claim.
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &st.Saga, Messages: []message.Message{sagaCommand(rec.ID, "charge")}}}, time.Now()))
+	lease.commit(t, tx)
+	require.Equal(t, 4, lease.unleased, "a start's command, two messages of a nested savepoint, a command held back by its key")
+	require.Empty(t, lease.leased)
+
+	other := newSaga("", time.Time{})
+	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
+		_, err := s.StartSaga(ctx, tx, &driver.SagaStart{Saga: other, Messages: []message.Message{sagaCommand(other.ID, "reserve")}}, time.Now())
+		return err
+	}))
+	require.Equal(t, 1, lease.commits, "a caller's own transaction is no engine transaction")
 }
 
 // finishUnder delivers a command to saga id in a transaction of its own (or,
@@ -232,9 +248,9 @@ func TestUnleasedWritesAreNoted(t *testing.T) {
 // reply as written.
 func finishUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, group bool) message.Message {
 	t.Helper()
-	ctx := driver.WithOutboxLease(context.Background(), &lease.OutboxLease)
+	ctx := context.Background()
 	env := command(id, message.KindCommand)
-	tx := s.Begin()
+	tx := lease.begin(s)
 	defer tx.Rollback(ctx)
 	r := reply(env, message.KindReplySuccess, `{"ok":1}`)
 	r.OrderingKey = id.String()
@@ -245,11 +261,13 @@ func finishUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID,
 		require.NoError(t, err)
 		require.NoError(t, s.EndDelivery(ctx, dels[0], end))
 		require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, []driver.DeliveryEnd{end}))
+		lease.commit(t, tx)
 		return *r
 	}
 	d, err := s.BeginDelivery(ctx, tx, env, []byte(`{}`))
 	require.NoError(t, err)
 	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, end))
+	lease.commit(t, tx)
 	return *r
 }
 
@@ -260,9 +278,7 @@ func TestDeliveryReplyTakesTheWriteTimeLease(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
 	s := dbtest.StoreOnPool(t, pool, store.LineMessaging)
-	lease := newLease(s.Schema())
-	noted := 0
-	lease.Unleased = func(n int) { noted += n }
+	lease := newLease()
 
 	const deliveries = 6
 	for range deliveries {
@@ -271,9 +287,9 @@ func TestDeliveryReplyTakesTheWriteTimeLease(t *testing.T) {
 		require.Equal(t, "relay-a", by)
 		require.Equal(t, 1, attempts)
 	}
-	require.Equal(t, deliveries, lease.calls)
+	require.Equal(t, deliveries, lease.commits)
 	require.Len(t, lease.leased, deliveries)
-	require.Zero(t, noted)
+	require.Zero(t, lease.unleased)
 
 	for range deliveries {
 		r := finishUnder(t, s, lease, uuid.New(), true)
@@ -281,9 +297,9 @@ func TestDeliveryReplyTakesTheWriteTimeLease(t *testing.T) {
 		require.Equal(t, "relay-a", by, "a group's reply is leased too")
 		require.Equal(t, 1, attempts)
 	}
-	require.Equal(t, 2*deliveries, lease.calls)
+	require.Equal(t, 2*deliveries, lease.commits)
 	require.Len(t, lease.leased, 2*deliveries)
-	require.Zero(t, noted)
+	require.Zero(t, lease.unleased)
 
 	generic, custom := plansOf(t, pool, "DeliveryFinish")
 	require.LessOrEqual(t, custom, int64(customPlansFirst), "finishes planned for their parameters")
@@ -314,7 +330,7 @@ func TestLeaseProbeDoesNotScanTheOutbox(t *testing.T) {
 		return n
 	}
 	before := seqScans()
-	lease := newLease(s.Schema())
+	lease := newLease()
 	const writes = 12
 	for range writes {
 		rec := newSaga("", time.Time{})

@@ -66,9 +66,10 @@ func (s *executor) ClaimOperation(ctx context.Context, t driver.Tx, keys []drive
 }
 
 // MarkOperation records in t that request id was handled at at (refusal is
-// why it was refused, or empty) and commits t, in one round trip.
+// why it was refused, or empty), with t's next round trip (Commit).
 func (s *executor) MarkOperation(ctx context.Context, t driver.Tx, id int64, at time.Time, refusal string) error {
-	if err := s.queries.SagaOperationMarkApplied(ctx, txOf(t).exec(ctx, true), &dbsqlc.SagaOperationMarkAppliedParams{
+	what := fmt.Sprintf("mark operator request %d handled", id)
+	if err := s.queries.SagaOperationMarkApplied(ctx, txOf(t).later(what), &dbsqlc.SagaOperationMarkAppliedParams{
 		ID: id, AppliedAt: at, Error: storableText(refusal),
 	}); err != nil {
 		return fmt.Errorf("mark operator request %d handled: %w", id, err)

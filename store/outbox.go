@@ -43,7 +43,7 @@ func (s *executor) OutboxWrite(ctx context.Context, tx pgx.Tx, msgs []message.Me
 	if err := s.queries.OutboxInsert(ctx, s.db(tx), p); err != nil {
 		return fmt.Errorf("write outbox: insert %d messages into schema %q: %w", len(msgs), s.schema, err)
 	}
-	driver.NoteUnleased(ctx, s.schema, len(msgs))
+	s.noteUnleased(tx, len(msgs))
 	return nil
 }
 
@@ -123,7 +123,7 @@ func (s *executor) OutboxClaim(ctx context.Context, opts driver.OutboxClaimOpts)
 	// bounded by the batch even when the planner misjudges the backlog (a
 	// table never analysed): the first rows come from walking the
 	// unpublished index in id order, never from sorting the backlog.
-	t := txOf(s.Begin())
+	t := txOf(s.Begin(nil))
 	defer t.Rollback(ctx)
 	t.queue(claimPlan)
 	if len(st.Late) > 0 {

@@ -33,11 +33,11 @@ func TestOutsideDeliveryStatements(t *testing.T) {
 	}
 	begin := func() *driver.Delivery {
 		t.Helper()
-		tx := s.Begin()
+		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
 		d, err := s.BeginOutsideDelivery(ctx, tx, env, nil)
 		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
+		dbtest.Commit(t, tx)
 		return d
 	}
 
@@ -60,17 +60,18 @@ func TestOutsideDeliveryStatements(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, p.Inbox, "a started entry is kept")
 
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	r, err := s.ResumeDelivery(ctx, tx, env)
 	require.NoError(t, err)
 	require.False(t, r.Duplicate)
 	require.NoError(t, s.FinishDelivery(ctx, tx, env, r, driver.DeliveryEnd{
 		Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
 	}))
+	dbtest.Commit(t, tx)
 	st, _ = state()
 	require.Equal(t, "done", st)
 
-	again := s.Begin()
+	again := s.Begin(nil)
 	defer again.Rollback(ctx)
 	r, err = s.ResumeDelivery(ctx, again, env)
 	require.NoError(t, err)

@@ -46,7 +46,7 @@ func (s *executor) Prune(ctx context.Context, r driver.Retention) (driver.Pruned
 			continue
 		}
 		for ctx.Err() == nil {
-			t := s.Begin()
+			t := s.Begin(nil)
 			txOf(t).queue(backgroundTimeouts)
 			n, err := tb.del(ctx, txOf(t).exec(ctx, true))
 			t.Rollback(ctx)

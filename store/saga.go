@@ -112,7 +112,7 @@ func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 		return false, fmt.Errorf("start saga %s (%s) in schema %q: %w", r.ID, r.Type, s.schema, err)
 	}
 	if inserted {
-		driver.NoteUnleased(ctx, s.schema, len(st.Messages))
+		s.noteUnleased(tx, len(st.Messages))
 		asWritten(&st.Saga, now, true)
 	}
 	return inserted, nil
@@ -287,26 +287,20 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 	return out
 }
 
-// WriteTransitions writes trs in t in one statement, and with commit
-// commits t in the same round trip. A saga whose revision moved on since its
-// transition was computed fails it with an error for which IsRetryable is
-// true, and nothing is written: run the transaction again.
-func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time, commit bool) error {
-	// Under writePlan, sent in the same round trip; a commit ends the
-	// setting with the transaction, anything else restores it.
+// WriteTransitions implements driver.Executor: the write goes out with t's
+// next round trip, under writePlan (restored after it, unless COMMIT
+// follows), and under t's write-time lease if it has one.
+func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time) error {
 	tx := txOf(t)
-	var then []string
-	if !commit {
-		then = []string{writePlanEnd}
+	what := fmt.Sprintf("write %d saga transitions in schema %q", len(trs), s.schema)
+	tx.queue(writePlan)
+	w, err := s.writeTransitions(ctx, tx.later(what), tx.ahead(), trs, now, tx.lease)
+	if err != nil {
+		return err
 	}
-	// A write that commits its own transaction takes the write-time lease
-	// of the delivery it is for (driver.OutboxLease): its rows are handed
-	// to the relay once the commit is known.
-	var lease *driver.OutboxLease
-	if commit {
-		lease = driver.OutboxLeaseFrom(ctx, s.schema)
-	}
-	return s.writeTransitions(ctx, tx.execAround(commit, []string{writePlan}, then), tx.ahead(), trs, now, lease)
+	tx.pending = append(tx.pending, &pendingStmt{sql: writePlanEnd, restore: true})
+	tx.onCommit(func() { w.done(tx) })
+	return nil
 }
 
 // WriteTransitionsIn writes trs in tx, a caller's transaction, in one
@@ -316,7 +310,15 @@ func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driv
 		return errors.New("write transitions: transaction is nil")
 	}
 	db := s.db(plannedTx{tx: tx})
-	return s.writeTransitions(ctx, db, db, trs, now, nil)
+	w, err := s.writeTransitions(ctx, db, db, trs, now, nil)
+	if err != nil {
+		return err
+	}
+	// The statement has run: the sagas are as stored, and a savepoint of
+	// an engine transaction counts the rows.
+	w.done(nil)
+	s.noteUnleased(tx, len(w.msgs))
+	return nil
 }
 
 // LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
@@ -332,12 +334,36 @@ func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) 
 	return sagaRecords(rows), nil
 }
 
-// writeTransitions writes trs through db. With lease, db commits the
-// transaction in the same round trip: the rows leased are handed on with
-// lease.Committed once it has. The withdrawal of terminated sagas' unsent
-// messages goes through ahead, which sends it before db's statement (in the
-// same round trip, for an engine transaction).
-func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, trs []driver.Transition, now time.Time, lease *driver.OutboxLease) error {
+// transitionWrite is a transition write sent, or queued: done completes
+// it once its statement's result is read (and, for an engine transaction,
+// committed).
+type transitionWrite struct {
+	trs  []driver.Transition
+	msgs []message.Message
+	now  time.Time
+	row  *dbsqlc.SagaWriteRow
+}
+
+// done makes each written saga the row as stored and, for t, an engine
+// transaction that committed, adds the rows the write leased, and those it
+// wrote without the lease, to what t's Commit returns.
+func (w *transitionWrite) done(t *engineTx) {
+	for i := range w.trs {
+		if r := w.trs[i].Saga; r != nil {
+			asWritten(r, w.now, false)
+		}
+	}
+	if t == nil {
+		return
+	}
+	t.noteLeased(w.msgs, w.row.LeasedIds, w.row.LeasedMessageIds)
+}
+
+// writeTransitions writes trs through db under lease (nil: none). The
+// withdrawal of terminated sagas' unsent messages goes through ahead, which
+// sends it before db's statement (in the same round trip, for an engine
+// transaction).
+func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, trs []driver.Transition, now time.Time, lease *driver.OutboxLease) (*transitionWrite, error) {
 	var msgs []message.Message
 	var h historyCols
 	var withdraw []uuid.UUID
@@ -369,7 +395,7 @@ func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, 
 	}
 	o, err := outboxColumns(msgs, now)
 	if err != nil {
-		return fmt.Errorf("write transitions: %w", err)
+		return nil, fmt.Errorf("write transitions: %w", err)
 	}
 	// Prepare wrote the message ids into msgs; give them back.
 	k := 0
@@ -388,20 +414,14 @@ func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, 
 	p.LeaseSeconds, p.ClaimedBy, p.Confirmed = leaseArgs(lease)
 	if len(withdraw) > 0 {
 		if _, err := s.queries.OutboxWithdraw(ctx, ahead, withdraw); err != nil {
-			return fmt.Errorf("withdraw the unsent messages of %d terminated sagas in schema %q: %w", len(withdraw), s.schema, err)
+			return nil, fmt.Errorf("withdraw the unsent messages of %d terminated sagas in schema %q: %w", len(withdraw), s.schema, err)
 		}
 	}
 	row, err := s.queries.SagaWrite(ctx, db, p)
 	if err != nil {
-		return fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
+		return nil, fmt.Errorf("write %d saga transitions in schema %q: %w", len(trs), s.schema, err)
 	}
-	s.reportLease(ctx, lease, msgs, row.LeasedIds, row.LeasedMessageIds)
-	for i := range trs {
-		if r := trs[i].Saga; r != nil {
-			asWritten(r, now, false)
-		}
-	}
-	return nil
+	return &transitionWrite{trs: trs, msgs: msgs, now: now, row: row}, nil
 }
 
 // asWritten makes r, a saga just written at now (inserted, or updated),
@@ -446,15 +466,12 @@ func leaseArgs(lease *driver.OutboxLease) (seconds float64, claimedBy string, co
 	return lease.Lease.Seconds(), lease.ClaimedBy, nonNil(lease.Confirmed)
 }
 
-// reportLease tells what a committed write of msgs did: the rows ids (with
-// message ids mids) it leased go to lease.Committed; a write without a
-// lease notes its rows to the lease its context may carry (NoteUnleased).
-func (s *executor) reportLease(ctx context.Context, lease *driver.OutboxLease, msgs []message.Message, ids []int64, mids []uuid.UUID) {
-	if lease != nil && lease.Committed != nil && len(msgs) > 0 {
-		lease.Committed(leasedRows(msgs, ids, mids), len(msgs)-len(ids))
-		return
-	}
-	driver.NoteUnleased(ctx, s.schema, len(msgs))
+// noteLeased adds to what t's Commit returns the rows ids (with message ids
+// mids) that a write of msgs leased, and counts the others as unleased.
+func (t *engineTx) noteLeased(msgs []message.Message, ids []int64, mids []uuid.UUID) {
+	leased := leasedRows(msgs, ids, mids)
+	t.committed.Leased = append(t.committed.Leased, leased...)
+	t.committed.Unleased += len(msgs) - len(leased)
 }
 
 // leasedRows returns the messages msgs, as written, that the rows ids

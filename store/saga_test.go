@@ -78,14 +78,18 @@ func TestWriteTransitionsDetectsConflict(t *testing.T) {
 	got, err := s.SagaGet(ctx, rec.ID)
 	require.NoError(t, err)
 	write := func(r driver.SagaRecord) error {
-		tx := s.Begin()
+		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
 		r.Status = "completed"
-		return s.WriteTransitions(ctx, tx, []driver.Transition{{
+		if err := s.WriteTransitions(ctx, tx, []driver.Transition{{
 			Saga:     &r,
 			History:  []driver.HistoryRecord{{SagaID: r.ID, At: now, Event: "completed"}},
 			Messages: []message.Message{{Envelope: message.Envelope{Type: "x.y", Kind: message.KindEvent}, Payload: []byte(`{}`)}},
-		}}, now, true)
+		}}, now); err != nil {
+			return err
+		}
+		_, err := tx.Commit(ctx)
+		return err
 	}
 	require.NoError(t, write(got))
 	err = write(got)
@@ -115,11 +119,11 @@ func TestReceiveReplies(t *testing.T) {
 	known := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: rec.ID, Step: "reserve"}
 	unknown := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: uuid.New(), Step: "reserve"}
 	receive := func(envs ...*message.Envelope) []driver.Receipt {
-		tx := s.Begin()
+		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
 		r, err := s.ReceiveReplies(ctx, tx, envs)
 		require.NoError(t, err)
-		require.NoError(t, tx.Commit(ctx))
+		dbtest.Commit(t, tx)
 		return r
 	}
 	r := receive(known, unknown)
@@ -151,20 +155,20 @@ func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
 	_, err = s.OutboxClaim(ctx, driver.OutboxClaimOpts{Lease: time.Minute, ClaimedBy: "r", Settle: driver.OutboxSettle{Published: ids(sent)}})
 	require.NoError(t, err)
 	keys := []driver.SagaKey{{Type: "checkout", Version: 1}}
-	txA := s.Begin()
+	txA := s.Begin(nil)
 	defer txA.Rollback(ctx)
 	a, err := s.ClaimDueSagas(ctx, txA, now, 1, keys)
 	require.NoError(t, err)
 	require.Len(t, a, 1)
 
-	txB := s.Begin()
+	txB := s.Begin(nil)
 	defer txB.Rollback(ctx)
 	b, err := s.ClaimDueSagas(ctx, txB, now, 10, keys)
 	require.NoError(t, err)
 	require.Len(t, b, 1, "the saga locked by A is skipped, the future one is not due")
 	require.NotEqual(t, a[0].ID, b[0].ID)
 
-	txC := s.Begin()
+	txC := s.Begin(nil)
 	defer txC.Rollback(ctx)
 	c, err := s.ClaimDueSagas(ctx, txC, now, 10, []driver.SagaKey{{Type: "checkout", Version: 2}})
 	require.NoError(t, err)
@@ -190,9 +194,10 @@ func TestSagaListOldestFirstWithStablePaging(t *testing.T) {
 	// The first saga moves on: it is the most recently updated now.
 	moved := page1[0]
 	moved.CurrentStep = 1
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &moved}}, time.Now(), true))
+	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &moved}}, time.Now()))
+	dbtest.Commit(t, tx)
 	page2, err := s.SagaList(ctx, driver.SagaFilter{Type: "checkout", Limit: 3, After: &page1[2]})
 	require.NoError(t, err)
 	require.Len(t, page2, 2)
@@ -226,11 +231,12 @@ func TestSagaTransitionIsAHOTUpdate(t *testing.T) {
 		require.NoError(t, err)
 		cur.CurrentStep = i + 1
 		cur.Data = []byte(fmt.Sprintf(`{"step": %d, "note": "a reply's data"}`, i))
-		tx := s.Begin()
+		tx := s.Begin(nil)
 		require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{
 			Saga:    &cur,
 			History: []driver.HistoryRecord{{SagaID: rec.ID, At: time.Now(), Event: "reply-applied"}},
-		}}, time.Now(), true))
+		}}, time.Now()))
+		dbtest.Commit(t, tx)
 	}
 	var upd, hot int64
 	require.Eventually(t, func() bool {
@@ -250,7 +256,7 @@ func TestOperationRequests(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, op.AppliedAt.IsZero())
 
-	txA := s.Begin()
+	txA := s.Begin(nil)
 	defer txA.Rollback(ctx)
 	claimed, err := s.ClaimOperation(ctx, txA, nil)
 	require.NoError(t, err)
@@ -258,13 +264,14 @@ func TestOperationRequests(t *testing.T) {
 	require.Equal(t, "alice", claimed.Actor)
 
 	// A second orchestrator skips the request A holds.
-	txB := s.Begin()
+	txB := s.Begin(nil)
 	other, err := s.ClaimOperation(ctx, txB, nil)
 	require.NoError(t, err)
 	require.Nil(t, other)
 	txB.Rollback(ctx)
 
 	require.NoError(t, s.MarkOperation(ctx, txA, op.ID, time.Now(), "saga is completed"))
+	dbtest.Commit(t, txA)
 	got, err := s.Operation(ctx, op.ID)
 	require.NoError(t, err)
 	require.False(t, got.AppliedAt.IsZero())
@@ -287,7 +294,7 @@ func TestClaimDueSagasWaitsForTheCommandToBePublished(t *testing.T) {
 	require.True(t, start(t, s, rec, now.Add(-2*time.Minute))) // writes its command
 	keys := []driver.SagaKey{{Type: "checkout", Version: 1}}
 	claimDue := func() int {
-		tx := s.Begin()
+		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
 		recs, err := s.ClaimDueSagas(ctx, tx, now, 10, keys)
 		require.NoError(t, err)
@@ -490,7 +497,9 @@ func TestTransitionWriteSendsItsPlannerSetting(t *testing.T) {
 	t.Parallel()
 	rts, s, tr := tracedCompletion(t)
 	rts.Start()
-	require.NoError(t, s.WriteTransitions(context.Background(), s.Begin(), []driver.Transition{tr}, time.Now(), true))
+	tx := s.Begin(nil)
+	require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{tr}, time.Now()))
+	dbtest.Commit(t, tx)
 	rts.Stop()
 	all := rts.All()
 	require.Len(t, all, 1, "BEGIN, setting, write and COMMIT in one round trip: %v", all)
@@ -511,14 +520,14 @@ func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 		write func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition)
 	}{
 		{"the transaction goes on", func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition) {
-			require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{tr}, time.Now(), false))
+			require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{tr}, time.Now()))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			_, s, tr := tracedCompletion(t)
 			ctx := context.Background()
-			tx := s.Begin()
+			tx := s.Begin(nil)
 			defer tx.Rollback(ctx)
 			tc.write(t, s, tx, tr)
 			_, err := s.LockSagas(ctx, tx, []uuid.UUID{tr.Saga.ID})

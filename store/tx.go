@@ -36,33 +36,83 @@ type session struct {
 	conn *pgxpool.Conn
 	// tx is the connection's transaction once BEGIN was sent.
 	tx pgx.Tx
-	// pending are statements sent ahead of the next operation's: a
-	// handler's savepoint released or rolled back, a statement sent ahead.
-	pending []pendingStmt
+	// pending are statements that go out ahead of the next operation's
+	// statement, or with COMMIT: a handler's savepoint released or rolled
+	// back, a statement sent ahead, an operation's write that ends the
+	// transaction.
+	pending []*pendingStmt
 	// err is the failure of a statement sent ahead: the transaction cannot
 	// commit any more.
 	err error
 }
 
-// pendingStmt is a statement queued to go out with the next operation's.
+// pendingStmt is a statement queued to go out with the next operation's,
+// or with COMMIT.
 type pendingStmt struct {
 	sql  string
 	args []any
+	// what names the statement in its error; its first line when empty.
+	what string
+	// read reads the statement's result from the batch; nil reads a
+	// command tag.
+	read func(br pgx.BatchResults) error
+	// restore marks a statement that only restores a setting local to the
+	// transaction: right before COMMIT it is not sent.
+	restore bool
 }
 
 // engineTx is driver.Tx on a connection of the pool: BEGIN goes out in one
 // batch with the first operation's statement (pgx's Batch.BeginTx), and
-// COMMIT with the last one's.
+// COMMIT with the statements pending at Commit. It carries the write-time
+// lease it was begun with, and what its writes did to the outbox, which
+// Commit returns.
 type engineTx struct {
 	*session
 	done bool
+	// lease is the relay's write-time lease (driver.BeginOpts.Lease); nil
+	// for none.
+	lease *driver.OutboxLease
+	// committed is what the transaction's writes did to the outbox, as far
+	// as known; afterCommit completes it (the rows a write leased are read
+	// with its result) and brings the written sagas up to date.
+	committed   driver.Committed
+	afterCommit []func()
 }
 
 // Begin implements driver.Executor.
-func (s *executor) Begin() driver.Tx { return &engineTx{session: &session{s: s.Store}} }
+func (s *executor) Begin(opts *driver.BeginOpts) driver.Tx {
+	t := &engineTx{session: &session{s: s.Store}}
+	if opts != nil && opts.Lease != nil && opts.Lease.Lease > 0 {
+		t.lease = opts.Lease
+	}
+	return t
+}
 
 // txOf returns the engineTx behind t, which this package's Begin made.
 func txOf(t driver.Tx) *engineTx { return t.(*engineTx) }
+
+// engineTxOf returns the engine transaction tx is a savepoint of (a
+// handler's transaction, a local step's savepoint), or nil when tx is a
+// caller's own.
+func engineTxOf(tx pgx.Tx) *engineTx {
+	switch tx := tx.(type) {
+	case *handlerTx:
+		return tx.t
+	case *savepointTx:
+		return tx.t
+	}
+	return nil
+}
+
+// noteUnleased counts rows written to the schema's outbox in tx without the
+// write-time lease, when tx is a savepoint of one of the schema's engine
+// transactions: a claim must find them, so that transaction's Commit tells
+// (driver.Committed.Unleased).
+func (s *Store) noteUnleased(tx pgx.Tx, rows int) {
+	if t := engineTxOf(tx); t != nil && t.s.schema == s.schema {
+		t.committed.Unleased += rows
+	}
+}
 
 // Rollback implements driver.Tx: it ends t without committing what it did
 // and gives its connection back.
@@ -71,6 +121,7 @@ func (t *engineTx) Rollback(ctx context.Context) {
 		return
 	}
 	t.done = true
+	t.pending, t.afterCommit = nil, nil
 	if t.conn == nil {
 		return
 	}
@@ -101,36 +152,35 @@ func (t *engineTx) Savepoint(ctx context.Context) (pgx.Tx, error) {
 	return &savepointTx{Tx: sp, t: t}, nil
 }
 
-// Commit implements driver.Tx.
-func (t *engineTx) Commit(ctx context.Context) error {
-	if t.done {
-		return pgx.ErrTxClosed
+// Commit implements driver.Tx: the pending statements and COMMIT go out in
+// one round trip (with BEGIN, for a transaction that has not begun).
+func (t *engineTx) Commit(ctx context.Context) (driver.Committed, error) {
+	switch {
+	case t.done:
+		return driver.Committed{}, pgx.ErrTxClosed
+	case t.err != nil:
+		return driver.Committed{}, t.err
+	case t.tx == nil && len(t.pending) == 0:
+		t.Rollback(ctx)
+		return driver.Committed{}, nil
 	}
-	if t.err != nil {
-		return t.err
+	// Settings restored right before COMMIT end with it anyway.
+	for n := len(t.pending); n > 0 && t.pending[n-1].restore; n-- {
+		t.pending = t.pending[:n-1]
 	}
-	if t.tx == nil {
-		if len(t.pending) == 0 {
-			t.Rollback(ctx)
-			return nil
-		}
-		// Statements sent ahead wait to go out: with BEGIN.
-		_, err := t.exec(ctx, true).Exec(ctx, "select 1")
-		return err
+	p := &pipe{t: t, commit: true}
+	br, err := p.send(ctx, "", nil)
+	if err != nil {
+		return driver.Committed{}, t.lost(err)
 	}
-	b := &pgx.Batch{}
-	pending := t.pending
-	t.pending = nil
-	for _, s := range pending {
-		b.Queue(s.sql, s.args...)
+	if err := t.lost(p.end(br, nil)); err != nil {
+		return driver.Committed{}, err
 	}
-	b.Queue("commit")
-	br := t.conn.SendBatch(ctx, b)
-	if err := t.readPending(br, pending); err != nil {
-		_ = br.Close()
-		return t.lost(err)
+	for _, f := range t.afterCommit {
+		f()
 	}
-	return t.lost((&pipe{t: t, commit: true}).end(br, nil))
+	t.afterCommit = nil
+	return t.committed, nil
 }
 
 // lost returns err marked with the driver's sentinels (interpretError),
@@ -145,11 +195,20 @@ func (t *engineTx) lost(err error) error {
 
 // readPending reads the results of the pending statements sent at the head
 // of br. A failure makes the transaction unable to commit.
-func (t *engineTx) readPending(br pgx.BatchResults, pending []pendingStmt) error {
+func (t *engineTx) readPending(br pgx.BatchResults, pending []*pendingStmt) error {
 	for _, s := range pending {
-		if _, err := br.Exec(); err != nil {
-			name, _, _ := strings.Cut(s.sql, "\n")
-			t.err = t.lost(fmt.Errorf("%s: %w", name, err))
+		var err error
+		if s.read != nil {
+			err = s.read(br)
+		} else {
+			_, err = br.Exec()
+		}
+		if err != nil {
+			what := s.what
+			if what == "" {
+				what, _, _ = strings.Cut(s.sql, "\n")
+			}
+			t.err = t.lost(fmt.Errorf("%s: %w", what, err))
 			return t.err
 		}
 	}
@@ -167,9 +226,19 @@ func (t *engineTx) begin(ctx context.Context) error {
 // operation.
 func (t *engineTx) queue(sql ...string) {
 	for _, s := range sql {
-		t.pending = append(t.pending, pendingStmt{sql: s})
+		t.pending = append(t.pending, &pendingStmt{sql: s})
 	}
 }
+
+// later returns an executor whose statements are queued to go out with t's
+// next round trip (the next operation's statement, or Commit), named what
+// in their errors. Exec returns at once; QueryRow's Scan records where its
+// row goes and returns at once, the row being read when the statement has
+// gone out: use the scanned values in a function passed to onCommit.
+func (t *engineTx) later(what string) dbsqlc.DBTX { return laterTx{t: t, what: what} }
+
+// onCommit runs f once t has committed, before Commit returns.
+func (t *engineTx) onCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
 // exec returns the executor of t's next statement: it sends that statement
 // in one round trip with BEGIN (the first time), the pending statements
@@ -194,33 +263,58 @@ func (t *engineTx) execAround(commit bool, before, then []string) dbsqlc.DBTX {
 // ahead returns an executor that queues its statement to go out ahead of
 // t's next one, in the same round trip, and returns at once. Its result is
 // not read; should it fail, t cannot commit.
-func (t *engineTx) ahead() dbsqlc.DBTX { return aheadTx{t} }
+func (t *engineTx) ahead() dbsqlc.DBTX { return laterTx{t: t} }
 
-// aheadTx is the executor ahead returns. Only Exec is supported: a queued
-// statement has no result to read.
-type aheadTx struct{ t *engineTx }
+// laterTx is the executor of ahead and later. Query is not supported: a
+// queued statement's rows are read after it has gone out, which sqlc's
+// generated code for many rows does not allow.
+type laterTx struct {
+	t       *engineTx
+	what    string
+	restore bool
+}
+
+func (l laterTx) queue(sql string, args []any) (*pendingStmt, error) {
+	switch t := l.t; {
+	case t.done:
+		return nil, pgx.ErrTxClosed
+	case t.err != nil:
+		return nil, t.err
+	}
+	st := &pendingStmt{sql: l.t.s.render(sql), args: pgArgs(args), what: l.what, restore: l.restore}
+	l.t.pending = append(l.t.pending, st)
+	return st, nil
+}
 
 // Exec implements dbsqlc.DBTX.
-func (a aheadTx) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	switch t := a.t; {
-	case t.done:
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	case t.err != nil:
-		return pgconn.CommandTag{}, t.err
+func (l laterTx) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	_, err := l.queue(sql, args)
+	return pgconn.CommandTag{}, err
+}
+
+// Query implements dbsqlc.DBTX; a queued statement's rows cannot be read.
+func (l laterTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("store: the rows of a queued statement cannot be read")
+}
+
+// QueryRow implements dbsqlc.DBTX: the row is scanned once the statement
+// has gone out.
+func (l laterTx) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	st, err := l.queue(sql, args)
+	if err != nil {
+		return errRow{err}
 	}
-	t := a.t
-	t.pending = append(t.pending, pendingStmt{sql: t.s.render(sql), args: pgArgs(args)})
-	return pgconn.CommandTag{}, nil
+	return laterRow{st}
 }
 
-// Query implements dbsqlc.DBTX; a queued statement has no rows to read.
-func (a aheadTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
-	return nil, errors.New("store: a statement sent ahead has no rows to read")
-}
+// laterRow is the row of a queued statement: Scan records the destinations
+// and returns at once; they are filled in when the statement's result is
+// read.
+type laterRow struct{ st *pendingStmt }
 
-// QueryRow implements dbsqlc.DBTX; a queued statement has no row to read.
-func (a aheadTx) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{errors.New("store: a statement sent ahead has no row to read")}
+func (r laterRow) Scan(dest ...any) error {
+	r.st.read = func(br pgx.BatchResults) error { return br.QueryRow().Scan(dest...) }
+	return nil
 }
 
 // pipe is the executor of one statement of a Tx. It implements dbsqlc.DBTX
@@ -232,7 +326,8 @@ type pipe struct {
 }
 
 // send sends sql in a batch with what must go with it and returns the batch
-// results positioned at sql's result.
+// results positioned at sql's result (after the pending statements when sql
+// is empty).
 func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	t := p.t
 	if t.done {
@@ -260,7 +355,9 @@ func (p *pipe) send(ctx context.Context, sql string, args []any) (pgx.BatchResul
 	for _, s := range p.before {
 		b.Queue(s)
 	}
-	b.Queue(t.s.render(sql), pgArgs(args)...)
+	if sql != "" {
+		b.Queue(t.s.render(sql), pgArgs(args)...)
+	}
 	for _, s := range p.then {
 		b.Queue(s)
 	}

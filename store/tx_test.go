@@ -36,7 +36,7 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 	applied := &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)}
 
 	rts.Start()
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
 	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil, nil, []byte(`{"reason":"blocked"}`)})
 	require.NoError(t, err)
@@ -65,6 +65,7 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 		require.NoError(t, s.EndDelivery(ctx, d, ends[i]))
 	}
 	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	dbtest.Commit(t, tx)
 	rts.Stop()
 
 	require.Equal(t, 3, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox`), "the undone delivery left no inbox record")
@@ -83,7 +84,7 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 	require.Len(t, txs[0].RoundTrips, 2+2*3, "begin, each writing handler's savepoint and statement, finish")
 
 	// The same messages again: duplicates, each counted once, nothing run.
-	tx = s.Begin()
+	tx = s.Begin(nil)
 	defer tx.Rollback(ctx)
 	dels, err = s.BeginDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, [][]byte{nil, nil})
 	require.NoError(t, err)
@@ -92,6 +93,7 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 		require.NoError(t, s.EndDelivery(ctx, d, driver.DeliveryEnd{}))
 	}
 	require.NoError(t, s.FinishDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, dels, make([]driver.DeliveryEnd, 2)))
+	dbtest.Commit(t, tx)
 	require.Equal(t, 2, count.n(t, s, `SELECT sum(duplicates)::int FROM %q.sagabox_inbox`))
 }
 
@@ -108,7 +110,7 @@ func TestDeliveriesOfAGroupIsolateWritesThroughTheConnection(t *testing.T) {
 	require.NoError(t, err)
 	rejected, kept, failed := command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand)
 	envs := []*message.Envelope{rejected, kept, failed}
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
 	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil, nil})
 	require.NoError(t, err)
@@ -128,6 +130,7 @@ func TestDeliveriesOfAGroupIsolateWritesThroughTheConnection(t *testing.T) {
 		require.NoError(t, s.EndDelivery(ctx, dels[i], ends[i]))
 	}
 	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	dbtest.Commit(t, tx)
 	var ids []uuid.UUID
 	rows, err := s.Pool.Query(ctx, "SELECT message_id FROM "+effect)
 	require.NoError(t, err)
@@ -165,7 +168,7 @@ func TestDeliveriesOfAGroupFailTogether(t *testing.T) {
 	ctx := context.Background()
 	first, second := command(uuid.New(), message.KindCommand), command(uuid.New(), message.KindCommand)
 	envs := []*message.Envelope{first, second}
-	tx := s.Begin()
+	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
 	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil})
 	require.NoError(t, err)
@@ -175,7 +178,9 @@ func TestDeliveriesOfAGroupFailTogether(t *testing.T) {
 	for i, d := range dels {
 		require.NoError(t, s.EndDelivery(ctx, d, ends[i]))
 	}
-	require.Error(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends), "the statement goes out with the commit")
+	_, err = tx.Commit(ctx)
+	require.ErrorIs(t, err, driver.ErrDataRefused, "the commit fails with the finish's statement")
 	tx.Rollback(ctx)
 	require.Equal(t, 0, count.n(t, s, `SELECT count(*) FROM %q.sagabox_inbox`), "nothing was committed")
 }

@@ -48,12 +48,15 @@ const (
 
 // Processor is what a client supplies: how one delivery is applied.
 type Processor interface {
-	// Process applies d in one transaction of its own and commits it.
-	// attempt is 1 the first time d is processed and n after n-1 failed
-	// attempts. An error that is a *Poison gives d up at once; an error for
-	// which errors.Is(err, driver.ErrConflict) runs Process again at once (up to
+	// Process applies d in one transaction of its own and commits it
+	// (in two around an outside call). The transaction takes lease, the
+	// relay's write-time lease (nil: none), as driver.BeginOpts.Lease, and
+	// Result.Committed reports what its commits wrote to the outbox, even
+	// with an error. attempt is 1 the first time d is processed and n after
+	// n-1 failed attempts. An error that is a *Poison gives d up at once; one
+	// marked driver.ErrConflict runs Process again at once (up to
 	// ConflictRetries times); any other error is retried with backoff.
-	Process(ctx context.Context, d *transport.Delivery, attempt int) (Result, error)
+	Process(ctx context.Context, d *transport.Delivery, attempt int, lease *driver.OutboxLease) (Result, error)
 	// GiveUp records that d is given up on, for p's reason, in a
 	// transaction of its own, and answers d if the client answers messages.
 	// It reports a duplicate when the inbox already had d.
@@ -64,13 +67,15 @@ type Processor interface {
 // one transaction (group commit).
 type BatchProcessor interface {
 	Processor
-	// ProcessBatch applies items in one transaction of its own and commits
-	// it, returning one result per item. An item it leaves to be processed
-	// on its own afterwards (a second reply of one saga) has Result.Defer
-	// set; one that failed while the others were applied, Result.Failed.
-	// An error means nothing was applied: the engine then processes
-	// every item on its own, so that each gets its own retries and give-up.
-	ProcessBatch(ctx context.Context, items []Item) ([]Result, error)
+	// ProcessBatch applies items in one transaction of its own, under
+	// lease as Process, and commits it, returning one result per item and
+	// what the commit wrote to the outbox. An item it leaves to be
+	// processed on its own afterwards (a second reply of one saga) has
+	// Result.Defer set; one that failed while the others were applied,
+	// Result.Failed. An error means nothing was applied: the engine then
+	// processes every item on its own, so that each gets its own retries
+	// and give-up.
+	ProcessBatch(ctx context.Context, items []Item, lease *driver.OutboxLease) ([]Result, driver.Committed, error)
 }
 
 // Item is one delivery of a batch, with the context (the delivery's
@@ -87,9 +92,10 @@ type Result struct {
 	Outcome string
 	// Note says what happened, for the debug log.
 	Note string
-	// Wrote is true when the transaction wrote to the outbox: the relay is
-	// woken.
-	Wrote bool
+	// Committed is what the delivery's commits wrote to the outbox: the
+	// leased rows are handed to the relay, and the relay is woken for the
+	// others.
+	Committed driver.Committed
 	// SpanAttrs are more attributes for the delivery's span (a saga's
 	// status after a reply).
 	SpanAttrs []attribute.KeyValue
@@ -102,10 +108,6 @@ type Result struct {
 	// deadlock or a serialization failure (driver.ErrConflict) is processed
 	// again at once, uncounted, as it would be alone.
 	Failed error
-
-	// leased is what the transaction's writes under the relay's
-	// write-time lease did (set by the engine).
-	leased leasedWrites
 }
 
 // Poison is a failure that no retry can cure: the delivery is given up on at
@@ -344,22 +346,12 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 	}
 	var results []Result
 	err := errors.New("no batch")
-	var leased leasedWrites
 	if len(items) > 1 {
 		err = Retrying(ctx, func() error {
+			var committed driver.Committed
 			var err error
-			leased = leasedWrites{}
-			// The lease goes with every item's context too: code run for
-			// one item (a local step) writes in the batch's transaction.
-			bctx, leasedItems := ctx, items
-			if l := e.newLease(&leased); l != nil {
-				bctx = driver.WithOutboxLease(ctx, l)
-				leasedItems = make([]Item, len(items))
-				for i, it := range items {
-					leasedItems[i] = Item{Ctx: driver.WithOutboxLease(it.Ctx, l), Delivery: it.Delivery}
-				}
-			}
-			results, err = bp.ProcessBatch(bctx, leasedItems)
+			results, committed, err = bp.ProcessBatch(ctx, items, e.relay.WriteLease())
+			e.handOff(committed)
 			return err
 		})
 	}
@@ -384,7 +376,6 @@ func (e *Engine) handleBatch(ctx context.Context, bp BatchProcessor, ds []*trans
 			outs[i], h = e.settle(ctxs[i], ds[i], Result{}, results[k].Failed)
 		default:
 			e.infraFailures.Store(0)
-			results[k].leased = leased
 			outs[i], h = e.done(ctxs[i], ds[i], results[k])
 			h.Attrs = append(h.Attrs, telemetry.AttrBatchCount.Int(applied))
 		}
@@ -443,62 +434,23 @@ func (e *Engine) settle(ctx context.Context, d *transport.Delivery, res Result, 
 }
 
 // process runs Process, again at once while it fails with a serialization
-// failure or a deadlock.
+// failure or a deadlock, each time under a fresh write-time lease of the
+// relay, and hands the relay what each run's commits wrote.
 func (e *Engine) process(ctx context.Context, d *transport.Delivery, attempt int) (res Result, err error) {
 	err = Retrying(ctx, func() error {
-		var w leasedWrites
-		res, err = e.proc.Process(e.leaseWrites(ctx, &w), d, attempt)
-		res.leased = w
+		res, err = e.proc.Process(ctx, d, attempt, e.relay.WriteLease())
+		e.handOff(res.Committed)
 		return err
 	})
 	return res, err
 }
 
-// leasedWrites is what the writes of one transaction under the relay's
-// write-time lease did, once it committed.
-type leasedWrites struct {
-	// committed: a write under the lease committed; unleased counts the
-	// rows it and the transaction's other writes wrote unclaimed (for a
-	// claim, which a wake-up brings).
-	committed bool
-	unleased  int
-}
-
-// leaseWrites returns ctx carrying the relay's write-time lease
-// (driver.OutboxLease), which records into w what the transaction's
-// writes under it did: the rows they lease go to the relay on commit, with
-// no claim. Without a lease to give (see relay.Relay.WriteLease) it returns
-// ctx.
-func (e *Engine) leaseWrites(ctx context.Context, w *leasedWrites) context.Context {
-	if l := e.newLease(w); l != nil {
-		return driver.WithOutboxLease(ctx, l)
-	}
-	return ctx
-}
-
-// newLease returns the relay's write-time lease recording into w, or nil
-// when the relay gives none.
-func (e *Engine) newLease(w *leasedWrites) *driver.OutboxLease {
-	l, ok := e.relay.WriteLease()
-	if !ok {
-		return nil
-	}
-	hand := l.Committed
-	l.Committed = func(leased []driver.OutboxRow, unleased int) {
-		hand(leased, unleased)
-		w.committed = true
-		w.unleased += unleased
-	}
-	l.Unleased = func(rows int) { w.unleased += rows }
-	return &l
-}
-
-// wake wakes the relay after a committed transaction that wrote to the
-// outbox (res.Wrote), unless every row it wrote was leased and handed, and
-// after one whose writes noted rows written unleased (a saga a local step
-// started).
-func (e *Engine) wake(res Result) {
-	if (res.Wrote && !res.leased.committed) || res.leased.unleased > 0 {
+// handOff gives the relay what committed transactions wrote to the outbox:
+// the leased rows, to publish without a claim, and a wake-up for the
+// others, which a claim must find.
+func (e *Engine) handOff(c driver.Committed) {
+	e.relay.Hand(c.Leased)
+	if c.Unleased > 0 {
 		e.relay.Wake()
 	}
 }
@@ -524,7 +476,6 @@ func (e *Engine) done(ctx context.Context, d *transport.Delivery, res Result) (t
 		e.log.Info("duplicate message ignored", logAttrs(d)...)
 		return transport.Ack(), h
 	}
-	e.wake(res)
 	if e.log.Enabled(ctx, slog.LevelDebug) {
 		e.log.Debug("message processed", append(logAttrs(d), "outcome", res.Outcome, "note", res.Note)...)
 	}
@@ -561,9 +512,7 @@ func (e *Engine) giveUp(ctx context.Context, d *transport.Delivery, p *Poison) (
 		e.log.Info("message given up on was processed by another delivery; acknowledged", attrs...)
 		return transport.Ack(), telemetry.Handled{Outcome: telemetry.OutcomeDuplicate, Inbox: telemetry.InboxDuplicate}
 	case err == nil:
-		if res.Wrote {
-			e.relay.Wake()
-		}
+		e.handOff(res.Committed)
 	case errors.Is(err, driver.ErrDataRefused) && ctx.Err() == nil:
 		// Postgres refuses the message's own data (text it cannot hold, a
 		// step too long for the barrier's key): every retry would fail the

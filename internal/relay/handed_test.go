@@ -17,30 +17,25 @@ import (
 )
 
 // writeLeased writes msgs in a transaction of the engine under lease (as a
-// delivery's transition write does) and reports the rows it wrote
-// unleased.
-func writeLeased(t *testing.T, s *dbtest.DB, lease driver.OutboxLease, msgs []message.Message) (unleased int) {
+// delivery's transition write does), hands the rows its commit leased to
+// r, as the engine does, and reports the rows it wrote unleased.
+func writeLeased(t *testing.T, s *dbtest.DB, r *Relay, lease *driver.OutboxLease, msgs []message.Message) (unleased int) {
 	t.Helper()
-	hand := lease.Committed
-	lease.Committed = func(leased []driver.OutboxRow, n int) {
-		unleased = n
-		if hand != nil {
-			hand(leased, n)
-		}
-	}
-	ctx := driver.WithOutboxLease(context.Background(), &lease)
-	require.NoError(t, s.WriteTransitions(ctx, s.Begin(), []driver.Transition{{Messages: msgs}}, time.Now(), true))
-	return unleased
+	tx := s.Begin(&driver.BeginOpts{Lease: lease})
+	defer tx.Rollback(context.Background())
+	require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{{Messages: msgs}}, time.Now()))
+	c := dbtest.Commit(t, tx)
+	r.Hand(c.Leased)
+	return c.Unleased
 }
 
 // waitLease returns the relay's write-time lease once its workers run.
-func waitLease(t *testing.T, r *Relay) driver.OutboxLease {
+func waitLease(t *testing.T, r *Relay) *driver.OutboxLease {
 	t.Helper()
-	var l driver.OutboxLease
+	var l *driver.OutboxLease
 	require.Eventually(t, func() bool {
-		var ok bool
-		l, ok = r.WriteLease()
-		return ok
+		l = r.WriteLease()
+		return l != nil
 	}, waitFor, time.Millisecond)
 	return l
 }
@@ -62,7 +57,7 @@ func TestHandedRowsArePublishedWithoutAClaim(t *testing.T) {
 	rts.Start()
 	for i := range n {
 		// Each write asks for the lease anew, as each delivery does.
-		require.Zero(t, writeLeased(t, s, waitLease(t, r), events(fmt.Sprintf("k%d", i), 0, 3)))
+		require.Zero(t, writeLeased(t, s, r, waitLease(t, r), events(fmt.Sprintf("k%d", i), 0, 3)))
 	}
 	snk.waitDistinct(t, 3*n)
 	rts.Stop()
@@ -87,7 +82,7 @@ func TestRowBehindAnUnpublishedRowWaitsForAClaim(t *testing.T) {
 	r, _ := runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 2, PollInterval: time.Hour}})
 	lease := waitLease(t, r)
 	writeCommitted(t, s, events("k", 0, 1)) // no wake-up: it waits for one
-	require.Equal(t, 1, writeLeased(t, s, lease, events("k", 1, 1)), "the row behind an unpublished one is not leased")
+	require.Equal(t, 1, writeLeased(t, s, r, lease, events("k", 1, 1)), "the row behind an unpublished one is not leased")
 	r.Wake() // as the engine does after a write with unleased rows
 	snk.waitDistinct(t, 2)
 	_, order := snk.snapshot()
@@ -102,8 +97,11 @@ func TestRowsLeasedByADeadRelayArePublishedAfterTheLease(t *testing.T) {
 	s := dbtest.Store(t)
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	snk := newSink(t, b)
-	dead := driver.OutboxLease{Schema: s.Schema(), Lease: 300 * time.Millisecond, ClaimedBy: "dead-relay"}
-	require.Zero(t, writeLeased(t, s, dead, events("k", 0, 3)))
+	dead := &driver.OutboxLease{Lease: 300 * time.Millisecond, ClaimedBy: "dead-relay"}
+	tx := s.Begin(&driver.BeginOpts{Lease: dead})
+	defer tx.Rollback(context.Background())
+	require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{{Messages: events("k", 0, 3)}}, time.Now()))
+	require.Len(t, dbtest.Commit(t, tx).Leased, 3, "leased, and never handed: the relay died")
 	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 1, PollInterval: 50 * time.Millisecond}})
 	snk.waitDistinct(t, 3)
 	_, order := snk.snapshot()
@@ -118,17 +116,14 @@ func TestWriteLeaseOnlyWhileRunning(t *testing.T) {
 	b := amqptest.NewBroker(t, rabbitmq.Config{})
 	r, err := New(s.Executor, b, Options{}, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
-	_, ok := r.WriteLease()
-	require.False(t, ok, "a relay that does not run gives no lease")
+	require.Nil(t, r.WriteLease(), "a relay that does not run gives no lease")
 	running, stop := runRelay(t, testConfig{Store: s, Publisher: b})
 	l := waitLease(t, running)
-	require.Equal(t, s.Schema(), l.Schema)
+	require.Equal(t, running.name, l.ClaimedBy)
 	stop()
-	_, ok = running.WriteLease()
-	require.False(t, ok, "a stopped relay gives no lease")
+	require.Nil(t, running.WriteLease(), "a stopped relay gives no lease")
 	logRelay, err := New(s.Executor, b, Options{Mode: ModeLog}, Schema{}, amqptest.Logger(t))
 	require.NoError(t, err)
 	logRelay.leasing.Store(true)
-	_, ok = logRelay.WriteLease()
-	require.False(t, ok, "a relay reading the log gives no lease")
+	require.Nil(t, logRelay.WriteLease(), "a relay reading the log gives no lease")
 }

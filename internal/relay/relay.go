@@ -15,9 +15,9 @@
 // and a claim's cost is bounded by the batch, whatever the backlog.
 //
 // Rows the client's own deliveries write can skip the claim: written under
-// the relay's write-time lease (WriteLease, driver.OutboxLease), they are
-// claimed by the statement that inserts them and handed to the relay on
-// commit (Hand), and one worker at a time publishes them. A row whose key
+// the relay's write-time lease (WriteLease, driver.BeginOpts.Lease), they
+// are claimed by the statement that inserts them, returned by the commit,
+// and handed to the relay (Hand), and one worker at a time publishes them. A row whose key
 // has an earlier unpublished row is written unleased, for a claim.
 //
 // A relay wakes at once when Wake is called (after a local commit), when a
@@ -674,26 +674,23 @@ func (r *Relay) settleDue() bool {
 }
 
 // WriteLease returns the write-time lease for the outbox rows of a
-// transaction about to run (driver.OutboxLease): rows it leases are handed
-// to this relay on commit. It reports false when rows are to be claimed
-// instead: the relay reads the write-ahead log, is not running, or knows
+// transaction about to run (driver.BeginOpts.Lease): the rows it leases,
+// which its Commit returns, are to be handed to this relay (Hand). It
+// returns nil when rows are to be claimed instead: the relay reads the write-ahead log, is not running, or knows
 // its broker to be unreachable; and while handed rows are being published
 // or wait to be: under load, rows written meanwhile are claimed together,
 // in batches, which the one worker publishing handed rows would send one
 // or two at a time (measured at saturation: 5-10 % fewer sagas per second
 // with every row leased).
-func (r *Relay) WriteLease() (driver.OutboxLease, bool) {
+func (r *Relay) WriteLease() *driver.OutboxLease {
 	if r.opts.Mode != ModePoll || !r.leasing.Load() || r.unavailable() || r.handing.Load() || r.hasHanded() {
-		return driver.OutboxLease{}, false
+		return nil
 	}
 	r.confirmedMu.Lock()
 	confirmed := make([]int64, 0, len(r.confirmed.Published)+len(r.settling))
 	confirmed = append(append(confirmed, r.confirmed.Published...), r.settling...)
 	r.confirmedMu.Unlock()
-	return driver.OutboxLease{
-		Schema: r.db.Schema(), Lease: r.opts.Lease, ClaimedBy: r.name, Confirmed: confirmed,
-		Committed: func(leased []driver.OutboxRow, _ int) { r.Hand(leased) },
-	}, true
+	return &driver.OutboxLease{Lease: r.opts.Lease, ClaimedBy: r.name, Confirmed: confirmed}
 }
 
 // Hand gives the relay committed rows written under its lease, for a worker

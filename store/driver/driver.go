@@ -25,10 +25,11 @@ import (
 // one's (operations that end a transaction say so). Operations take it as
 // their t. A Tx is used by one goroutine at a time.
 type Tx interface {
-	// Commit sends what the transaction has pending and COMMIT in one round
-	// trip, for a transaction with nothing more to write (a duplicate). A
-	// transaction that never began commits nothing, and costs nothing.
-	Commit(ctx context.Context) error
+	// Commit sends the statements the transaction has pending (the write
+	// of the operation that ended it, say) and COMMIT in one round trip,
+	// and returns what the transaction wrote to the outbox. A transaction
+	// that never began commits nothing, and costs nothing.
+	Commit(ctx context.Context) (Committed, error)
 	// Rollback ends the transaction without committing what it did. It is a
 	// no-op once it is over, so it can be deferred.
 	Rollback(ctx context.Context)
@@ -47,8 +48,8 @@ type Executor interface {
 	// when it has no pool.
 	MaxConns() int
 	// Begin returns a transaction that begins with its first operation; it
-	// acquires a connection then.
-	Begin() Tx
+	// acquires a connection then. opts may be nil.
+	Begin(opts *BeginOpts) Tx
 	// SchemaCheck returns an error wrapping ErrSchemaOutdated, which names
 	// the command to run, unless the schema holds the messaging tables at
 	// their latest version, and with sagas the saga tables too.
@@ -141,15 +142,18 @@ type Executor interface {
 	// sagas that others hold, under the statement and lock timeouts of
 	// background work.
 	ClaimDueSagas(ctx context.Context, t Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error)
-	// WriteTransitions writes trs in t in one statement, and with commit
-	// commits t in the same round trip. A saga whose revision moved on since
-	// its transition was computed fails it with an error for which
-	// errors.Is(err, ErrConflict), and nothing is written: run the transaction
-	// again. The messages are prepared in place, and once the statement
-	// succeeds each trs[i].Saga is the row as stored: its revision
-	// advanced, its times at the microsecond in UTC, its error text as
-	// kept (its JSON as written, which jsonb may re-format).
-	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time, commit bool) error
+	// WriteTransitions writes trs in t in one statement, sent with t's next
+	// round trip: Commit (the usual case: one round trip for the write and
+	// COMMIT), or the next operation's statement. A saga whose revision
+	// moved on since its transition was computed fails the statement with
+	// an error marked ErrConflict, and nothing is written: run the
+	// transaction again. The messages are prepared in place (the caller
+	// learns their ids at once), and once t has committed each trs[i].Saga
+	// is the row as stored: its revision advanced, its times at the
+	// microsecond in UTC, its error text as kept (its JSON as written, which
+	// jsonb may re-format). Under t's write-time lease its commands are
+	// leased (Committed.Leased).
+	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time) error
 	// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
 	SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error)
 	// SagaList returns the sagas f selects, oldest (first started) first.
@@ -188,8 +192,8 @@ type Executor interface {
 	// phase, if it is still there (a compensation given up on).
 	DropStartedMark(ctx context.Context, t Tx, env *message.Envelope) error
 	// FinishDelivery ends d, the delivery of env begun in t (nil: one given
-	// up on, begun with RecordInbox), as end says, and commits t, in one
-	// round trip.
+	// up on, begun with RecordInbox), as end says, with t's next round trip:
+	// Commit. Under t's write-time lease its reply is leased.
 	FinishDelivery(ctx context.Context, t Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error
 	// BeginDeliveries begins t with the deliveries envs of a group applied
 	// in one transaction (group commit), in one round trip with BEGIN: what
@@ -205,8 +209,9 @@ type Executor interface {
 	// handler's writes (Discard, Undo), with t's next statement.
 	EndDelivery(ctx context.Context, d *Delivery, end DeliveryEnd) error
 	// FinishDeliveries ends the deliveries dels of envs, a group begun with
-	// BeginDeliveries, as ends say (ends[i] for envs[i]) and commits t, in
-	// one round trip. The replies take the write-time lease ctx may carry.
+	// BeginDeliveries, as ends say (ends[i] for envs[i]), in one statement
+	// sent with t's next round trip: Commit. Under t's write-time lease the
+	// replies are leased.
 	FinishDeliveries(ctx context.Context, t Tx, envs []*message.Envelope, dels []*Delivery, ends []DeliveryEnd) error
 	// RecordInbox records env in the inbox in t (the first statement of a
 	// delivery given up on) and reports whether it is new there; a
@@ -298,7 +303,7 @@ type Executor interface {
 	// skipping requests another orchestrator holds; nil when there is none.
 	ClaimOperation(ctx context.Context, t Tx, keys []SagaKey) (*Operation, error)
 	// MarkOperation records in t that request id was handled at at (refusal
-	// is why it was refused, or empty) and commits t, in one round trip.
+	// is why it was refused, or empty), with t's next round trip: Commit.
 	MarkOperation(ctx context.Context, t Tx, id int64, at time.Time, refusal string) error
 	// WithdrawOperation withdraws pending request id on behalf of actor so
 	// that no orchestrator applies it, and returns it. It returns an error

@@ -1,60 +1,47 @@
 package driver
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
-// OutboxLease is the write-time lease of a delivery's transaction: the
-// outbox rows its transition write inserts are claimed by the relay at once,
-// in the inserting statement, and handed to that relay when the transaction
-// commits, so that they are published without a claim. A row whose ordering
-// key has an earlier unpublished row (other than Confirmed) is written
-// unclaimed instead, for a claim to take in key order. Rows leased by a
-// process that dies before publishing them are claimed by another relay once
-// the lease ends, as claimed rows are.
+// BeginOpts are the options of a transaction (Executor.Begin).
+type BeginOpts struct {
+	// Lease, when set, is the relay's write-time lease: the outbox rows the
+	// transaction's operations write (a transition's commands, a delivery's
+	// reply) are claimed for the relay by the statement that inserts them,
+	// and Commit returns them (Committed.Leased) for the relay to publish
+	// without a claim. Nil: rows are written for a claim to find.
+	Lease *OutboxLease
+}
+
+// OutboxLease is the relay's write-time lease. A row whose ordering key has
+// an earlier unpublished row (other than Confirmed) is written unclaimed
+// instead, for a claim to take in key order. Rows leased by a process that
+// dies before publishing them are claimed by another relay once the lease
+// ends, as claimed rows are.
 type OutboxLease struct {
-	// Schema is the schema whose outbox the relay publishes: a write to
-	// another schema takes no lease.
-	Schema string
 	// Lease is how long the rows belong to the relay; ClaimedBy names it.
 	Lease     time.Duration
 	ClaimedBy string
 	// Confirmed are rows the relay has published and not settled yet: they
 	// do not hold a later row of their key back.
 	Confirmed []int64
-	// Committed is called once a write under the lease has committed, with
-	// the rows it leased (in id order) and how many rows it wrote unleased.
-	Committed func(leased []OutboxRow, unleased int)
-	// Unleased is called by the other writes to the outbox under the
-	// lease's context, which take no lease (a handler's own messages, a
-	// saga started in the transaction), with how many rows they wrote: a
-	// claim must find them, so the relay is woken.
-	Unleased func(rows int)
 }
 
-// NoteUnleased tells the lease ctx carries for schema, if any, of rows
-// written to its outbox without it.
-func NoteUnleased(ctx context.Context, schema string, rows int) {
-	if l := OutboxLeaseFrom(ctx, schema); l != nil && l.Unleased != nil && rows > 0 {
-		l.Unleased(rows)
-	}
+// Committed is what a committed transaction wrote to the outbox
+// (Tx.Commit).
+type Committed struct {
+	// Leased are the rows written under the transaction's lease, in write
+	// order, as a claim would return them: the relay publishes them
+	// without a claim.
+	Leased []OutboxRow
+	// Unleased counts the rows written without the lease (all of them
+	// without one; a row its key held back; a handler's own messages and a
+	// saga a local step started, written in the transaction's savepoints):
+	// a claim must find them, so the relay is woken.
+	Unleased int
 }
 
-type outboxLeaseKey struct{}
-
-// WithOutboxLease returns ctx carrying l: the engine's transition writes
-// under ctx that commit their own transaction take it.
-func WithOutboxLease(ctx context.Context, l *OutboxLease) context.Context {
-	return context.WithValue(ctx, outboxLeaseKey{}, l)
-}
-
-// OutboxLeaseFrom returns the lease ctx carries for writes to schema, or
-// nil.
-func OutboxLeaseFrom(ctx context.Context, schema string) *OutboxLease {
-	l, _ := ctx.Value(outboxLeaseKey{}).(*OutboxLease)
-	if l == nil || l.Schema != schema || l.Lease <= 0 {
-		return nil
-	}
-	return l
+// Add returns what c and o wrote together: the transactions of one
+// delivery.
+func (c Committed) Add(o Committed) Committed {
+	return Committed{Leased: append(c.Leased, o.Leased...), Unleased: c.Unleased + o.Unleased}
 }

@@ -168,3 +168,14 @@ func StoreOnPool(tb testing.TB, pool *pgxpool.Pool, lines ...store.Line) *DB {
 	}
 	return &DB{Executor: ex, Store: s, Pool: pool}
 }
+
+// Commit commits t, an engine transaction, and returns what it wrote to the
+// outbox; the test fails if the commit does.
+func Commit(tb testing.TB, t driver.Tx) driver.Committed {
+	tb.Helper()
+	c, err := t.Commit(context.Background())
+	if err != nil {
+		tb.Fatalf("dbtest: commit: %v", err)
+	}
+	return c
+}

@@ -260,7 +260,7 @@ func TestOperatorRequestWithdrawnWhenWaitExpires(t *testing.T) {
 func requireNothingToClaim(t *testing.T, db *dbtest.DB) {
 	t.Helper()
 	ctx := context.Background()
-	tx := db.Begin()
+	tx := db.Begin(nil)
 	defer tx.Rollback(ctx)
 	op, err := db.ClaimOperation(ctx, tx, []driver.SagaKey{{Type: "checkout", Version: 1}})
 	require.NoError(t, err)
