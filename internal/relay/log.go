@@ -121,7 +121,6 @@ func (r *Relay) streamLog(ctx context.Context) error {
 	var since time.Time
 	flush := func() error {
 		if n := len(done.Published) + len(done.Dead); n > 0 {
-			done.KeepPublished = r.keepPublished
 			if _, err := r.claim(ctx, 0, done); err != nil {
 				return fmt.Errorf("settle %d published rows: %w", n, err)
 			}

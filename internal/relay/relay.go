@@ -190,42 +190,19 @@ type Relay struct {
 	// keepPublished marks published rows instead of deleting them; sagas
 	// shifts the deadlines of steps whose commands were published late.
 	keepPublished, sagas bool
-	// wake hands a wake-up to one idle worker: one claim per wake-up, not a
-	// claim by every worker (which, at thousands of commits per second,
-	// costs more database time than the publishing itself).
-	wake chan struct{}
-
-	// confirmed holds the rows this relay's workers published (and the
-	// late sends among them) that no claim has settled yet. Whichever
-	// worker claims next settles them all, in its claim: a row never
-	// waits behind its key's previous row, published by another worker and
-	// not settled yet (a saga's next command after its reply), for that
-	// worker's own next claim.
-	confirmedMu sync.Mutex
-	confirmed   driver.OutboxSettle
-	// confirmedAt is when the oldest of confirmed was added; settling
-	// holds the rows a claim is settling now (taken from confirmed): both
-	// are named to writers as not holding their keys back
-	// (driver.OutboxLease.Confirmed).
-	confirmedAt time.Time
-	settling    []int64
-
-	// handed are rows written under this relay's write-time lease
-	// (WriteLease) and committed, waiting for a worker to publish them
-	// without a claim: one group per transaction, taken whole, so that the
-	// rows of a key one transaction wrote go out in one batch, in order.
-	handedMu sync.Mutex
-	handed   [][]driver.OutboxRow
+	// wake announces rows to the workers; one idle worker takes each
+	// wake-up: one claim per wake-up, not a claim by every worker (which, at
+	// thousands of commits per second, costs more database time than the
+	// publishing itself).
+	wake *wakeup
+	// confirmed are the rows the workers published and no claim settled
+	// yet; handed the rows written under the relay's write-time lease
+	// (WriteLease) and committed, for a worker to publish without a claim.
+	confirmed confirmations
+	handed    handoff
 	// leasing is true while the workers run: rows leased at write are
-	// published. handing is true while a worker publishes handed rows.
-	leasing, handing atomic.Bool
-
-	// wakes counts the calls of Wake; claimedUpTo is the count when the
-	// latest claim began. A wake-up that no Wake followed since a claim
-	// began announced rows that claim sees (they committed before Wake was
-	// called, so before the claim's snapshot): it is dropped, not claimed
-	// for again (an empty claim, under load a third of them).
-	wakes, claimedUpTo atomic.Uint64
+	// published.
+	leasing atomic.Bool
 
 	// testHookAfterPublish, when set, runs after a batch was confirmed and
 	// before it is marked published. Returning true makes the worker stop
@@ -285,7 +262,7 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schem
 		sagas:         schema.Sagas,
 		name:          fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
 		log:           log.With("component", "relay", "schema", db.Schema()),
-		wake:          make(chan struct{}, 1),
+		wake:          newWakeup(),
 		settleDelay:   defaultSettleDelay,
 	}, nil
 }
@@ -293,13 +270,7 @@ func New(db driver.Executor, pub transport.Publisher, opts Options, schema Schem
 // Wake makes an idle worker look for rows now (or the next worker to become
 // idle, if all are busy). Call it after committing a transaction that wrote
 // to the outbox. It never blocks.
-func (r *Relay) Wake() {
-	r.wakes.Add(1)
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
+func (r *Relay) Wake() { r.wake.announce() }
 
 // Run publishes until ctx is cancelled, then lets batches in flight finish
 // (marking what was confirmed) and returns nil.
@@ -310,11 +281,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	r.leasing.Store(true)
 	for range r.opts.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.work(ctx)
-		}()
+		wg.Go(func() { newWorker(r).run(ctx) })
 	}
 	if r.opts.Listen {
 		wg.Add(1)
@@ -329,185 +296,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Wait()
 	r.log.Info("relay stopped")
 	return nil
-}
-
-// work is one worker: it claims a batch, publishes it and settles it in
-// the statement that claims its next batch, until ctx is cancelled; then it
-// settles what it published.
-func (r *Relay) work(ctx context.Context) {
-	poll := time.NewTimer(0)
-	defer poll.Stop()
-	var settle driver.OutboxSettle
-	defer func() {
-		// A batch published but not settled yet is settled on the way out,
-		// and rows handed and not published are released, claimable at
-		// once, so a clean shutdown leaves nothing leased.
-		for _, row := range r.takeHanded(0) {
-			settle.Failed = append(settle.Failed, row.ID)
-			settle.RetryAfter = 0
-		}
-		if !settle.Empty() || r.unsettled() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if _, err := r.claim(sctx, 0, settle); err != nil {
-				r.log.Warn("relay could not settle its last batch; its rows are published again after their lease", "err", err)
-			}
-		}
-	}()
-	failures := 0
-	// rechecks counts the short waits after empty claims that followed a
-	// wake-up: a row announced by a wake-up can be missed by the claim it
-	// triggers (it waits behind an earlier row of its key that another
-	// worker has published but not settled yet, and that worker's own claim
-	// skipped it, locked by this one's), so the worker looks again soon, a
-	// few times, before it falls back to the poll.
-	rechecks, woken := 0, false
-	for ctx.Err() == nil {
-		// A relay that knows its broker to be unreachable claims one row,
-		// a probe whose failure is counted and backs the worker off, not a
-		// batch: the rows it would hold under its lease are for relays that
-		// can publish (in other processes). The probe's row is released at
-		// once (claimable again without delay), so that it is not kept
-		// from them either.
-		max, probing := r.opts.BatchSize, r.unavailable()
-		if probing {
-			max = 1
-		}
-		// Rows handed by their writers go out without a claim, unless the
-		// worker has a failed batch to record, or rows confirmed a while
-		// ago wait to be settled (the claim settles them, and takes what
-		// was written unleased meanwhile). One worker at a time publishes
-		// handed rows: those handed meanwhile wait for its confirms and go
-		// out together in its next batch, so that batches grow with the
-		// load, as claimed ones do.
-		var rows []driver.OutboxRow
-		var err error
-		handing := false
-		mayHand := !probing && settle.Empty() && !r.settleDue()
-		if mayHand && r.handing.CompareAndSwap(false, true) {
-			if rows = r.takeHanded(r.opts.BatchSize); len(rows) > 0 {
-				handing = true
-			} else {
-				r.handing.Store(false)
-			}
-		}
-		// announced: a Wake since the latest claim began announced rows
-		// for a claim (a wake-up that only handed rows announced none).
-		announced := r.wakes.Load() > r.claimedUpTo.Load()
-		if len(rows) == 0 && mayHand && !announced && r.hasHanded() {
-			// Another worker is publishing handed rows and takes these
-			// next: nothing to claim for.
-			var ok bool
-			if woken, ok = r.idle(ctx, poll, min(r.settleDelay, r.opts.PollInterval), false); !ok {
-				return
-			}
-			continue
-		}
-		if len(rows) == 0 {
-			rows, err = r.claim(ctx, max, settle)
-		}
-		if err != nil {
-			failures++
-			wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
-			r.log.Warn("relay claim failed; backing off", "err", err, "retry_in", wait, "failures", failures)
-			// settle is kept: it is recorded by the next claim (until the
-			// lease ends, its rows are claimed by nobody).
-			if !sleep(ctx, poll, wait) {
-				return
-			}
-			continue
-		}
-		settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
-		if len(rows) == 0 && !probing && r.hasHanded() {
-			// A claim that settled what was due, where handed rows wait:
-			// their wake-up was this one.
-			continue
-		}
-		if len(rows) == 0 {
-			wait := r.opts.PollInterval
-			if woken && (announced || rechecks > 0) && rechecks < maxRechecks {
-				wait = min(recheckDelay<<rechecks, r.opts.PollInterval)
-				rechecks++
-			} else {
-				rechecks = 0
-			}
-			var ok bool
-			if woken, ok = r.idle(ctx, poll, wait, failures > 0); !ok {
-				return
-			}
-			woken = woken || (rechecks > 0 && wait < r.opts.PollInterval)
-			continue
-		}
-		rechecks = 0
-		var pubErr error
-		settle, pubErr = r.publish(ctx, rows)
-		if handing {
-			r.handing.Store(false)
-		}
-		if errors.Is(pubErr, errCrashed) {
-			settle = driver.OutboxSettle{}
-			return
-		}
-		if pubErr != nil {
-			// The rows not confirmed are claimable again RetryAfter after
-			// they are settled: settle them now and wait that long, so that
-			// the next claim finds them (were they settled by that claim,
-			// it could not take them, and they would wait for the poll).
-			failures++
-			wait := settle.RetryAfter
-			if probing {
-				settle.RetryAfter = 0
-				wait = min(backoff(DefaultMinBackoff, DefaultMaxBackoff, failures), r.opts.PollInterval)
-			}
-			r.log.Warn("relay batch not confirmed; backing off", "err", pubErr, "retry_in", wait, "failures", failures)
-			if _, err := r.claim(ctx, 0, settle); err == nil {
-				settle = driver.OutboxSettle{KeepPublished: r.keepPublished}
-			}
-			if !sleep(ctx, poll, wait) {
-				return
-			}
-			continue
-		}
-		failures = 0
-		// Every row was confirmed, or given up on: whichever worker claims
-		// next settles the confirmed ones. Rows given up on are recorded
-		// now, as a failed batch's are: left leased, they would be
-		// published again when their lease ends, and given up on again.
-		r.addConfirmed(settle)
-		next := driver.OutboxSettle{KeepPublished: r.keepPublished}
-		if len(settle.Dead) > 0 {
-			next.Dead = settle.Dead
-			if _, err := r.claim(ctx, 0, next); err == nil {
-				next.Dead = nil
-			}
-		}
-		settle = next
-		if len(rows) == r.opts.BatchSize {
-			r.Wake() // more rows are likely waiting: bring in another worker
-			continue
-		}
-		if handing && r.hasHanded() {
-			continue // handed while this batch was out: the next batch
-		}
-		// A short batch: the backlog is drained. Its settle waits for the
-		// next claim, which the next wake-up brings (soon, under load), so
-		// that a claim both settles and claims; when none comes within
-		// settleDelay, the worker settles on its own (unless another
-		// worker's claim did meanwhile).
-		var ok bool
-		if woken, ok = r.idle(ctx, poll, min(r.settleDelay, r.opts.PollInterval), false); !ok {
-			return
-		}
-		for !woken && !r.unsettled() {
-			// Settled by another worker's claim: nothing to claim for.
-			if woken, ok = r.idle(ctx, poll, r.opts.PollInterval, false); !ok {
-				return
-			}
-			if !woken {
-				break // the poll
-			}
-		}
-	}
 }
 
 // unavailable reports whether the publisher knows its broker to be
@@ -530,64 +318,6 @@ const recheckDelay = defaultSettleDelay
 // by the claim that follows it.
 const defaultSettleDelay = 50 * time.Millisecond
 
-// idle waits for a wake-up, or wait; after a failure a wake-up does not cut
-// the wait short (the broker or database is still likely down). It reports
-// whether a wake-up ended the wait, and false for ok once ctx is done.
-func (r *Relay) idle(ctx context.Context, poll *time.Timer, wait time.Duration, failing bool) (woken, ok bool) {
-	poll.Reset(wait)
-	select {
-	case <-ctx.Done():
-		return false, false
-	case <-r.wake:
-		if failing {
-			return true, sleep(ctx, poll, 0)
-		}
-		if r.wakes.Load() <= r.claimedUpTo.Load() && !r.hasHanded() {
-			// A claim began after this wake-up's Wake: it saw those rows.
-			return r.idleOn(ctx, poll)
-		}
-		// Since Go 1.23 a timer's channel holds no stale value once Stop
-		// returns: nothing to drain.
-		poll.Stop()
-		return true, true
-	case <-poll.C:
-		return false, true
-	}
-}
-
-// idleOn waits on for a wake-up or the running poll timer, as idle does
-// without a failure, once a wake-up was dropped.
-func (r *Relay) idleOn(ctx context.Context, poll *time.Timer) (woken, ok bool) {
-	for {
-		select {
-		case <-ctx.Done():
-			return false, false
-		case <-r.wake:
-			if r.wakes.Load() <= r.claimedUpTo.Load() && !r.hasHanded() {
-				continue
-			}
-			poll.Stop()
-			return true, true
-		case <-poll.C:
-			return false, true
-		}
-	}
-}
-
-// sleep waits for poll, reset to wait unless wait is 0 (it is running
-// already), or for ctx. It reports false once ctx is done.
-func sleep(ctx context.Context, poll *time.Timer, wait time.Duration) bool {
-	if wait > 0 {
-		poll.Reset(wait)
-	}
-	select {
-	case <-ctx.Done():
-		return false
-	case <-poll.C:
-		return true
-	}
-}
-
 var errCrashed = errors.New("relay: simulated crash")
 
 // claim settles settle and claims up to max rows, in one statement. The
@@ -604,73 +334,22 @@ func (r *Relay) claim(ctx context.Context, max int, settle driver.OutboxSettle) 
 	if max >= r.opts.BatchSize {
 		// A full claim (not a probe, not a settle alone) sees every row
 		// announced so far; a batch it fills up wakes the relay again.
-		for seen := r.wakes.Load(); ; {
-			upTo := r.claimedUpTo.Load()
-			if upTo >= seen || r.claimedUpTo.CompareAndSwap(upTo, seen) {
-				break
-			}
-		}
+		r.wake.claimBegins()
 	}
-	shared := r.takeConfirmed()
+	shared := r.confirmed.take()
 	if len(shared.Published) > 0 {
 		settle.Published = append(slices.Clip(settle.Published), shared.Published...)
 		settle.Late = append(slices.Clip(settle.Late), shared.Late...)
 	}
+	settle.KeepPublished = r.keepPublished
 	rows, err := r.db.OutboxClaim(claimCtx, driver.OutboxClaimOpts{
 		Max: max, Lease: r.opts.Lease, ClaimedBy: r.name, Settle: settle,
 	})
-	r.doneSettling(shared.Published)
+	r.confirmed.done(shared.Published)
 	if err != nil {
-		r.addConfirmed(shared)
+		r.confirmed.add(shared)
 	}
 	return rows, err
-}
-
-// addConfirmed hands the published rows of settle (and their late sends)
-// to the next claim of any worker.
-func (r *Relay) addConfirmed(settle driver.OutboxSettle) {
-	if len(settle.Published) == 0 {
-		return
-	}
-	r.confirmedMu.Lock()
-	if len(r.confirmed.Published) == 0 {
-		r.confirmedAt = time.Now()
-	}
-	r.confirmed.Published = append(r.confirmed.Published, settle.Published...)
-	r.confirmed.Late = append(r.confirmed.Late, settle.Late...)
-	r.confirmedMu.Unlock()
-}
-
-// takeConfirmed takes the rows confirmed and not settled yet; they are
-// settling until doneSettling.
-func (r *Relay) takeConfirmed() driver.OutboxSettle {
-	r.confirmedMu.Lock()
-	defer r.confirmedMu.Unlock()
-	c := r.confirmed
-	r.confirmed = driver.OutboxSettle{}
-	r.settling = append(r.settling, c.Published...)
-	return c
-}
-
-// doneSettling ends the settling of ids, which a claim settled or gave
-// back to confirmed.
-func (r *Relay) doneSettling(ids []int64) {
-	if len(ids) == 0 {
-		return
-	}
-	r.confirmedMu.Lock()
-	defer r.confirmedMu.Unlock()
-	r.settling = slices.DeleteFunc(r.settling, func(id int64) bool { return slices.Contains(ids, id) })
-}
-
-// settleDue reports whether rows confirmed at least settleDelay ago, or a
-// batch's worth of them, wait to be settled: under a steady stream of
-// handed rows no worker idles long enough to settle them otherwise.
-func (r *Relay) settleDue() bool {
-	r.confirmedMu.Lock()
-	defer r.confirmedMu.Unlock()
-	n := len(r.confirmed.Published)
-	return n > 0 && (n >= r.opts.BatchSize || time.Since(r.confirmedAt) >= r.settleDelay)
 }
 
 // WriteLease returns the write-time lease for the outbox rows of a
@@ -683,61 +362,21 @@ func (r *Relay) settleDue() bool {
 // or two at a time (measured at saturation: 5-10 % fewer sagas per second
 // with every row leased).
 func (r *Relay) WriteLease() *driver.OutboxLease {
-	if r.opts.Mode != ModePoll || !r.leasing.Load() || r.unavailable() || r.handing.Load() || r.hasHanded() {
+	if r.opts.Mode != ModePoll || !r.leasing.Load() || r.unavailable() || r.handed.busy.Load() || r.handed.pending() {
 		return nil
 	}
-	r.confirmedMu.Lock()
-	confirmed := make([]int64, 0, len(r.confirmed.Published)+len(r.settling))
-	confirmed = append(append(confirmed, r.confirmed.Published...), r.settling...)
-	r.confirmedMu.Unlock()
-	return &driver.OutboxLease{Lease: r.opts.Lease, ClaimedBy: r.name, Confirmed: confirmed}
+	return &driver.OutboxLease{Lease: r.opts.Lease, ClaimedBy: r.name, Confirmed: r.confirmed.unsettled()}
 }
 
-// Hand gives the relay committed rows written under its lease, for a worker
-// to publish without a claim. It never blocks.
+// Hand gives the relay committed rows written under its lease
+// (driver.Committed.Leased), for a worker to publish without a claim. It
+// never blocks.
 func (r *Relay) Hand(rows []driver.OutboxRow) {
 	if len(rows) == 0 {
 		return
 	}
-	r.handedMu.Lock()
-	r.handed = append(r.handed, rows)
-	r.handedMu.Unlock()
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-// takeHanded takes handed rows, oldest first, in whole groups: up to max
-// rows, or one group larger than that (all with 0).
-func (r *Relay) takeHanded(max int) []driver.OutboxRow {
-	r.handedMu.Lock()
-	defer r.handedMu.Unlock()
-	var rows []driver.OutboxRow
-	n := 0
-	for _, g := range r.handed {
-		if max > 0 && len(rows) > 0 && len(rows)+len(g) > max {
-			break
-		}
-		rows = append(rows, g...)
-		n++
-	}
-	r.handed = slices.Delete(r.handed, 0, n)
-	return rows
-}
-
-// hasHanded reports whether handed rows wait for a worker.
-func (r *Relay) hasHanded() bool {
-	r.handedMu.Lock()
-	defer r.handedMu.Unlock()
-	return len(r.handed) > 0
-}
-
-// unsettled reports whether rows confirmed wait for a claim to settle them.
-func (r *Relay) unsettled() bool {
-	r.confirmedMu.Lock()
-	defer r.confirmedMu.Unlock()
-	return len(r.confirmed.Published) > 0
+	r.handed.add(rows)
+	r.wake.signal()
 }
 
 // publish publishes claimed rows and returns how to settle them: the
@@ -757,7 +396,7 @@ func (r *Relay) publish(ctx context.Context, rows []driver.OutboxRow) (driver.Ou
 	if r.testHookAfterPublish != nil && r.testHookAfterPublish(rows) {
 		return driver.OutboxSettle{}, errCrashed
 	}
-	settle := driver.OutboxSettle{KeepPublished: r.keepPublished, Cause: pubErr}
+	settle := driver.OutboxSettle{Cause: pubErr}
 	var perr *transport.PublishError
 	errors.As(pubErr, &perr)
 	now := time.Now()

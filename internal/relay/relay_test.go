@@ -515,7 +515,7 @@ func TestKeyChainAcrossWorkersCostsOneClaimEach(t *testing.T) {
 		// comes after it, as a saga's next message comes after the reply
 		// to its previous one. The row awaits a claim to be settled, or a
 		// worker's first claim, late on a busy machine, settled it already.
-		require.Eventually(t, func() bool { return r.unsettled() || outboxRows(t, s, id) == 0 }, waitFor, time.Millisecond)
+		require.Eventually(t, func() bool { return r.confirmed.pending() || outboxRows(t, s, id) == 0 }, waitFor, time.Millisecond)
 	}
 	rts.Stop()
 	claims := rts.Count("OutboxClaim")
