@@ -1,6 +1,10 @@
 package saga
 
-import "time"
+import (
+	"encoding/json"
+	"math"
+	"time"
+)
 
 // ShapeFormat is the version of Shape's JSON encoding that this package
 // writes. It grows only when a change could mislead a reader of an older
@@ -15,7 +19,8 @@ const ShapeFormat = 1
 // policy. It holds names and settings only, never functions, and it encodes
 // to JSON (the orchestrator records it in its schema, per definition name
 // and version, when it starts: orchestrator.Client.Definitions reads it
-// back). Build it with Definition.Shape or ShapeOf.
+// back). Its JSON keys are snake_case and its durations float seconds in
+// keys ending in _seconds. Build it with Definition.Shape or ShapeOf.
 //
 // Readers must expect what later versions add: node kinds they do not know
 // (drawn as a plain step with the kind's name) and fields they do not know
@@ -79,19 +84,86 @@ type ShapeNode struct {
 	// Event is the name of the outside event a NodeWait step waits for.
 	Event string `json:"event,omitempty"`
 	// Timeout is how long the orchestrator waits for each attempt of the
-	// action (NodeStep) or for the event (NodeWait); 0 for none.
-	Timeout time.Duration `json:"timeout,omitempty"`
+	// action (NodeStep) or for the event (NodeWait); 0 for none. JSON:
+	// timeout_seconds.
+	Timeout time.Duration `json:"-"`
 	// CompensationTimeout is how long the orchestrator waits for the
-	// compensation's reply before re-sending it; 0 for none.
-	CompensationTimeout time.Duration `json:"compensation_timeout,omitempty"`
+	// compensation's reply before re-sending it; 0 for none. JSON:
+	// compensation_timeout_seconds.
+	CompensationTimeout time.Duration `json:"-"`
 	// Retry is the action's retry policy with its defaults applied
-	// (NodeStep); nil for other kinds.
-	Retry *RetryPolicy `json:"retry,omitempty"`
+	// (NodeStep); nil for other kinds. JSON: retry, with max_attempts,
+	// initial_interval_seconds, backoff_coefficient and
+	// maximum_interval_seconds.
+	Retry *RetryPolicy `json:"-"`
 	// Conditional is true when the step has a When predicate: it may be
 	// skipped.
 	Conditional bool `json:"conditional,omitempty"`
 	// Branches are the steps of a NodeParallel group, in declaration order.
 	Branches []ShapeNode `json:"branches,omitempty"`
+}
+
+// shapeNodeJSON is a ShapeNode's JSON: its durations in float seconds.
+type shapeNodeJSON struct {
+	Kind                       NodeKind    `json:"kind"`
+	Name                       string      `json:"name"`
+	Index                      int         `json:"index"`
+	Action                     string      `json:"action,omitempty"`
+	Compensation               string      `json:"compensation,omitempty"`
+	Event                      string      `json:"event,omitempty"`
+	TimeoutSeconds             float64     `json:"timeout_seconds,omitempty"`
+	CompensationTimeoutSeconds float64     `json:"compensation_timeout_seconds,omitempty"`
+	Retry                      *retryJSON  `json:"retry,omitempty"`
+	Conditional                bool        `json:"conditional,omitempty"`
+	Branches                   []ShapeNode `json:"branches,omitempty"`
+}
+
+type retryJSON struct {
+	MaxAttempts            int     `json:"max_attempts"`
+	InitialIntervalSeconds float64 `json:"initial_interval_seconds"`
+	BackoffCoefficient     float64 `json:"backoff_coefficient"`
+	MaximumIntervalSeconds float64 `json:"maximum_interval_seconds"`
+}
+
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+func fromSeconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }
+
+// MarshalJSON encodes n with its durations in float seconds.
+func (n ShapeNode) MarshalJSON() ([]byte, error) {
+	j := shapeNodeJSON{
+		Kind: n.Kind, Name: n.Name, Index: n.Index, Action: n.Action, Compensation: n.Compensation, Event: n.Event,
+		TimeoutSeconds: seconds(n.Timeout), CompensationTimeoutSeconds: seconds(n.CompensationTimeout),
+		Conditional: n.Conditional, Branches: n.Branches,
+	}
+	if r := n.Retry; r != nil {
+		j.Retry = &retryJSON{
+			MaxAttempts: r.MaxAttempts, InitialIntervalSeconds: seconds(r.InitialInterval),
+			BackoffCoefficient: r.BackoffCoefficient, MaximumIntervalSeconds: seconds(r.MaximumInterval),
+		}
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON decodes what MarshalJSON encodes; unknown keys are
+// ignored.
+func (n *ShapeNode) UnmarshalJSON(b []byte) error {
+	var j shapeNodeJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*n = ShapeNode{
+		Kind: j.Kind, Name: j.Name, Index: j.Index, Action: j.Action, Compensation: j.Compensation, Event: j.Event,
+		Timeout: fromSeconds(j.TimeoutSeconds), CompensationTimeout: fromSeconds(j.CompensationTimeoutSeconds),
+		Conditional: j.Conditional, Branches: j.Branches,
+	}
+	if r := j.Retry; r != nil {
+		n.Retry = &RetryPolicy{
+			MaxAttempts: r.MaxAttempts, InitialInterval: fromSeconds(r.InitialIntervalSeconds),
+			BackoffCoefficient: r.BackoffCoefficient, MaximumInterval: fromSeconds(r.MaximumIntervalSeconds),
+		}
+	}
+	return nil
 }
 
 // Shape describes the definition's shape (see Shape).

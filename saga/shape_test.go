@@ -72,15 +72,17 @@ func TestShapeRoundTripsThroughJSON(t *testing.T) {
 	var back saga.Shape
 	require.NoError(t, json.Unmarshal(b, &back))
 	require.Equal(t, sh, back)
-	require.Contains(t, string(b), `"compensation_timeout":60000000000`)
+	require.Contains(t, string(b), `"compensation_timeout_seconds":60`)
+	require.Contains(t, string(b), `"retry":{"max_attempts":3,"initial_interval_seconds":1,"backoff_coefficient":2,"maximum_interval_seconds":100}`)
 	require.Contains(t, string(b), `"kind":"parallel"`)
 	require.NotContains(t, string(b), `"branches":null`)
 
 	// A reader of this version takes a shape of a later one: unknown kinds
 	// and fields are kept or ignored, not refused.
-	later := `{"format":1,"name":"x","version":1,"nodes":[{"kind":"timer","name":"cool-off","index":0,"sleep":5000000000}]}`
+	later := `{"format":1,"name":"x","version":1,"nodes":[{"kind":"timer","name":"cool-off","index":0,"sleep_seconds":5,"timeout_seconds":0.25}]}`
 	require.NoError(t, json.Unmarshal([]byte(later), &back))
 	require.Equal(t, saga.NodeKind("timer"), back.Nodes[0].Kind)
+	require.Equal(t, 250*time.Millisecond, back.Nodes[0].Timeout)
 }
 
 // ShapeOf works from any Runner's Steps; a definition of consecutive
