@@ -381,21 +381,24 @@ func (tl *timeline) draw(hist []saga.HistoryEntry) string {
 		body.text(12, y+tlRowH/2+4, "start", 12, weight, colour, fit(label, room, 12, weight != ""))
 		mid := y + tlRowH/2
 		var last time.Time
+		right := 0.0 // the right end of what the row draws
 		for _, s := range r.segs {
 			tl.bar(&body, r, s, y, mid)
 			if s.to.After(last) {
 				last = s.to
 			}
+			right = max(right, tl.x(s.to), tl.x(s.from)+3)
 		}
 		for _, m := range r.marks {
 			tl.mark(&body, m, mid)
+			right = max(right, tl.x(m.at)+5)
 		}
 		if attempts, first := count(r), firstStart(r); !first.IsZero() && r.key.index >= 0 {
-			note := duration(last.Sub(first))
+			note := brief(last.Sub(first))
 			if attempts > 1 {
 				note += fmt.Sprintf(" · %d attempts", attempts)
 			}
-			body.text(tl.x(last)+8, mid+4, "start", 10, "", "#4b5563", note)
+			body.text(right+6, mid+4, "start", 10, "", "#4b5563", note)
 		}
 		body.raw("</g>\n")
 	}
@@ -517,6 +520,21 @@ func firstStart(r *row) time.Time {
 		return time.Time{}
 	}
 	return r.segs[0].from
+}
+
+// brief writes d to about three significant digits: 87.9ms, 2.6s.
+func brief(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return duration(d.Round(time.Microsecond))
+	case d < 10*time.Millisecond:
+		return duration(d.Round(100 * time.Microsecond))
+	case d < time.Second:
+		return duration(d.Round(time.Millisecond))
+	case d < time.Minute:
+		return duration(d.Round(10 * time.Millisecond))
+	}
+	return duration(d.Round(time.Second))
 }
 
 // niceStep returns a round duration of at least d, for the axis's ticks.
