@@ -86,9 +86,9 @@ func TestSagaPageWithoutRecordedShape(t *testing.T) {
 
 func readAll(t *testing.T, resp *http.Response) string {
 	t.Helper()
-	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
 	return string(b)
 }
 

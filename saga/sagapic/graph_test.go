@@ -2,6 +2,7 @@ package sagapic_test
 
 import (
 	"encoding/xml"
+	"errors"
 	"flag"
 	"io"
 	"os"
@@ -51,7 +52,7 @@ func parseSVG(t *testing.T, svg string) []element {
 	var stack []int
 	for {
 		tok, err := d.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		require.NoError(t, err, "the SVG is not well-formed XML")

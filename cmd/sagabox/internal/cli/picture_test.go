@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -68,7 +69,7 @@ func svgElements(t *testing.T, svg string) []xml.StartElement {
 	var out []xml.StartElement
 	for {
 		tok, err := d.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out
 		}
 		require.NoError(t, err, "not well-formed SVG:\n%s", svg)
