@@ -246,6 +246,8 @@ func TestSagaPicturesInBrowser(t *testing.T) {
 		require.Equal(t, []string{"bar attempt timed-out", "bar backoff ok", "bar attempt ok"},
 			attrs(t, tab, `#timeline g.row[data-step="reserve"][data-phase="action"] .bar`, "class"),
 			"reserve's first attempt timed out; the second, after the backoff, got the reply")
+		require.Equal(t, []string{"mark ignored"}, attrs(t, tab, `#timeline g.row[data-step="reserve"][data-phase="action"] path.mark`, "class"),
+			"the barrier answered the second attempt too: that reply came after the first's and was ignored")
 		require.Equal(t, []string{"bar attempt rejected"}, attrs(t, tab, `#timeline g.row[data-step="ship"] .bar`, "class"))
 		require.Equal(t, []string{"bar compensation ok"}, attrs(t, tab, `#timeline g.row[data-step="charge"][data-phase="compensation"] .bar`, "class"))
 		require.Positive(t, eval[float64](t, tab, `document.querySelector('#timeline svg.sagapic-timeline').getBBox().width`))
