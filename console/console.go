@@ -1,9 +1,11 @@
 // Package console is sagabox's web console: an http.Handler that shows the
 // sagas of an orchestrator's schema (a filtered, paged list and each saga's
 // timeline: steps, attempts, barrier decisions, history, operator actions,
-// trace id), the outbox backlog and dead letters of every schema it is
-// given, and the pending operator requests. Pages are server-rendered from
-// embedded templates: there is nothing to build and no JavaScript.
+// trace id, and two pictures: its definition's graph with its current step
+// highlighted, and its run as a Gantt-like timeline), the outbox backlog and
+// dead letters of every schema it is given, and the pending operator
+// requests. Pages, pictures included, are server-rendered from embedded
+// templates: there is nothing to build and no JavaScript.
 //
 // The console is read-only unless Config.AllowActions is set. Then it
 // offers retry and abort of a saga (recorded as operator requests, which a

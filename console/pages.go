@@ -284,6 +284,7 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 		CanAbort     bool
 		CanTerminate bool
 		CanRestart   bool
+		Pictures     pictures
 	}{
 		Saga: rowOf(s, time.Now()), TraceID: traceID(s.TraceParent), Data: string(data), History: rows,
 		Barrier: marks, BarrierEr: markErrs, Pending: pending, Op: op,
@@ -291,6 +292,7 @@ func (c *console) sagaShow(w http.ResponseWriter, r *http.Request) {
 		CanAbort:     s.Status == saga.StatusRunning || s.Status == saga.StatusQueued,
 		CanTerminate: canTerminate(s.Status),
 		CanRestart:   canRestart(s.Status),
+		Pictures:     c.picturesOf(ctx, s, hist),
 	})
 }
 

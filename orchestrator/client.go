@@ -178,7 +178,8 @@ func (c *Client) wakeRelay() {
 // now returns the Client's clock, in UTC.
 func (c *Client) now() time.Time { return c.cfg.Clock().UTC() }
 
-// Run checks that the schema is migrated, declares the reply queue, then
+// Run checks that the schema is migrated, records the shapes of its
+// definitions in it (see Definitions), declares the reply queue, then
 // applies replies, fires deadlines, publishes the outbox and prunes old rows
 // until ctx is cancelled. It then stops taking replies, waits up to
 // StopTimeout for the replies and sweeps in flight, stops the relay and
@@ -210,6 +211,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("orchestrator: %w", err)
 	}
+	c.recordDefinitions(ctx)
 	spec := transport.QueueSpec{Name: c.cfg.Service, Replies: true, Events: c.awaitedEvents()}
 	err = engine.AwaitReady(ctx, c.log, "declare the reply queue", engine.BrokerTransient, func(ctx context.Context) error {
 		return c.cfg.Broker.Declare(ctx, spec)

@@ -160,6 +160,18 @@ type Executor interface {
 	SagaList(ctx context.Context, f SagaFilter) ([]SagaRecord, error)
 	// SagaHistory returns the history of saga id, oldest first.
 	SagaHistory(ctx context.Context, id uuid.UUID) ([]HistoryRecord, error)
+	// DefinitionUpsert records the shapes of defs (their RegisteredAt and
+	// SeenAt are ignored), seen at now, in one statement: a new name and
+	// version is registered at now, a known one gets its shape and SeenAt
+	// updated. It returns those whose recorded shape was another.
+	DefinitionUpsert(ctx context.Context, defs []DefinitionRecord, now time.Time) ([]SagaKey, error)
+	// DefinitionList returns every recorded definition, by name then
+	// version.
+	DefinitionList(ctx context.Context) ([]DefinitionRecord, error)
+	// DefinitionGet returns the recorded definition sagaType at version, or
+	// at its highest version when version is 0, or an error wrapping
+	// message.ErrNotFound.
+	DefinitionGet(ctx context.Context, sagaType string, version int) (DefinitionRecord, error)
 
 	// BeginDelivery begins t, the delivery of env at a participant, in one
 	// round trip with BEGIN: it records env in the inbox and, for a saga

@@ -167,6 +167,14 @@ type SagaboxSaga struct {
 	Run              int32
 }
 
+type SagaboxSagaDefinition struct {
+	SagaType     string
+	Version      int32
+	Shape        []byte
+	RegisteredAt time.Time
+	SeenAt       time.Time
+}
+
 type SagaboxSagaEvent struct {
 	SagaID     uuid.UUID
 	EventID    string

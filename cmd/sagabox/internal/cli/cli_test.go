@@ -124,6 +124,7 @@ func TestEveryJSONOutputIsOneSchema(t *testing.T) {
 	for _, args := range [][]string{
 		{"saga", "list"},
 		{"saga", "list", "--key", "order-1"},
+		{"saga", "definitions"},
 		{"ops", "list", "--all"},
 		{"outbox", "stats"},
 		{"inbox", "stats"},
@@ -152,6 +153,7 @@ func TestCommandsWithoutJSONRejectJSON(t *testing.T) {
 	for _, args := range [][]string{
 		{"migrate", "print", "saga", "1"},
 		{"bench", "relay"},
+		{"saga", "timeline", "0190c0de-0000-7000-8000-000000000001"},
 	} {
 		r := run(t, append([]string{"--json"}, args...)...)
 		require.Equal(t, cli.ExitUsage, r.code, "%v: %s", args, r.stderr)

@@ -25,9 +25,10 @@ import (
 const ExitPending = 5
 
 func (a *app) sagaCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "saga", Short: "List, show, retry, cancel, terminate and restart sagas"}
+	cmd := &cobra.Command{Use: "saga", Short: "List, show, draw, retry, cancel, terminate and restart sagas"}
 	cmd.AddCommand(a.sagaListCommand(), a.sagaShowCommand(), a.sagaActionCommand("retry"), a.sagaActionCommand("cancel"),
-		a.sagaActionCommand("terminate"), a.sagaActionCommand("restart"), a.sagaBulkCommand())
+		a.sagaActionCommand("terminate"), a.sagaActionCommand("restart"), a.sagaBulkCommand(),
+		a.sagaDefinitionsCommand(), a.sagaGraphCommand(), a.sagaTimelineCommand())
 	return cmd
 }
 

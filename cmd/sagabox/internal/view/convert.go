@@ -43,6 +43,14 @@ func SagaDetailOf(s *orchestrator.Saga, hist []saga.HistoryEntry) Saga {
 	return v
 }
 
+// DefinitionOf returns a recorded definition.
+func DefinitionOf(d *orchestrator.RecordedDefinition) Definition {
+	return Definition{
+		Type: d.Type, Version: d.Version, RegisteredAt: utc(d.RegisteredAt), SeenAt: utc(d.SeenAt),
+		Steps: len(d.Shape.Steps()), Shape: d.Shape,
+	}
+}
+
 // OperationOf returns an operator request with its state.
 func OperationOf(op *orchestrator.Request) Operation {
 	v := Operation{

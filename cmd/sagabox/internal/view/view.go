@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/sagabox/sagabox/saga"
 )
 
 // Error is what a failing command prints to stderr with --json.
@@ -276,4 +278,24 @@ type Bulk struct {
 	First []uuid.UUID `json:"first"`
 	// Requests are the requests recorded (empty in a dry run).
 	Requests []Operation `json:"requests"`
+}
+
+// Definition is a saga definition recorded by an orchestrator: `saga graph
+// --json`, and each entry of `saga definitions`.
+type Definition struct {
+	Type         string    `json:"type"`
+	Version      int       `json:"version"`
+	RegisteredAt time.Time `json:"registered_at"`
+	SeenAt       time.Time `json:"seen_at"`
+	// Steps counts the definition's steps (a group's branches each count).
+	Steps int `json:"steps"`
+	// Shape is the definition's saga.Shape: its steps, groups,
+	// compensations, waits, timeouts and retry policies.
+	Shape saga.Shape `json:"shape"`
+}
+
+// DefinitionList is `saga definitions`.
+type DefinitionList struct {
+	Schema      string       `json:"schema"`
+	Definitions []Definition `json:"definitions"`
 }

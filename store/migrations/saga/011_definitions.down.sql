@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS /* TEMPLATE: schema */sagabox_saga_definition;
