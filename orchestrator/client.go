@@ -213,6 +213,11 @@ func (c *Client) Run(ctx context.Context) error {
 	// only what waiting cannot cure (a schema not migrated, a queue that
 	// exists with other arguments) is returned.
 	err := engine.AwaitReady(ctx, c.log, "check the schema", store.IsConnectionError, func(ctx context.Context) error {
+		// The privileges first: a role that may not read the migration
+		// table learns which GRANTs it lacks, not only that it was refused.
+		if err := c.store.CheckPrivileges(ctx, &store.PrivilegeOpts{LogRelay: c.cfg.Relay.Mode == RelayModeLog}); err != nil {
+			return err
+		}
 		return c.store.CheckSchema(ctx, store.LineMessaging, store.LineSaga)
 	})
 	if err != nil {
