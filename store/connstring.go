@@ -47,10 +47,9 @@ func RedactConnString(connString string) string {
 				u.User = url.UserPassword(u.User.Username(), redacted)
 			}
 		}
-		if u.RawQuery != "" {
-			q := u.Query()
-			for k := range q {
-				if secretKeys[k] {
+		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+			for k := range secretKeys {
+				if q.Has(k) {
 					q.Set(k, redacted)
 				}
 			}
@@ -231,14 +230,17 @@ func ExplainCertificate(connString string, err error) error {
 	var hostErr x509.HostnameError
 	var invalid x509.CertificateInvalidError
 	var what string
+	cause := err
 	switch {
 	case errors.As(err, &unknown):
+		cause = unknown
 		issuer := ""
 		if unknown.Cert != nil {
 			issuer = fmt.Sprintf(" (%s, issued by %s)", certName(unknown.Cert), unknown.Cert.Issuer.CommonName)
 		}
 		what = fmt.Sprintf("the certificate of PostgreSQL at %s%s does not verify against %s: set sslrootcert to the CA that issued it", host, issuer, cas)
 	case errors.As(err, &hostErr):
+		cause = hostErr
 		names := "no host names"
 		if hostErr.Certificate != nil {
 			all := append([]string{}, hostErr.Certificate.DNSNames...)
@@ -249,6 +251,7 @@ func ExplainCertificate(connString string, err error) error {
 		}
 		what = fmt.Sprintf("the certificate of PostgreSQL at %s (verified against %s) is for %s, not for %q: connect with a host name the certificate holds (sslmode=verify-full checks it), or reissue it with that name", host, cas, names, hostErr.Host)
 	case errors.As(err, &invalid):
+		cause = invalid
 		validity := ""
 		if invalid.Cert != nil {
 			validity = fmt.Sprintf(" (valid from %s to %s)", invalid.Cert.NotBefore.UTC().Format(time.RFC3339), invalid.Cert.NotAfter.UTC().Format(time.RFC3339))
@@ -257,7 +260,7 @@ func ExplainCertificate(connString string, err error) error {
 	default:
 		what = fmt.Sprintf("the certificate of PostgreSQL at %s does not verify against %s", host, cas)
 	}
-	return &explainedError{msg: "TLS: " + what + " (" + innermost(err).Error() + ")", err: err}
+	return &explainedError{msg: "TLS: " + what + " (" + cause.Error() + ")", err: err}
 }
 
 // explainedError is an error with a message of its own for a person, that
@@ -270,14 +273,20 @@ type explainedError struct {
 func (e *explainedError) Error() string { return e.msg }
 func (e *explainedError) Unwrap() error { return e.err }
 
-// innermost returns the last error in err's chain of single wraps: the
-// cause, without the wrappers' context.
-func innermost(err error) error {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			return err
-		}
-		err = next
+// ExplainParseError returns err, pgx's error of parsing connString, as an
+// error fit to show: the problem (a file named by sslrootcert, sslcert or
+// sslkey that cannot be read, a setting with a wrong value) without the
+// connection string, whose password pgx's text may hold when the string is
+// malformed. It wraps err.
+func ExplainParseError(connString string, err error) error {
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return err
 	}
+	var urlErr *url.Error
+	inner := pce.Unwrap()
+	if inner == nil || errors.As(inner, &urlErr) {
+		return &explainedError{msg: "not a valid PostgreSQL URL or keyword/value connection string: " + RedactConnString(connString), err: err}
+	}
+	return &explainedError{msg: "connection string " + RedactConnString(connString) + ": " + inner.Error(), err: err}
 }

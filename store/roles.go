@@ -124,6 +124,7 @@ func GrantsSQL(o GrantOpts) (string, error) {
 	if o.LogRelay {
 		line("-- The log relay streams the outbox's inserts from its replication slot. The slot and the")
 		line("-- publication are the owner's: `sagabox relay setup-log --schema %s` (REPLICATION too).", o.Schema)
+		line("-- Only a superuser may give the attribute.")
 		line("ALTER ROLE %s REPLICATION;", role)
 	}
 	return b.String(), nil

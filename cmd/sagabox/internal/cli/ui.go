@@ -38,6 +38,11 @@ func (a *app) uiCommand() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			// Read-only, the console needs the read-only role's grants;
+			// with actions, the runtime role's.
+			if err := st.CheckPrivileges(ctx, &store.PrivilegeOpts{ReadOnly: !allow}); err != nil {
+				return err
+			}
 			if err := st.CheckSchema(ctx, store.LineMessaging, store.LineSaga); err != nil {
 				return err
 			}
