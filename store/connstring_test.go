@@ -1,14 +1,12 @@
 package store_test
 
 import (
-	"math/rand/v2"
-	"net/url"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit/secrettest"
 	"github.com/sagabox/sagabox/store"
 )
 
@@ -41,21 +39,16 @@ func TestRedactConnString(t *testing.T) {
 // still parses as the same connection with another password.
 func TestRedactConnStringrandomPasswords(t *testing.T) {
 	t.Parallel()
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
-	r := rand.New(rand.NewPCG(seed, seed))
+	r := secrettest.Rand(t)
 	for range 500 {
-		pw := randomPassword(r)
-		u := url.URL{Scheme: "postgres", User: url.UserPassword("app", pw), Host: "db.internal:5432", Path: "/shop", RawQuery: "sslmode=verify-full"}
-		dsn := "host=db.internal user=app password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "' dbname=shop"
-		for _, in := range []string{u.String(), dsn} {
+		pw := secrettest.Password(r, secrettest.Runes)
+		dsn := "host=db.internal user=app password=" + secrettest.Quote(pw) + " dbname=shop"
+		for _, in := range []string{secrettest.URL("postgres", "app", pw, "db.internal:5432", "/shop", "sslmode=verify-full"), dsn} {
 			cfg, err := pgx.ParseConfig(in)
 			require.NoError(t, err, "the test's own string parses")
 			require.Equal(t, pw, cfg.Password)
 			got := store.RedactConnString(in)
-			for _, form := range passwordForms(pw) {
-				require.NotContains(t, got, form, "password %q in %q", pw, in)
-			}
+			secrettest.NoLeak(t, got, pw, "RedactConnString("+in+")")
 			red, err := pgx.ParseConfig(got)
 			require.NoError(t, err, got)
 			require.Equal(t, "app", red.User)
@@ -63,26 +56,4 @@ func TestRedactConnStringrandomPasswords(t *testing.T) {
 			require.Equal(t, "shop", red.Database)
 		}
 	}
-}
-
-// passwordRunes are what randomPassword draws from: letters, digits, every
-// character that needs escaping in a URL or quoting in a keyword/value
-// string, and some beyond ASCII.
-var passwordRunes = []rune("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~äé€😀")
-
-// randomPassword returns a password of 16 to 32 characters that starts
-// with a marker no message would hold by chance.
-func randomPassword(r *rand.Rand) string {
-	n := 16 + r.IntN(17)
-	b := []rune("Pw")
-	for range n {
-		b = append(b, passwordRunes[r.IntN(len(passwordRunes))])
-	}
-	return string(b)
-}
-
-// passwordForms are the ways pw may appear in a message: as is, and as
-// URLs escape it.
-func passwordForms(pw string) []string {
-	return []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("u", pw).String()[2:]}
 }

@@ -78,7 +78,7 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 	}
 	dialCtx, cancelDial := context.WithTimeout(ctx, 15*time.Second)
 	defer cancelDial()
-	urls := strings.Split(o.amqpURL, ",")
+	urls := splitURLs(o.amqpURL)
 	broker, err := rabbitmq.New(dialCtx, rabbitmq.Config{
 		URL: urls[0], URLs: urls[1:], Namespace: o.namespace, ConnectionName: "checkout-" + o.service, Logger: log,
 	})
@@ -150,8 +150,30 @@ func (a *app) auditor() *pgxpool.Pool {
 	return a.pool
 }
 
+// splitURLs splits a comma-separated list of AMQP URLs at the commas that
+// start another URL, so that a comma in a password (which a URL need not
+// escape) does not split it.
+func splitURLs(list string) []string {
+	var urls []string
+	for {
+		i := -1
+		for _, scheme := range []string{",amqp://", ",amqps://"} {
+			if j := strings.Index(list, scheme); j >= 0 && (i < 0 || j < i) {
+				i = j
+			}
+		}
+		if i < 0 {
+			return append(urls, list)
+		}
+		urls = append(urls, list[:i])
+		list = list[i+1:]
+	}
+}
+
+// redactURL returns the host of the AMQP URL raw, found without ever
+// taking part of a password for it.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := url.Parse(rabbitmq.RedactURL(raw))
 	if err != nil {
 		return "(invalid URL)"
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -16,7 +17,9 @@ import (
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
+	"github.com/sagabox/sagabox/internal/testkit/secrettest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/store"
@@ -231,4 +234,65 @@ func TestCheckoutUnderRuntimeRoles(t *testing.T) {
 	require.Contains(t, ordersOut.String(), "invariants: OK")
 	stop()
 	running.Wait()
+}
+
+// Random passwords in the example's URLs (and keyword/value strings) never
+// appear in what it prints, whichever way a connection fails, nor in the
+// log lines of a client whose database cannot be reached (captured with a
+// slog handler: the clients log each failed attempt while they wait).
+func TestPasswordsNeverInTheExamplesOutput(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	u, err := url.Parse(dbtest.URL())
+	require.NoError(t, err)
+	amqpHost := strings.TrimSuffix(strings.SplitN(amqptest.URL(t), "@", 2)[1], "/")
+	r := secrettest.Rand(t)
+	for range 5 {
+		pw := secrettest.Password(r, secrettest.Runes)
+		dsn := fmt.Sprintf("host=%s port=%s user=postgres password=%s dbname=%s", u.Hostname(), u.Port(), secrettest.Quote(pw), strings.TrimPrefix(u.Path, "/"))
+		for _, c := range []struct{ name, flag, url, want string }{
+			{"unreachable", "-database-url", secrettest.URL("postgres", "postgres", pw, "127.0.0.1:1", "/x", ""), "PostgreSQL is unreachable at 127.0.0.1:1"},
+			{"unreachable, keyword/value", "-database-url", strings.Replace(dsn, "port="+u.Port(), "port=1", 1), "PostgreSQL is unreachable at 127.0.0.1:1"},
+			{"wrong database", "-database-url", secrettest.URL("postgres", "postgres", pw, u.Host, "/no_such_db", ""), "no_such_db"},
+			{"unparsable", "-database-url", strings.Replace(secrettest.URL("postgres", "postgres", pw, u.Host, "/x", ""), u.Host, "127.0.0.1:port", 1), "not a valid PostgreSQL URL"},
+			{"bad setting, keyword/value", "-database-url", dsn + " connect_timeout=soon", "password=***"},
+			{"audit URL unreachable", "-audit-database-url", secrettest.URL("postgres", "postgres", pw, "127.0.0.1:1", "/x", ""), "PostgreSQL is unreachable at 127.0.0.1:1"},
+			{"broker refuses the password", "-amqp-url", secrettest.URL("amqp", "guest", pw, amqpHost, "/", ""), "check the user name, password and vhost"},
+			{"broker unreachable", "-amqp-url", secrettest.URL("amqp", "guest", pw, "127.0.0.1:1", "/", ""), "is RabbitMQ running?"},
+			{"broker URL unparsable", "-amqp-url", strings.Replace(secrettest.URL("amqp", "guest", pw, amqpHost, "/", ""), amqpHost, "127.0.0.1:port", 1), "not a valid URL"},
+		} {
+			var out, errOut bytes.Buffer
+			code := run(ctx, []string{"-orders", "1", c.flag, c.url}, &out, &errOut)
+			require.NotEqual(t, 0, code, c.name)
+			require.Contains(t, errOut.String(), c.want, c.name)
+			secrettest.NoLeak(t, out.String()+errOut.String(), pw, c.name)
+		}
+	}
+
+	// A client waiting for a database it cannot reach logs each attempt.
+	pw := secrettest.Password(r, secrettest.Runes)
+	for _, dbURL := range []string{
+		secrettest.URL("postgres", "app", pw, "127.0.0.1:1", "/shop", ""),
+		"host=127.0.0.1 port=1 user=app dbname=shop password=" + secrettest.Quote(pw),
+	} {
+		pool, err := pgxpool.New(ctx, dbURL)
+		require.NoError(t, err)
+		var logs lockedBuffer
+		b := amqptest.NewBroker(t, rabbitmq.Config{})
+		c, err := participant.NewClient(participant.Config{Pool: pool, Broker: b, Schema: "shop_inventory", Service: "inventory",
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		require.NoError(t, err)
+		inventory.New("shop_inventory").Register(c)
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		require.Eventually(t, func() bool { return strings.Count(logs.String(), "not reachable yet") >= 2 },
+			time.Minute, 20*time.Millisecond, "the client logs its failed attempts:\n%s", logs.String())
+		stop()
+		require.NoError(t, <-done)
+		pool.Close()
+		require.Contains(t, logs.String(), "user=app database=shop")
+		secrettest.NoLeak(t, logs.String(), pw, "the client's log")
+	}
 }

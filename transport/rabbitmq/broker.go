@@ -530,16 +530,21 @@ func redactErr(rawURL string, err error) error {
 	return &redactedError{msg: msg, err: err}
 }
 
-// redactURL returns rawURL with its password replaced by "***".
+// redactURL returns rawURL with its password replaced by "***". A URL that
+// cannot be parsed, or whose '@' the parser did not take for the end of the
+// user information (a password with an unescaped '/', '?' or '#'), keeps
+// only what follows its last '@': a password cannot be told apart there.
 func redactURL(rawURL string) string {
 	u, err := url.Parse(rawURL)
-	if err != nil {
-		// Do not echo what we cannot parse: it may hold a password.
+	if err != nil || (strings.Contains(rawURL, "@") && (u.User == nil || strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, "@"))) {
 		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
 			if j := strings.Index(rawURL, "://"); j >= 0 && j < i {
 				return rawURL[:j+3] + "***" + rawURL[i:]
 			}
 			return "***" + rawURL[i:]
+		}
+		if err != nil {
+			return "(a URL that cannot be parsed)"
 		}
 		return rawURL
 	}
