@@ -155,25 +155,64 @@ func TestCheckoutOverTLS(t *testing.T) {
 // grants is refused at start with the GRANTs it lacks.
 func TestCheckoutUnderRuntimeRoles(t *testing.T) {
 	t.Parallel()
+	common := isolated(t)
+	runUnderRoles(t, dbtest.Pool(t), dbtest.URL(), common, common[3], "poll")
+}
+
+// The same with every relay in log mode, on a private cluster with
+// wal_level = logical: the owner creates the publications and slots
+// (-setup-only), the runtime roles get REPLICATION (GrantOpts.LogRelay) and
+// stream from them; a role without it is refused at start with the ALTER
+// ROLE it needs.
+func TestCheckoutUnderRuntimeRolesWithLogRelay(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{Settings: map[string]string{"wal_level": "logical"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pg.Close()) })
+	owner, err := pgxpool.New(ctx, pg.URL())
+	require.NoError(t, err)
+	t.Cleanup(owner.Close)
+	common := append([]string{"-database-url", pg.URL(), "-schema-prefix", "roles_"}, isolatedQueues(t)...)
+	runUnderRoles(t, owner, pg.URL(), common, "roles_", "log")
+}
+
+// urlAs returns base with role as its user.
+func urlAs(t *testing.T, base, role string) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	return u.String()
+}
+
+// runUnderRoles runs the example with every service as a runtime role of
+// its own on the database of baseURL (owner: a pool there as the owner),
+// with common flags, schemas named prefix+service and the relay in
+// relayMode.
+func runUnderRoles(t *testing.T, owner *pgxpool.Pool, baseURL string, common []string, prefix, relayMode string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	common := isolated(t)
-	prefix := common[3]
-	owner := dbtest.Pool(t)
+	logRelay := relayMode == "log"
+	common = append(append([]string{}, common...), "-relay-mode", relayMode, "-v")
 
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(ctx, append(common, "-setup-only"), &out, &errOut), "setup:\n%s\n%s", out.String(), errOut.String())
 	roles := map[string]string{}
 	for _, svc := range services {
 		roles[svc] = dbtest.Role(t, owner)
-		sql, err := store.GrantsSQL(store.GrantOpts{Schema: prefix + svc, Role: roles[svc]})
+		sql, err := store.GrantsSQL(store.GrantOpts{Schema: prefix + svc, Role: roles[svc], PrivilegeOpts: store.PrivilegeOpts{LogRelay: logRelay}})
 		require.NoError(t, err)
 		_, err = owner.Exec(ctx, sql)
 		require.NoError(t, err, sql)
 	}
 
 	// A service reads its own tables, and no other service's.
-	asInventory := dbtest.PoolAs(t, roles["inventory"])
+	asInventory, err := pgxpool.New(ctx, urlAs(t, baseURL, roles["inventory"]))
+	require.NoError(t, err)
+	defer asInventory.Close()
 	var n int
 	require.NoError(t, asInventory.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q.stock`, prefix+"inventory")).Scan(&n))
 	for _, sql := range []string{
@@ -186,26 +225,41 @@ func TestCheckoutUnderRuntimeRoles(t *testing.T) {
 		require.True(t, store.IsInsufficientPrivilege(err), "%s: %v", sql, err)
 	}
 
-	// A role without its grants is refused at start, with what it lacks.
+	// A role without its grants is refused at start, with what it lacks;
+	// with the runtime grants but no REPLICATION, a log relay's role is
+	// told to get it.
 	stranger := dbtest.Role(t, owner)
+	if logRelay {
+		sql, err := store.GrantsSQL(store.GrantOpts{Schema: prefix + "shipping", Role: stranger})
+		require.NoError(t, err)
+		_, err = owner.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
 	out.Reset()
 	errOut.Reset()
-	code := run(ctx, append(append([]string{}, common...), "-service", "shipping", "-setup=false", "-database-url", dbtest.URLAs(t, stranger)), &out, &errOut)
+	code := run(ctx, append(append([]string{}, common...), "-service", "shipping", "-setup=false", "-database-url", urlAs(t, baseURL, stranger)), &out, &errOut)
 	require.Equal(t, 1, code, errOut.String())
-	require.Contains(t, errOut.String(), fmt.Sprintf(`GRANT USAGE ON SCHEMA %q TO %q`, prefix+"shipping", stranger))
-	require.Contains(t, errOut.String(), fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %q."sagabox_outbox" TO %q`, prefix+"shipping", stranger))
+	if logRelay {
+		require.Contains(t, errOut.String(), fmt.Sprintf(`ALTER ROLE %q REPLICATION`, stranger))
+		require.NotContains(t, errOut.String(), "GRANT ")
+	} else {
+		require.Contains(t, errOut.String(), fmt.Sprintf(`GRANT USAGE ON SCHEMA %q TO %q`, prefix+"shipping", stranger))
+		require.Contains(t, errOut.String(), fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %q."sagabox_outbox" TO %q`, prefix+"shipping", stranger))
+	}
 
 	runID := "roles" + dbtest.SchemaName(t)[2:8]
 	webhook := freeAddr(t)
 	args := func(svc string) []string {
 		return append(append([]string{}, common...), "-service", svc, "-setup=false", "-run-id", runID, "-orders", "16", "-fail-rate", "0.5",
-			"-database-url", dbtest.URLAs(t, roles[svc]), "-webhook-addr", webhook, "-webhook-url", "http://"+webhook+"/webhooks/payment")
+			"-database-url", urlAs(t, baseURL, roles[svc]), "-webhook-addr", webhook, "-webhook-url", "http://"+webhook+"/webhooks/payment")
 	}
 	participants, stop := context.WithCancel(ctx)
 	defer stop()
 	var running sync.WaitGroup
+	logs := map[string]*lockedBuffer{}
 	for _, svc := range services[1:] {
 		var buf lockedBuffer
+		logs[svc] = &buf
 		done := make(chan int, 1)
 		running.Add(1)
 		go func() {
@@ -225,13 +279,22 @@ func TestCheckoutUnderRuntimeRoles(t *testing.T) {
 			time.Minute, 20*time.Millisecond, "%s did not start:\n%s", svc, buf.String())
 	}
 	var ordersOut lockedBuffer
-	code = run(ctx, append(args("orders"), "-audit-database-url", dbtest.URL()), &ordersOut, &ordersOut)
+	code = run(ctx, append(args("orders"), "-audit-database-url", baseURL), &ordersOut, &ordersOut)
 	require.Equal(t, 0, code, ordersOut.String())
 	s := parseSummary(t, ordersOut.String())
 	require.Equal(t, summary{sagas: 16, completed: s.completed, compensated: 16 - s.completed}, s, ordersOut.String())
 	require.Positive(t, s.completed)
 	require.Positive(t, s.compensated)
 	require.Contains(t, ordersOut.String(), "invariants: OK")
+	if logRelay {
+		// Each relay streamed from its slot as its role: REPLICATION was
+		// what it needed, and enough.
+		logs["orders"] = &ordersOut
+		for svc, buf := range logs {
+			require.Contains(t, buf.String(), "relay reading the replication slot", svc)
+			require.NotContains(t, buf.String(), "relay lost its replication stream", svc)
+		}
+	}
 	stop()
 	running.Wait()
 }
