@@ -192,6 +192,14 @@ func trustedCAs(connString string) string {
 	return fmt.Sprintf("the CA in sslrootcert=%s (%s)", root, strings.Join(names, ", "))
 }
 
+// issuerName names the CA that issued c.
+func issuerName(c *x509.Certificate) string {
+	if c.Issuer.CommonName != "" {
+		return c.Issuer.CommonName
+	}
+	return c.Issuer.String()
+}
+
 func certName(c *x509.Certificate) string {
 	if c.Subject.CommonName != "" {
 		return c.Subject.CommonName
@@ -236,7 +244,7 @@ func ExplainCertificate(connString string, err error) error {
 		cause = unknown
 		issuer := ""
 		if unknown.Cert != nil {
-			issuer = fmt.Sprintf(" (%s, issued by %s)", certName(unknown.Cert), unknown.Cert.Issuer.CommonName)
+			issuer = fmt.Sprintf(" (issued by %s)", issuerName(unknown.Cert))
 		}
 		what = fmt.Sprintf("the certificate of PostgreSQL at %s%s does not verify against %s: set sslrootcert to the CA that issued it", host, issuer, cas)
 	case errors.As(err, &hostErr):

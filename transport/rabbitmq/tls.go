@@ -230,7 +230,7 @@ func (ep *endpoint) tlsHint(err error, verified bool) string {
 	case errors.As(err, &unknown):
 		issuer := ""
 		if unknown.Cert != nil {
-			issuer = fmt.Sprintf(" (%s, issued by %s)", subjectName(unknown.Cert), unknown.Cert.Issuer.CommonName)
+			issuer = fmt.Sprintf(" (issued by %s)", unknown.Cert.Issuer.CommonName)
 		}
 		return fmt.Sprintf("; TLS: the certificate of the broker at %s%s does not verify against %s: name the CA that issued it in the URL's cacertfile (or Config.TLS.RootCAs)",
 			ep.host, issuer, ep.ca)

@@ -15,6 +15,7 @@ import (
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
+	"github.com/sagabox/sagabox/store"
 )
 
 // withQuery returns rawURL with its query parameters set from kv pairs.
@@ -175,14 +176,30 @@ func TestRolesPrint(t *testing.T) {
 }
 
 // The console started read-only by a role without its grants refuses to
-// start, with the GRANTs it lacks.
+// start, with the GRANTs it lacks, in its schema and in each messaging
+// schema it shows.
 func TestUIChecksThePrivileges(t *testing.T) {
 	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	db := dbtest.Store(t)
+	participant := dbtest.StoreOnPool(t, db.Pool, store.LineMessaging)
 	role := dbtest.Role(t, db.Pool)
-	r := runBroker(t, "--database-url", dbtest.URLAs(t, role), "--schema", db.Store.Schema(), "ui", "--addr", "127.0.0.1:0")
+	ui := func() result {
+		return runBroker(t, "--database-url", dbtest.URLAs(t, role), "--schema", db.Store.Schema(), "ui", "--addr", "127.0.0.1:0",
+			"--messaging-schema", participant.Store.Schema())
+	}
+	r := ui()
 	require.Equal(t, cli.ExitError, r.code)
 	require.Contains(t, r.stderr, "lacks what a read-only role needs")
 	require.Contains(t, r.stderr, fmt.Sprintf(`GRANT SELECT ON %q."sagabox_saga_v" TO %q`, db.Store.Schema(), role))
 	require.Contains(t, r.stderr, "--read-only")
+
+	sql, err := store.GrantsSQL(store.GrantOpts{Schema: db.Store.Schema(), Role: role, PrivilegeOpts: store.PrivilegeOpts{ReadOnly: true}})
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, sql)
+	require.NoError(t, err)
+	r = ui()
+	require.Equal(t, cli.ExitError, r.code)
+	require.Contains(t, r.stderr, fmt.Sprintf(`GRANT USAGE ON SCHEMA %q TO %q`, participant.Store.Schema(), role))
 }
