@@ -30,6 +30,12 @@
 // "shop.inventory.retry.1s", ".retry.5s", ".retry.30s" and ".retry.2m"
 // (the shortest not below the delay asked for), acknowledges the original,
 // and the copy expires back into "shop.inventory". See RetryDelays.
+//
+// TLS: an amqps:// URL connects over TLS and verifies the broker's
+// certificate, with the CA and client certificate named by the URL's query
+// parameters (cacertfile, certfile, keyfile) or by Config.TLS; nothing
+// falls back to plain text (see Config.URL). Passwords never appear in the
+// broker's errors or logs (RedactURL).
 package rabbitmq
 
 import (
