@@ -258,17 +258,21 @@ func (ep *endpoint) tlsHint(err error, verified bool) string {
 	return ""
 }
 
-// closedByPeer reports whether err says the connection broke (reset,
-// closed, or a frame that could not be read) rather than that the broker
-// answered the handshake with a refusal of its own.
+// closedByPeer reports whether err, the failure of a dial whose TLS
+// handshake went through, says the connection broke (reset, closed, a frame
+// that could not be read) rather than that the broker answered the AMQP
+// handshake with a refusal of its own (a wrong password or vhost).
 func closedByPeer(err error) bool {
 	var amqpErr *amqp.Error
 	if errors.As(err, &amqpErr) {
-		return amqpErr.Code == amqp.FrameError
+		// A frame that could not be read, or the library's "connection is
+		// not open" (ErrClosed): the peer closed the connection while the
+		// AMQP handshake, before any channel, waited for it.
+		return amqpErr.Code == amqp.FrameError || amqpErr.Code == amqp.ChannelError
 	}
 	var opErr *net.OpError
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &opErr)
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &opErr)
 }
 
 func ipStrings(ips []net.IP) []string {
