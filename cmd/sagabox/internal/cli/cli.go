@@ -230,7 +230,8 @@ func (a *app) privilegeHint(err error) error {
 		user = cfg.ConnConfig.User
 	}
 	return fmt.Errorf("%w; role %s may not do this in schema %s: inspection needs the read-only role's grants "+
-		"(sagabox roles print --schema %s --role %s --read-only), operator actions the runtime role's (drop --read-only)",
+		"(sagabox roles print --schema %s --role %s --read-only), operator actions the runtime role's (drop --read-only), "+
+		"migrations and relay set-up the schema's owner",
 		err, user, a.schema, a.schema, user)
 }
 
