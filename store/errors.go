@@ -49,7 +49,7 @@ func interpretError(err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, mark := range []error{driver.ErrConflict, driver.ErrConnection, driver.ErrDataRefused} {
+	for _, mark := range []error{driver.ErrConflict, driver.ErrConnection, driver.ErrDataRefused, driver.ErrPrivilege} {
 		if errors.Is(err, mark) {
 			return err
 		}
@@ -75,6 +75,8 @@ func classify(err error) error {
 			return driver.ErrConnection
 		case strings.HasPrefix(pgErr.Code, "22"), strings.HasPrefix(pgErr.Code, "54"):
 			return driver.ErrDataRefused
+		case pgErr.Code == sqlstateInsufficientPrivilege:
+			return driver.ErrPrivilege
 		}
 		return nil
 	}
@@ -103,7 +105,13 @@ func (e *markedError) Unwrap() []error { return []error{e.err, e.mark} }
 // lostConn returns err, the error of a statement on conn, marked with
 // driver.ErrConnection when pgx closed conn: the statement did not fail, its
 // connection did.
+//
+// It also marks a statement the server refused for want of a privilege
+// with the role and what to do about it (ErrInsufficientPrivilege).
 func lostConn(conn *pgx.Conn, err error) error {
+	if conn != nil {
+		err = refused(conn.Config().User, err)
+	}
 	if err == nil || conn == nil || !conn.IsClosed() || errors.Is(err, driver.ErrConnection) {
 		return interpretError(err)
 	}
@@ -113,6 +121,49 @@ func lostConn(conn *pgx.Conn, err error) error {
 		return err
 	}
 	return &markedError{err: fmt.Errorf("database connection lost: %w", err), mark: driver.ErrConnection}
+}
+
+// ErrInsufficientPrivilege is wrapped by the errors of CheckPrivileges and
+// of statements the server refused for want of a privilege (SQLSTATE 42501,
+// see IsInsufficientPrivilege): the role the client connects as lacks a
+// grant that sagabox's role layout gives it (docs/operations.md,
+// "Security"; `sagabox roles print` prints the grants).
+var ErrInsufficientPrivilege = errors.New("insufficient privilege")
+
+// IsInsufficientPrivilege reports whether err is PostgreSQL refusing a
+// statement or a connection for want of a privilege: SQLSTATE 42501
+// (insufficient_privilege), e.g. a SELECT on another service's table, a
+// CREATE by a runtime role, or a connection to a database the role has no
+// CONNECT privilege on.
+func IsInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == sqlstateInsufficientPrivilege
+}
+
+const sqlstateInsufficientPrivilege = "42501"
+
+// privilegeError is a statement's error of insufficient privilege with the
+// role that was refused and what to do.
+type privilegeError struct {
+	role string
+	err  error
+}
+
+func (e *privilegeError) Error() string {
+	return fmt.Sprintf("%v: role %q lacks a privilege on the object named there; grant it what its part needs "+
+		"(print a service's grants with `sagabox roles print --schema SCHEMA --role %s`, see docs/operations.md, \"Security\"; "+
+		"a client lists the exact GRANTs it misses when it starts)", e.err, e.role, e.role)
+}
+
+func (e *privilegeError) Unwrap() []error { return []error{e.err, ErrInsufficientPrivilege} }
+
+// refused returns err marked with ErrInsufficientPrivilege and a hint that
+// names role when the server refused it for want of a privilege.
+func refused(role string, err error) error {
+	if err == nil || !IsInsufficientPrivilege(err) || errors.Is(err, ErrInsufficientPrivilege) {
+		return err
+	}
+	return &privilegeError{role: role, err: err}
 }
 
 // isUndefined reports whether err says a table or schema does not exist
@@ -160,14 +211,25 @@ const (
 	ConnectRoleRejected
 	// ConnectNoDatabase: the database does not exist (3D000).
 	ConnectNoDatabase
+	// ConnectCertificate: TLS: the server's certificate did not verify
+	// (an unknown CA, another host name, expired); ExplainCertificate says
+	// which server, which CA and what to do.
+	ConnectCertificate
+	// ConnectPermissionDenied: the role may not connect to the database
+	// (42501: no CONNECT privilege on it).
+	ConnectPermissionDenied
 )
 
 // ClassifyConnect says why err, an error of connecting or pinging, failed:
-// by SQLSTATE when the server answered, and by pgx's connect error type
-// when none did; never by message text.
+// by SQLSTATE when the server answered, by the x509 error types when TLS
+// did not verify the server, and by pgx's connect error type when none
+// answered; never by message text.
 func ClassifyConnect(err error) ConnectProblem {
 	if err == nil {
 		return ConnectOther
+	}
+	if isCertificateError(err) {
+		return ConnectCertificate
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -178,6 +240,8 @@ func ClassifyConnect(err error) ConnectProblem {
 			return ConnectRoleRejected
 		case "3D000":
 			return ConnectNoDatabase
+		case sqlstateInsufficientPrivilege:
+			return ConnectPermissionDenied
 		}
 		if IsConnectionError(err) {
 			return ConnectUnreachable

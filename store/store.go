@@ -105,9 +105,14 @@ func NewExecutor(pool *pgxpool.Pool, schema string) (driver.Executor, error) {
 // executor implements driver.Executor on a Store.
 type executor struct{ *Store }
 
-// SchemaCheck implements driver.Executor.
-func (s *executor) SchemaCheck(ctx context.Context, sagas bool) error {
-	if sagas {
+// SchemaCheck implements driver.Executor: the privileges first, so that a
+// role that may not read the migration table learns which GRANTs it lacks,
+// not only that it was refused.
+func (s *executor) SchemaCheck(ctx context.Context, needs driver.SchemaNeeds) error {
+	if err := s.CheckPrivileges(ctx, &PrivilegeOpts{LogRelay: needs.LogRelay}); err != nil {
+		return err
+	}
+	if needs.Sagas {
 		return s.CheckSchema(ctx, LineMessaging, LineSaga)
 	}
 	return s.CheckSchema(ctx, LineMessaging)

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagabox/sagabox/internal/testkit/servers"
+	"github.com/sagabox/sagabox/store"
 )
 
 func main() {
@@ -258,7 +259,7 @@ func (r *runner) startServers(ctx context.Context) error {
 	}
 	cfg, err := pgxpool.ParseConfig(r.pg.URL())
 	if err != nil {
-		return fmt.Errorf("parse the database URL: %w", err)
+		return fmt.Errorf("parse the database URL: %w", store.ExplainParseError(r.pg.URL(), err))
 	}
 	cfg.MaxConns = 4
 	if r.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {

@@ -34,7 +34,9 @@ type app struct {
 	log    *slog.Logger
 	pool   *pgxpool.Pool
 	broker *rabbitmq.Broker
-	obs    *observability
+	// audit is the auditor's pool (-audit-database-url); nil: pool.
+	audit *pgxpool.Pool
+	obs   *observability
 
 	orders    *orders.Service
 	inventory *inventory.Service
@@ -60,9 +62,48 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 		shipping:  shipping.New(o.schemaPrefix + contract.ServiceShipping),
 		loyalty:   loyalty.New(o.schemaPrefix + contract.ServiceLoyalty),
 	}
-	cfg, err := pgxpool.ParseConfig(o.databaseURL)
+	pool, err := openPool(ctx, "-database-url", o.databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("-database-url is not a PostgreSQL URL: %w", err)
+		return nil, err
+	}
+	a.pool = pool
+	if o.setupOnly {
+		return a, nil
+	}
+	if o.auditURL != "" {
+		if a.audit, err = openPool(ctx, "-audit-database-url", o.auditURL); err != nil {
+			a.close()
+			return nil, err
+		}
+	}
+	dialCtx, cancelDial := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelDial()
+	urls := splitURLs(o.amqpURL)
+	broker, err := rabbitmq.New(dialCtx, rabbitmq.Config{
+		URL: urls[0], URLs: urls[1:], Namespace: o.namespace, ConnectionName: "checkout-" + o.service, Logger: log,
+	})
+	if err != nil {
+		a.close()
+		hosts := make([]string, len(urls))
+		for i, u := range urls {
+			hosts[i] = redactURL(u)
+		}
+		return nil, fmt.Errorf("cannot connect to RabbitMQ at %s: %w", strings.Join(hosts, ", "), err)
+	}
+	a.broker = broker
+	if a.obs, err = newObservability(o, out); err != nil {
+		a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// openPool opens a pool on the PostgreSQL of url (the value of flag) and
+// checks that it answers. Its errors never hold the URL's password.
+func openPool(ctx context.Context, flag, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, store.ExplainParseError(url, err))
 	}
 	cfg.MaxConns = 16
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -73,29 +114,16 @@ func newApp(ctx context.Context, o *options, out io.Writer, log *slog.Logger) (*
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL is unreachable at %s:%d (%w); is it running? %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err, pgStartHint)
-	}
-	a.pool = pool
-	dialCtx, cancelDial := context.WithTimeout(ctx, 15*time.Second)
-	defer cancelDial()
-	urls := strings.Split(o.amqpURL, ",")
-	broker, err := rabbitmq.New(dialCtx, rabbitmq.Config{
-		URL: urls[0], URLs: urls[1:], Namespace: o.namespace, ConnectionName: "checkout-" + o.service, Logger: log,
-	})
-	if err != nil {
-		pool.Close()
-		hosts := make([]string, len(urls))
-		for i, u := range urls {
-			hosts[i] = redactURL(u)
+		host := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+		switch store.ClassifyConnect(err) {
+		case store.ConnectUnreachable:
+			return nil, fmt.Errorf("PostgreSQL is unreachable at %s (%w); is it running? %s", host, err, pgStartHint)
+		case store.ConnectCertificate:
+			return nil, fmt.Errorf("cannot connect to PostgreSQL at %s (%s): %w", host, flag, store.ExplainCertificate(url, err))
 		}
-		return nil, fmt.Errorf("RabbitMQ is unreachable at %s: %w", strings.Join(hosts, ", "), err)
+		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s (%s): %w", host, flag, err)
 	}
-	a.broker = broker
-	if a.obs, err = newObservability(o, out); err != nil {
-		a.close()
-		return nil, err
-	}
-	return a, nil
+	return pool, nil
 }
 
 func (a *app) close() {
@@ -108,10 +136,44 @@ func (a *app) close() {
 	if a.pool != nil {
 		a.pool.Close()
 	}
+	if a.audit != nil {
+		a.audit.Close()
+	}
 }
 
+// auditor returns the pool of the auditor, which reads every service's
+// schema.
+func (a *app) auditor() *pgxpool.Pool {
+	if a.audit != nil {
+		return a.audit
+	}
+	return a.pool
+}
+
+// splitURLs splits a comma-separated list of AMQP URLs at the commas that
+// start another URL, so that a comma in a password (which a URL need not
+// escape) does not split it.
+func splitURLs(list string) []string {
+	var urls []string
+	for {
+		i := -1
+		for _, scheme := range []string{",amqp://", ",amqps://"} {
+			if j := strings.Index(list, scheme); j >= 0 && (i < 0 || j < i) {
+				i = j
+			}
+		}
+		if i < 0 {
+			return append(urls, list)
+		}
+		urls = append(urls, list[:i])
+		list = list[i+1:]
+	}
+}
+
+// redactURL returns the host of the AMQP URL raw, found without ever
+// taking part of a password for it.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := url.Parse(rabbitmq.RedactURL(raw))
 	if err != nil {
 		return "(invalid URL)"
 	}
@@ -232,8 +294,14 @@ type runner interface{ Run(context.Context) error }
 
 // run runs this process's part of the example.
 func (a *app) run(ctx context.Context) error {
-	if err := a.setup(ctx); err != nil {
-		return err
+	if a.o.setup || a.o.setupOnly {
+		if err := a.setup(ctx); err != nil {
+			return err
+		}
+	}
+	if a.o.setupOnly {
+		fmt.Fprintf(a.out, "checkout: %s set up\n", strings.Join(a.services(), ", "))
+		return nil
 	}
 	plan := newPlan(a.o.runID, a.o.orders, a.o.failRate)
 	var runners []runner

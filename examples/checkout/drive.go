@@ -306,7 +306,8 @@ func (a *app) timeline(ctx context.Context, orch *orchestrator.Client, id uuid.U
 
 // checkInvariants audits the business state of every service for this run's
 // orders. It reads all five schemas on purpose: it is the example's auditor,
-// not a service (services never read each other's tables).
+// not a service (services never read each other's tables), and it reads
+// them through -audit-database-url when that is given: a role that may.
 func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status) error {
 	var completed, compensated, undeliverable []string
 	completedQty := 0
@@ -339,7 +340,7 @@ func (a *app) checkInvariants(ctx context.Context, p *plan, status []saga.Status
 			"{payment}", quoteIdent(a.payment.Schema()), "{shipping}", quoteIdent(a.shipping.Schema()),
 			"{loyalty}", quoteIdent(a.loyalty.Schema()),
 		).Replace(query)
-		if err := a.pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+		if err := a.auditor().QueryRow(ctx, query, args...).Scan(&n); err != nil {
 			problems = append(problems, fmt.Sprintf("query failed: %v", err))
 		}
 		return n

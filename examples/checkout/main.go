@@ -51,6 +51,7 @@ type options struct {
 	rate         float64
 	failRate     float64
 	databaseURL  string
+	auditURL     string
 	amqpURL      string
 	service      string
 	runID        string
@@ -61,6 +62,8 @@ type options struct {
 	trace        bool
 	verbose      bool
 	relayMode    string
+	setup        bool
+	setupOnly    bool
 
 	confirmTimeout time.Duration
 	webhookAddr    string
@@ -84,8 +87,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.place, "place", true, "orders service: place the orders and wait for their sagas (false: only run the orchestrator, as a further instance)")
 	fs.Float64Var(&o.rate, "rate", 0, "orders placed per second (0: as fast as they go)")
 	fs.Float64Var(&o.failRate, "fail-rate", 0.3, "fraction of orders planned to be compensated (0..1, rounded to a number of orders): rejected by inventory, payment or shipping, or never confirmed by the payment provider")
-	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), "PostgreSQL URL (env DATABASE_URL)")
-	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL, or comma-separated URLs of the nodes of a cluster, tried in turn (env AMQP_URL)")
+	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"), "PostgreSQL URL, given to pgx as it is; TLS: sslmode=verify-full&sslrootcert=CA.pem[&sslcert=…&sslkey=…] (env DATABASE_URL)")
+	fs.StringVar(&o.auditURL, "audit-database-url", "", "orders service: the PostgreSQL URL of the auditor that checks the invariants across every service's schema, a role that may read them all (default: -database-url)")
+	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL, or comma-separated URLs of the nodes of a cluster, tried in turn; TLS: amqps://…?cacertfile=CA.pem[&certfile=…&keyfile=…] (env AMQP_URL)")
+	fs.BoolVar(&o.setup, "setup", true, "apply the migrations and create the tables of this process's services before running them (false: they are set up already, by -setup-only as the schemas' owner; a service's runtime role may create nothing)")
+	fs.BoolVar(&o.setupOnly, "setup-only", false, "apply the migrations and create the tables of this process's services, then exit (run it as the schemas' owner)")
 	fs.StringVar(&o.service, "service", "all", "which service to run: all, orders, inventory, payment, shipping or loyalty")
 	fs.StringVar(&o.runID, "run-id", "", "identifies this run's customers and products; processes of one run share it (default: random)")
 	fs.StringVar(&o.namespace, "namespace", "checkout", "RabbitMQ namespace (prefix of exchanges and queues)")

@@ -161,7 +161,7 @@ func TestCheckoutUnreachableServices(t *testing.T) {
 		code := run(context.Background(), []string{"-database-url", dbtest.URL(), "-amqp-url", "amqp://guest:s3cret@127.0.0.1:1/"}, &out, &errOut)
 		require.Equal(t, 1, code)
 		msg := errOut.String()
-		require.Contains(t, msg, "RabbitMQ is unreachable at 127.0.0.1:1")
+		require.Contains(t, msg, "cannot connect to RabbitMQ at 127.0.0.1:1")
 		require.Contains(t, msg, "rabbitmq-server -detached")
 		require.NotContains(t, msg, "s3cret")
 	})

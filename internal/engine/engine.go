@@ -425,12 +425,20 @@ func (e *Engine) settle(ctx context.Context, d *transport.Delivery, res Result, 
 		// Shutting down past the stop timeout: not the message's fault.
 		e.log.Info("delivery cancelled by shutdown; it will be redelivered", logAttrs(d)...)
 		return transport.Retry(0), telemetry.Handled{Outcome: telemetry.OutcomeRetry, Cause: telemetry.CauseShutdown, Err: err}
-	case errors.Is(e.cfg.DB.InterpretError(err), driver.ErrConnection):
-		// The database is restarting or unreachable: not the message's
-		// fault, so it does not count against its attempts.
+	case infraFailure(e.cfg.DB.InterpretError(err)):
+		// The database is restarting or unreachable, or refuses the role
+		// a privilege an operator has to grant: not the message's fault,
+		// so it does not count against its attempts.
 		return e.infraRetry(ctx, d, err)
 	}
 	return e.failed(ctx, d, err)
+}
+
+// infraFailure reports whether err, marked by the driver, is the
+// database's failure rather than the message's: a connection lost or
+// refused, or a privilege the role lacks.
+func infraFailure(err error) bool {
+	return errors.Is(err, driver.ErrConnection) || errors.Is(err, driver.ErrPrivilege)
 }
 
 // process runs Process, again at once while it fails with a serialization

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/relay"
 	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/transport"
 )
@@ -135,11 +136,13 @@ func (g *RunGuard) With(fn func(running bool)) {
 }
 
 // AwaitSchema waits until the client's schema is reachable and checks that
-// it is migrated (the saga tables too when the engine keeps sagas),
-// logging and retrying while the database is down or restarting. It
-// returns the check's error when the schema is not migrated (it names the
-// command to run), and ctx's when ctx ends first.
+// its role has the privileges it needs and that it is migrated (the saga
+// tables too when the engine keeps sagas), logging and retrying while the
+// database is down or restarting. It returns the check's error when a grant
+// is missing or the schema is not migrated (it names what to run), and
+// ctx's when ctx ends first.
 func (e *Engine) AwaitSchema(ctx context.Context) error {
+	needs := driver.SchemaNeeds{Sagas: e.cfg.KeepsSagas, LogRelay: e.cfg.Relay.Mode == relay.ModeLog}
 	return AwaitReady(ctx, e.log, "check the schema", func(err error) bool { return errors.Is(err, driver.ErrConnection) },
-		func(ctx context.Context) error { return e.cfg.DB.SchemaCheck(ctx, e.cfg.KeepsSagas) })
+		func(ctx context.Context) error { return e.cfg.DB.SchemaCheck(ctx, needs) })
 }

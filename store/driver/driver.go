@@ -50,10 +50,13 @@ type Executor interface {
 	// Begin returns a transaction that begins with its first operation; it
 	// acquires a connection then. opts may be nil.
 	Begin(opts *BeginOpts) Tx
-	// SchemaCheck returns an error wrapping ErrSchemaOutdated, which names
-	// the command to run, unless the schema holds the messaging tables at
-	// their latest version, and with sagas the saga tables too.
-	SchemaCheck(ctx context.Context, sagas bool) error
+	// SchemaCheck checks that the schema is ready for a client that needs
+	// what needs says: the role it connects as has the privileges of its
+	// part (an error naming the missing GRANTs otherwise), and the schema
+	// holds the messaging tables at their latest version, and with
+	// needs.Sagas the saga tables too (an error wrapping ErrSchemaOutdated,
+	// which names the command to run, otherwise).
+	SchemaCheck(ctx context.Context, needs SchemaNeeds) error
 	// InterpretError marks err, an error of code the engine runs besides
 	// the executor's operations (a handler, a local step, which may reach
 	// the database through pools of their own), with the sentinel errors

@@ -21,4 +21,9 @@ var (
 	// it cannot hold, a key too long for its index): running the statement
 	// again with the same data fails the same way.
 	ErrDataRefused = errors.New("database refused the data")
+	// ErrPrivilege marks the database refusing a statement for want of a
+	// privilege: the role lacks a grant, which an operator gives. Like a
+	// lost connection it is not the message's fault: a delivery it
+	// interrupts is retried without counting an attempt.
+	ErrPrivilege = errors.New("database role lacks a privilege")
 )

@@ -429,3 +429,11 @@ type OutsideEvent struct {
 	// ReceivedAt is when it was sent (the orchestrator's clock).
 	ReceivedAt time.Time
 }
+
+// SchemaNeeds is what a client needs of its schema (Executor.SchemaCheck).
+type SchemaNeeds struct {
+	// Sagas: the saga tables (an orchestrator's schema).
+	Sagas bool
+	// LogRelay: the REPLICATION attribute, for a relay in log mode.
+	LogRelay bool
+}

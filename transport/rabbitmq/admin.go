@@ -39,12 +39,17 @@ func DialAdmin(ctx context.Context, cfg Config) (*Admin, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
+	eps, err := cfg.endpoints()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid config: %w", err)
+	}
+	dc, verified := eps[0].dialConfig(amqp.Config{
 		Properties: amqp.Table{"connection_name": "sagabox-admin"},
 		Dial:       amqp.DefaultDial(10 * time.Second),
 	})
+	conn, err := amqp.DialConfig(cfg.URL, dc)
 	if err != nil {
-		return nil, dialError(cfg.URL, err)
+		return nil, dialError(&eps[0], err, verified.Load())
 	}
 	if err := ctx.Err(); err != nil {
 		_ = conn.Close()

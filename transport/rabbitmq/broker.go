@@ -30,6 +30,12 @@
 // "shop.inventory.retry.1s", ".retry.5s", ".retry.30s" and ".retry.2m"
 // (the shortest not below the delay asked for), acknowledges the original,
 // and the copy expires back into "shop.inventory". See RetryDelays.
+//
+// TLS: an amqps:// URL connects over TLS and verifies the broker's
+// certificate, with the CA and client certificate named by the URL's query
+// parameters (cacertfile, certfile, keyfile) or by Config.TLS; nothing
+// falls back to plain text (see Config.URL). Passwords never appear in the
+// broker's errors or logs (RedactURL).
 package rabbitmq
 
 import (
@@ -76,6 +82,7 @@ var (
 // publishing and one for consuming. It is safe for concurrent use.
 type Broker struct {
 	cfg Config
+	eps []endpoint // the URLs with their TLS settings, in Config order
 	log *slog.Logger
 	// adapterDeadLetters counts deliveries the adapter dead-letters on its
 	// own: they could not be decoded, or reached DeliveryLimit; the
@@ -184,9 +191,14 @@ func newBroker(ctx context.Context, cfg Config, blockedHook chan amqp.Blocking) 
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: create metrics: %w", err)
 	}
+	eps, err := cfg.endpoints()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid config: %w", err)
+	}
 	b := &Broker{
 		adapterDeadLetters: adapterDeadLetters,
 		cfg:                cfg,
+		eps:                eps,
 		log:                cfg.Logger.With("component", "rabbitmq"),
 		done:               make(chan struct{}),
 		pub:                link{role: rolePublish, ready: make(chan struct{})},
@@ -267,21 +279,22 @@ func (b *Broker) connect(ctx context.Context, l *link) (*session, error) {
 // it reached last and going through Config.URLs in turn. It returns the
 // error of every node tried when none accepts.
 func (b *Broker) dial(l *link, cfg amqp.Config) (*amqp.Connection, error) {
-	urls := b.cfg.urls()
 	l.mu.Lock()
 	first := l.node
 	l.mu.Unlock()
 	var errs []error
-	for i := range urls {
-		n := (first + i) % len(urls)
-		conn, err := amqp.DialConfig(urls[n], cfg)
+	for i := range b.eps {
+		n := (first + i) % len(b.eps)
+		ep := &b.eps[n]
+		dc, verified := ep.dialConfig(cfg)
+		conn, err := amqp.DialConfig(ep.url, dc)
 		if err == nil {
 			l.mu.Lock()
 			l.node = n
 			l.mu.Unlock()
 			return conn, nil
 		}
-		errs = append(errs, dialError(urls[n], err))
+		errs = append(errs, dialError(ep, err, verified.Load()))
 	}
 	if len(errs) == 1 {
 		return nil, errs[0]
@@ -471,11 +484,15 @@ func (b *Broker) awaitSession(ctx context.Context, l *link) (*session, error) {
 	}
 }
 
-// dialError explains a failed dial without the password and says what to do.
-func dialError(rawURL string, err error) error {
-	hint := ""
+// dialError explains a failed dial of ep without the password and says
+// what to do. verified says whether a TLS handshake verified the broker's
+// certificate before the dial failed.
+func dialError(ep *endpoint, err error, verified bool) error {
+	rawURL := ep.url
+	hint := ep.tlsHint(err, verified)
 	var aerr *amqp.Error
 	switch {
+	case hint != "":
 	case errors.Is(err, syscall.ECONNREFUSED):
 		hint = `; is RabbitMQ running? start it with "rabbitmq-server -detached"`
 	case errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused:
@@ -519,16 +536,21 @@ func redactErr(rawURL string, err error) error {
 	return &redactedError{msg: msg, err: err}
 }
 
-// redactURL returns rawURL with its password replaced by "***".
+// redactURL returns rawURL with its password replaced by "***". A URL that
+// cannot be parsed, or whose '@' the parser did not take for the end of the
+// user information (a password with an unescaped '/', '?' or '#'), keeps
+// only what follows its last '@': a password cannot be told apart there.
 func redactURL(rawURL string) string {
 	u, err := url.Parse(rawURL)
-	if err != nil {
-		// Do not echo what we cannot parse: it may hold a password.
+	if err != nil || (strings.Contains(rawURL, "@") && (u.User == nil || strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, "@"))) {
 		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
 			if j := strings.Index(rawURL, "://"); j >= 0 && j < i {
 				return rawURL[:j+3] + "***" + rawURL[i:]
 			}
 			return "***" + rawURL[i:]
+		}
+		if err != nil {
+			return "(a URL that cannot be parsed)"
 		}
 		return rawURL
 	}

@@ -3,6 +3,7 @@ package servers
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,26 @@ type PostgresOptions struct {
 	// "logical". fsync is off unless set: the tests crash the server, not
 	// the machine.
 	Settings map[string]string
+	// TLS, when set, turns TLS on with the server certificate of TLS.Certs
+	// and makes the server refuse every TCP connection that is not
+	// encrypted (pg_hba.conf has hostssl lines only). Defaults to none:
+	// plain TCP.
+	TLS *PostgresTLS
+	// Password, when set, is user postgres's password, which connections
+	// over TCP must then give (scram-sha-256); the Unix socket stays
+	// trusted. Defaults to none: TCP connections are trusted.
+	Password string
+}
+
+// PostgresTLS configures TLS for StartPostgres.
+type PostgresTLS struct {
+	// Certs are the CA and the server certificate. The server gets copies
+	// of its certificate, key and CA in its own directory.
+	Certs *Certs
+	// ClientCert makes the server ask every TCP client for a certificate
+	// signed by the CA whose common name is the user's name
+	// (clientcert=verify-full).
+	ClientCert bool
 }
 
 // Postgres is a private PostgreSQL cluster.
@@ -31,6 +52,8 @@ type Postgres struct {
 	dir, data, log string
 	port           int
 	bin            string
+	tls            *PostgresTLS
+	password       string
 }
 
 // pgBin finds the directory of the PostgreSQL server binaries of the Debian
@@ -65,14 +88,28 @@ func StartPostgres(ctx context.Context, o PostgresOptions) (*Postgres, error) {
 	if o.Dir, err = serverDir(o.Dir, "sagabox-postgres-"); err != nil {
 		return nil, err
 	}
-	p := &Postgres{dir: o.Dir, data: filepath.Join(o.Dir, "data"), log: filepath.Join(o.Dir, "postgres.log"), port: o.Port, bin: bin}
+	p := &Postgres{dir: o.Dir, data: filepath.Join(o.Dir, "data"), log: filepath.Join(o.Dir, "postgres.log"), port: o.Port, bin: bin,
+		tls: o.TLS, password: o.Password}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("servers: %w", err)
+	}
+	initdb := []string{"-D", p.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"}
+	if o.Password != "" {
+		pwfile := filepath.Join(o.Dir, "pwfile")
+		if err := os.WriteFile(pwfile, []byte(o.Password+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("servers: %w", err)
+		}
+		defer func() { _ = os.Remove(pwfile) }()
+		initdb = append(initdb, "--pwfile="+pwfile)
+	}
+	tlsSettings, err := p.installTLS()
+	if err != nil {
+		return nil, err
 	}
 	if err := chown(o.Dir, "postgres"); err != nil {
 		return nil, fmt.Errorf("servers: %w", err)
 	}
-	cmd, err := asUser(exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", p.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"), "postgres")
+	cmd, err := asUser(exec.CommandContext(ctx, filepath.Join(bin, "initdb"), initdb...), "postgres")
 	if err != nil {
 		return nil, err
 	}
@@ -82,6 +119,9 @@ func StartPostgres(ctx context.Context, o PostgresOptions) (*Postgres, error) {
 	settings := map[string]string{
 		"port": fmt.Sprint(o.Port), "listen_addresses": "'127.0.0.1'", "unix_socket_directories": "'" + o.Dir + "'",
 		"fsync": "off", "max_connections": "200", "shared_buffers": "'64MB'",
+	}
+	for k, v := range tlsSettings {
+		settings[k] = v
 	}
 	for k, v := range o.Settings {
 		settings[k] = v
@@ -106,15 +146,92 @@ func StartPostgres(ctx context.Context, o PostgresOptions) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("servers: write postgresql.conf: %w", err)
 	}
+	if err := p.writeHBA(); err != nil {
+		return nil, err
+	}
 	if err := p.Start(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// URL returns the connection URL of database postgres as user postgres.
+// installTLS copies the server's certificate, key and CA into its
+// directory and returns the settings that turn TLS on; none without TLS.
+func (p *Postgres) installTLS() (map[string]string, error) {
+	if p.tls == nil {
+		return nil, nil
+	}
+	if p.tls.Certs == nil {
+		return nil, fmt.Errorf("servers: PostgresOptions.TLS.Certs is required")
+	}
+	files := map[string]struct {
+		src  string
+		mode os.FileMode
+	}{
+		"server.pem": {p.tls.Certs.ServerCertFile, 0o644},
+		"server.key": {p.tls.Certs.ServerKeyFile, 0o600}, // PostgreSQL refuses a key others can read
+		"ca.pem":     {p.tls.Certs.CAFile, 0o644},
+	}
+	for name, f := range files {
+		if err := copyFile(f.src, filepath.Join(p.dir, name), f.mode); err != nil {
+			return nil, err
+		}
+	}
+	return map[string]string{
+		"ssl":           "on",
+		"ssl_cert_file": "'" + filepath.Join(p.dir, "server.pem") + "'",
+		"ssl_key_file":  "'" + filepath.Join(p.dir, "server.key") + "'",
+		"ssl_ca_file":   "'" + filepath.Join(p.dir, "ca.pem") + "'",
+	}, nil
+}
+
+// writeHBA writes pg_hba.conf when the server has TLS or a password:
+// the Unix socket trusted, TCP connections from 127.0.0.1 (ordinary and
+// replication) encrypted only with TLS, with a password when one is set
+// and a client certificate when TLS.ClientCert is.
+func (p *Postgres) writeHBA() error {
+	if p.tls == nil && p.password == "" {
+		return nil // initdb's: everything trusted
+	}
+	kind, method, opts := "host", "trust", ""
+	if p.tls != nil {
+		kind = "hostssl"
+		if p.tls.ClientCert {
+			opts = " clientcert=verify-full"
+		}
+	}
+	if p.password != "" {
+		method = "scram-sha-256"
+	}
+	hba := "# servers.StartPostgres\nlocal all all trust\nlocal replication all trust\n" +
+		fmt.Sprintf("%s all all 127.0.0.1/32 %s%s\n%s replication all 127.0.0.1/32 %s%s\n", kind, method, opts, kind, method, opts)
+	file := filepath.Join(p.data, "pg_hba.conf")
+	if err := os.WriteFile(file, []byte(hba), 0o600); err != nil {
+		return fmt.Errorf("servers: write pg_hba.conf: %w", err)
+	}
+	return chown(file, "postgres")
+}
+
+// URL returns the connection URL of database postgres as user postgres,
+// with its password when the server has one. With TLS it asks for
+// sslmode=verify-full against the CA of the server's Certs, and gives the
+// client certificate when the server asks for one; without, for
+// sslmode=disable.
 func (p *Postgres) URL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
+	u := url.URL{Scheme: "postgres", Host: fmt.Sprintf("127.0.0.1:%d", p.port), Path: "/postgres", User: url.User("postgres")}
+	if p.password != "" {
+		u.User = url.UserPassword("postgres", p.password)
+	}
+	q := url.Values{"sslmode": {"disable"}}
+	if p.tls != nil {
+		q = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {p.tls.Certs.CAFile}}
+		if p.tls.ClientCert {
+			q.Set("sslcert", p.tls.Certs.ClientCertFile)
+			q.Set("sslkey", p.tls.Certs.ClientKeyFile)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // Port returns the server's TCP port.

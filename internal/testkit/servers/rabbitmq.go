@@ -25,6 +25,24 @@ type RabbitMQOptions struct {
 	Name string
 	// Port is the AMQP port on 127.0.0.1. Defaults to a free port.
 	Port int
+	// TLS, when set, adds a TLS listener (amqps) on another port, beside
+	// the plain one. Defaults to none.
+	TLS *RabbitMQTLS
+}
+
+// RabbitMQTLS configures the TLS listener of StartRabbitMQ. The node
+// verifies the certificate of every client that presents one
+// (ssl_options.verify = verify_peer).
+type RabbitMQTLS struct {
+	// Certs are the CA and the server certificate. The node gets copies
+	// of its certificate, key and CA in its own directory.
+	Certs *Certs
+	// Port is the TLS listener's port on 127.0.0.1. Defaults to a free
+	// port.
+	Port int
+	// FailIfNoPeerCert makes the node refuse a client without a
+	// certificate (ssl_options.fail_if_no_peer_cert = true).
+	FailIfNoPeerCert bool
 }
 
 // RabbitMQ is a private RabbitMQ node: its own node name, AMQP and
@@ -33,6 +51,7 @@ type RabbitMQ struct {
 	dir, node string
 	port      int
 	distPort  int
+	tlsPort   int // 0 without TLS
 	cmd       *exec.Cmd
 }
 
@@ -66,6 +85,11 @@ func StartRabbitMQ(ctx context.Context, o RabbitMQOptions) (*RabbitMQ, error) {
 	if err := os.WriteFile(filepath.Join(o.Dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("servers: %w", err)
 	}
+	if o.TLS != nil {
+		if err := r.installTLS(o.TLS); err != nil {
+			return nil, err
+		}
+	}
 	if err := chown(o.Dir, "rabbitmq"); err != nil {
 		return nil, fmt.Errorf("servers: %w", err)
 	}
@@ -75,8 +99,43 @@ func StartRabbitMQ(ctx context.Context, o RabbitMQOptions) (*RabbitMQ, error) {
 	return r, nil
 }
 
+// installTLS copies the node's certificate, key and CA into its directory
+// and writes the configuration file of its TLS listener.
+func (r *RabbitMQ) installTLS(o *RabbitMQTLS) error {
+	if o.Certs == nil {
+		return fmt.Errorf("servers: RabbitMQOptions.TLS.Certs is required")
+	}
+	r.tlsPort = o.Port
+	if r.tlsPort == 0 {
+		var err error
+		if r.tlsPort, err = FreePort(); err != nil {
+			return err
+		}
+	}
+	for src, name := range map[string]string{o.Certs.ServerCertFile: "server.pem", o.Certs.ServerKeyFile: "server.key", o.Certs.CAFile: "ca.pem"} {
+		if err := copyFile(src, filepath.Join(r.dir, name), 0o600); err != nil {
+			return err
+		}
+	}
+	conf := fmt.Sprintf(`listeners.ssl.default = 127.0.0.1:%d
+ssl_options.cacertfile = %s
+ssl_options.certfile = %s
+ssl_options.keyfile = %s
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = %t
+`, r.tlsPort, filepath.Join(r.dir, "ca.pem"), filepath.Join(r.dir, "server.pem"), filepath.Join(r.dir, "server.key"), o.FailIfNoPeerCert)
+	if err := os.WriteFile(filepath.Join(r.dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		return fmt.Errorf("servers: %w", err)
+	}
+	return nil
+}
+
 // env is the environment of the node's server and of rabbitmqctl for it.
 func (r *RabbitMQ) env() []string {
+	config := filepath.Join(r.dir, "none")
+	if r.tlsPort != 0 {
+		config = filepath.Join(r.dir, "rabbitmq.conf")
+	}
 	return append(os.Environ(),
 		"RABBITMQ_NODENAME="+r.node,
 		fmt.Sprintf("RABBITMQ_NODE_PORT=%d", r.port),
@@ -86,7 +145,7 @@ func (r *RabbitMQ) env() []string {
 		"RABBITMQ_LOG_BASE="+filepath.Join(r.dir, "log"),
 		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(r.dir, "enabled_plugins"),
 		"RABBITMQ_PID_FILE="+filepath.Join(r.dir, "pid"),
-		"RABBITMQ_CONFIG_FILE="+filepath.Join(r.dir, "none"),
+		"RABBITMQ_CONFIG_FILE="+config,
 		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(r.dir, "none-advanced"),
 	)
 }
@@ -94,6 +153,19 @@ func (r *RabbitMQ) env() []string {
 // URL returns the node's AMQP URL (guest/guest, which RabbitMQ allows from
 // localhost).
 func (r *RabbitMQ) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", r.port) }
+
+// TLSURL returns the URL of the node's TLS listener (guest/guest), or ""
+// without one. It names no CA nor client certificate: add them as the
+// URL's query parameters (cacertfile, certfile, keyfile).
+func (r *RabbitMQ) TLSURL() string {
+	if r.tlsPort == 0 {
+		return ""
+	}
+	return fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", r.tlsPort)
+}
+
+// TLSPort returns the port of the node's TLS listener, or 0 without one.
+func (r *RabbitMQ) TLSPort() int { return r.tlsPort }
 
 // Node returns the node's name, e.g. "sagabox-1a2b3c4d@localhost".
 func (r *RabbitMQ) Node() string { return r.node }

@@ -2,6 +2,10 @@ package servers_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,4 +93,53 @@ func TestPrivateRabbitMQ(t *testing.T) {
 		return messages == 2
 	}, 30*time.Second, 50*time.Millisecond, "both confirmed messages survived")
 	require.Equal(t, 2, messages)
+}
+
+// A private PostgreSQL with TLS, a client certificate and a password
+// accepts a verify-full connection that gives all three, and refuses one
+// without TLS.
+func TestPrivatePostgresTLS(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	certs, err := servers.NewCerts(t.TempDir(), "sagabox test CA", "postgres")
+	require.NoError(t, err)
+	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{TLS: &servers.PostgresTLS{Certs: certs, ClientCert: true}, Password: "pw"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pg.Close()) }()
+	conn, err := pgx.Connect(ctx, pg.URL())
+	require.NoError(t, err)
+	var ssl bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl))
+	require.NoError(t, conn.Close(ctx))
+	require.True(t, ssl, "the connection is encrypted")
+
+	plain := strings.Replace(pg.URL(), "sslmode=verify-full", "sslmode=disable", 1)
+	_, err = pgx.Connect(ctx, plain)
+	require.Error(t, err, "a connection without TLS is refused")
+}
+
+// A private RabbitMQ node with a TLS listener that requires a client
+// certificate accepts a TLS connection that gives one and refuses one that
+// does not.
+func TestPrivateRabbitMQTLS(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	certs, err := servers.NewCerts(t.TempDir(), "sagabox test CA", "client")
+	require.NoError(t, err)
+	r, err := servers.StartRabbitMQ(ctx, servers.RabbitMQOptions{TLS: &servers.RabbitMQTLS{Certs: certs, FailIfNoPeerCert: true}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	roots := x509.NewCertPool()
+	ca, err := os.ReadFile(certs.CAFile)
+	require.NoError(t, err)
+	require.True(t, roots.AppendCertsFromPEM(ca))
+	cert, err := tls.LoadX509KeyPair(certs.ClientCertFile, certs.ClientKeyFile)
+	require.NoError(t, err)
+	conn, err := amqp.DialTLS(r.TLSURL(), &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	_, err = amqp.DialTLS(r.TLSURL(), &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})
+	require.Error(t, err, "no client certificate")
 }

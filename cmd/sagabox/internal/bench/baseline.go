@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
 
 const (
@@ -167,7 +169,7 @@ func dialAMQP(url, name string) (*amqp.Connection, error) {
 		Properties: amqp.Table{"connection_name": name},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to rabbitmq: %w", err)
+		return nil, fmt.Errorf("connect to rabbitmq at %s: %w", rabbitmq.RedactURL(url), rabbitmq.RedactError(url, err))
 	}
 	return conn, nil
 }

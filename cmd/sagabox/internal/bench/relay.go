@@ -119,7 +119,7 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (*RelayReport, error) {
 	}
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
+		return nil, fmt.Errorf("connect to postgres: %w", store.ExplainParseError(cfg.DatabaseURL, err))
 	}
 	defer pool.Close()
 	suffix := uuid.NewString()[:8]

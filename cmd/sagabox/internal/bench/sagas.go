@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sagabox/sagabox/orchestrator"
+	"github.com/sagabox/sagabox/store"
 )
 
 // SagaReport is what RunSagas measured. Its JSON form is the --json output
@@ -471,7 +472,7 @@ func round(x float64, digits int) float64 {
 func newPool(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, fmt.Errorf("database url: %w", store.ExplainParseError(url, err))
 	}
 	pc.MaxConns = int32(size)
 	pc.ConnConfig.RuntimeParams["application_name"] = "sagabox-bench"
@@ -499,7 +500,7 @@ func readMachine(ctx context.Context, cfg SagaConfig) (Machine, error) {
 	m := Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return m, fmt.Errorf("connect to postgres: %w", err)
+		return m, fmt.Errorf("connect to postgres: %w", store.ExplainParseError(cfg.DatabaseURL, err))
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	if err := conn.QueryRow(ctx, "SELECT version()").Scan(&m.Postgres); err != nil {

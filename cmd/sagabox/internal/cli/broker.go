@@ -27,7 +27,7 @@ func (f *brokerFlags) register(cmd *cobra.Command, queuesHelp string) {
 	if amqpURL == "" {
 		amqpURL = rabbitmq.DefaultURL
 	}
-	cmd.Flags().StringVar(&f.url, "amqp-url", amqpURL, "RabbitMQ URL (env AMQP_URL)")
+	cmd.Flags().StringVar(&f.url, "amqp-url", amqpURL, "RabbitMQ URL; TLS: amqps://…?cacertfile=CA.pem[&certfile=…&keyfile=…] (env AMQP_URL)")
 	cmd.Flags().StringVar(&f.namespace, "namespace", rabbitmq.DefaultNamespace, "the namespace of the exchanges and queues (rabbitmq.Config.Namespace)")
 	cmd.Flags().StringSliceVar(&f.queues, "queue", nil, queuesHelp)
 }

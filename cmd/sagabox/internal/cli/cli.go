@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -75,6 +76,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return ExitOK
 	}
+	err = a.privilegeHint(err)
 	code := ExitError
 	var ee *exitError
 	if errors.As(err, &ee) {
@@ -130,11 +132,11 @@ func (a *app) rootCommand() *cobra.Command {
 	if schema == "" {
 		schema = store.DefaultSchema
 	}
-	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", env, "PostgreSQL URL (env DATABASE_URL)")
+	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", env, "PostgreSQL URL or keyword/value string, given to pgx as it is; TLS: sslmode=verify-full&sslrootcert=CA.pem[&sslcert=…&sslkey=…] (env DATABASE_URL)")
 	root.PersistentFlags().StringVar(&a.schema, "schema", schema, "schema of the service to operate on (env SAGABOX_SCHEMA)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables (one schema for every command: docs/operations.md)")
 	root.AddCommand(a.migrateCommand(), a.outboxCommand(), a.inboxCommand(), a.sagaCommand(), a.opsCommand(),
-		a.dlqCommand(), a.namespaceCommand(), a.relayCommand(), a.benchCommand(), a.uiCommand(), a.versionCommand())
+		a.dlqCommand(), a.namespaceCommand(), a.relayCommand(), a.rolesCommand(), a.benchCommand(), a.uiCommand(), a.versionCommand())
 	for _, group := range root.Commands() {
 		strictGroup(group)
 	}
@@ -159,7 +161,7 @@ func strictGroup(cmd *cobra.Command) {
 // target describes the database of --database-url for messages: host,
 // port, user and database from the parsed configuration, never the URL's
 // text, so that a password cannot appear in a message.
-type target struct{ host, hostname, port, user, database string }
+type target struct{ host, hostname, port, user, database, connString string }
 
 func (t target) String() string {
 	return fmt.Sprintf("%s (user %s, database %s)", t.host, t.user, t.database)
@@ -172,13 +174,13 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(a.databaseURL)
 	if err != nil {
 		// The parser's error may quote the string: say only what is wrong.
-		return nil, withCode(ExitUsage, fmt.Errorf("--database-url (or DATABASE_URL) is not a valid PostgreSQL URL or connection string"))
+		return nil, withCode(ExitUsage, fmt.Errorf("--database-url (or DATABASE_URL): %w", store.ExplainParseError(a.databaseURL, err)))
 	}
 	cfg.MaxConns = 4
 	port := strconv.Itoa(int(cfg.ConnConfig.Port))
 	tgt := target{
 		host: net.JoinHostPort(cfg.ConnConfig.Host, port), hostname: cfg.ConnConfig.Host, port: port,
-		user: cfg.ConnConfig.User, database: cfg.ConnConfig.Database,
+		user: cfg.ConnConfig.User, database: cfg.ConnConfig.Database, connString: a.databaseURL,
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -204,11 +206,33 @@ func connectError(t target, err error) error {
 	case store.ConnectNoDatabase:
 		return fmt.Errorf("database %s does not exist at %s: create it (createdb -h %s -p %s %s) or pass another database in --database-url",
 			t.database, t.host, t.hostname, t.port, t.database)
+	case store.ConnectCertificate:
+		return fmt.Errorf("cannot connect to PostgreSQL %s over TLS: %w", t, store.ExplainCertificate(t.connString, err))
+	case store.ConnectPermissionDenied:
+		return fmt.Errorf("PostgreSQL at %s refused user %s the database %s: the role has no CONNECT privilege on it; as its owner run GRANT CONNECT ON DATABASE %s TO %s",
+			t.host, t.user, t.database, pgx.Identifier{t.database}.Sanitize(), pgx.Identifier{t.user}.Sanitize())
 	case store.ConnectUnreachable:
 		return fmt.Errorf("cannot reach PostgreSQL at %s (%w); is it running? On a development machine start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
 			t.host, err)
 	}
 	return fmt.Errorf("connect to PostgreSQL %s: %w", t, err)
+}
+
+// privilegeHint adds to err, when the server refused a statement for want
+// of a privilege, which role was refused in which schema and the grants of
+// its part.
+func (a *app) privilegeHint(err error) error {
+	if !store.IsInsufficientPrivilege(err) || errors.Is(err, store.ErrInsufficientPrivilege) {
+		return err
+	}
+	user := "ROLE"
+	if cfg, perr := pgxpool.ParseConfig(a.databaseURL); perr == nil {
+		user = cfg.ConnConfig.User
+	}
+	return fmt.Errorf("%w; role %s may not do this in schema %s: inspection needs the read-only role's grants "+
+		"(sagabox roles print --schema %s --role %s --read-only), operator actions the runtime role's (drop --read-only), "+
+		"migrations and relay set-up the schema's owner",
+		err, user, a.schema, a.schema, user)
 }
 
 // openStore connects and returns the store of --schema and its pool.

@@ -38,6 +38,21 @@ func (a *app) uiCommand() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			// Read-only, the console needs the read-only role's grants in
+			// every schema it shows; with actions (which replay other
+			// schemas' dead outbox rows too), the runtime role's.
+			if err := st.CheckPrivileges(ctx, &store.PrivilegeOpts{ReadOnly: !allow}); err != nil {
+				return err
+			}
+			for _, schema := range more {
+				other, err := store.New(pool, schema)
+				if err != nil {
+					return withCode(ExitUsage, fmt.Errorf("--messaging-schema: %w", err))
+				}
+				if err := other.CheckPrivileges(ctx, &store.PrivilegeOpts{ReadOnly: !allow}); err != nil {
+					return err
+				}
+			}
 			if err := st.CheckSchema(ctx, store.LineMessaging, store.LineSaga); err != nil {
 				return err
 			}
