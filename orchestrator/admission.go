@@ -142,7 +142,7 @@ func (c *Client) enqueue(ctx context.Context, tx pgx.Tx, runner saga.Runner, id 
 	if err := applyToRecord(&rec, &inst, now); err != nil {
 		return false, err
 	}
-	return c.db.StartSaga(ctx, tx, &driver.SagaStart{
+	return c.db.SagaStart(ctx, tx, &driver.SagaStart{
 		Saga:    rec,
 		History: []driver.HistoryRecord{{SagaID: id, At: now, Event: string(HistoryQueued), Phase: string(saga.PhaseAction), Detail: why}},
 	}, now)

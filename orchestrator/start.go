@@ -286,7 +286,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uu
 	st := &driver.SagaStart{
 		Saga: rec, History: historyRecords(id, res.History), Messages: c.messages(ctx, &res.Instance, res.Emit),
 	}
-	inserted, err := c.db.StartSaga(ctx, tx, st, now)
+	inserted, err := c.db.SagaStart(ctx, tx, st, now)
 	if err != nil || !inserted {
 		return res, false, err
 	}

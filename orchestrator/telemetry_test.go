@@ -195,7 +195,7 @@ func TestTelemetryCountersStartAtZeroAndSagaGauges(t *testing.T) {
 	ctx := context.Background()
 	other := driver.SagaRecord{ID: uuid.New(), Type: "other", Version: 1, Status: "running", Data: []byte(`{}`), Steps: []byte(`[]`), Phase: "action"}
 	require.NoError(t, e.orch.InTx(ctx, func(tx pgx.Tx) error {
-		_, err := e.orch.StartSaga(ctx, tx, &driver.SagaStart{Saga: other}, time.Now())
+		_, err := e.orch.SagaStart(ctx, tx, &driver.SagaStart{Saga: other}, time.Now())
 		return err
 	}))
 	_, err := e.orch.RequestOperation(ctx, other.ID, "retry", "alice", "pending", nil)

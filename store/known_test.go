@@ -58,7 +58,7 @@ func TestWrittenSagaIsTheStoredRow(t *testing.T) {
 	rec.Steps = []byte(`[{"name": "reserve", "status": "running"}]`)
 	st := &driver.SagaStart{Saga: rec, History: []driver.HistoryRecord{{SagaID: rec.ID, At: now, Event: "started"}}}
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		ok, err := s.StartSaga(ctx, tx, st, now)
+		ok, err := s.SagaStart(ctx, tx, st, now)
 		require.True(t, ok)
 		return err
 	}))
@@ -89,7 +89,7 @@ func TestWrittenSagaIsAdmittedAsStored(t *testing.T) {
 	rec.Status = "queued"
 	st := &driver.SagaStart{Saga: rec}
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		_, err := s.StartSaga(ctx, tx, st, now)
+		_, err := s.SagaStart(ctx, tx, st, now)
 		return err
 	}))
 	require.True(t, st.Saga.AdmittedAt.IsZero(), "a queued saga is not admitted")

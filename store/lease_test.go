@@ -222,7 +222,7 @@ func TestUnleasedWritesAreCounted(t *testing.T) {
 	sp, err := tx.Savepoint(ctx)
 	require.NoError(t, err)
 	st := &driver.SagaStart{Saga: rec, Messages: []message.Message{sagaCommand(rec.ID, "reserve")}}
-	_, err = s.StartSaga(ctx, sp, st, time.Now())
+	_, err = s.SagaStart(ctx, sp, st, time.Now())
 	require.NoError(t, err)
 	nested, err := sp.Begin(ctx)
 	require.NoError(t, err)
@@ -237,7 +237,7 @@ func TestUnleasedWritesAreCounted(t *testing.T) {
 
 	other := newSaga("", time.Time{})
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) error {
-		_, err := s.StartSaga(ctx, tx, &driver.SagaStart{Saga: other, Messages: []message.Message{sagaCommand(other.ID, "reserve")}}, time.Now())
+		_, err := s.SagaStart(ctx, tx, &driver.SagaStart{Saga: other, Messages: []message.Message{sagaCommand(other.ID, "reserve")}}, time.Now())
 		return err
 	}))
 	require.Equal(t, 1, lease.commits, "a caller's own transaction is no engine transaction")

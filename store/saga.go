@@ -76,13 +76,13 @@ func (c *historyCols) add(h *driver.HistoryRecord) {
 	c.messageID = append(c.messageID, h.MessageID)
 }
 
-// StartSaga writes st in tx, the caller's transaction, in one statement: the
+// SagaStart writes st in tx, the caller's transaction, in one statement: the
 // saga exists, and its first messages are sent, if and only if tx commits.
 // It prepares the messages (message.Message.Prepare). When the saga's start
 // key is taken by a saga of the same type, it writes nothing and returns
 // false (a concurrent start with the same key waits for the other
 // transaction to end).
-func (s *executor) StartSaga(ctx context.Context, tx pgx.Tx, st *driver.SagaStart, now time.Time) (bool, error) {
+func (s *executor) SagaStart(ctx context.Context, tx pgx.Tx, st *driver.SagaStart, now time.Time) (bool, error) {
 	if tx == nil {
 		return false, errors.New("start saga: transaction is nil")
 	}

@@ -34,7 +34,7 @@ func start(t *testing.T, s *dbtest.DB, rec driver.SagaRecord, now time.Time) boo
 	ctx := context.Background()
 	var inserted bool
 	require.NoError(t, s.InTx(ctx, func(tx pgx.Tx) (err error) {
-		inserted, err = s.StartSaga(ctx, tx, &driver.SagaStart{
+		inserted, err = s.SagaStart(ctx, tx, &driver.SagaStart{
 			Saga:    rec,
 			History: []driver.HistoryRecord{{SagaID: rec.ID, At: now, Event: "started"}},
 			Messages: []message.Message{{

@@ -64,14 +64,14 @@ type Executor interface {
 	// executor marks its own errors; other errors pass unchanged.
 	InterpretError(err error) error
 
-	// StartSaga writes st in tx, the caller's transaction, in one statement:
+	// SagaStart writes st in tx, the caller's transaction, in one statement:
 	// the saga exists, and its first messages are sent, if and only if tx
 	// commits. It prepares the messages (message.Message.Prepare). When the
 	// saga's start key is taken by a saga of the same type, it writes
 	// nothing and returns false (a concurrent start with the same key waits
 	// for the other transaction to end). A saga written is left in st.Saga
 	// as stored (see WriteTransitions).
-	StartSaga(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
+	SagaStart(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
 	// SagaAdmission reads, in tx (the caller's transaction), what a start
 	// of a saga of sagaType needs to run at once or be queued: its running
 	// sagas counted up to maxRunning, whether sagas without a concurrency

@@ -49,7 +49,7 @@ func sagaIn(t *testing.T, db *dbtest.DB, status string, current int, steps, last
 	}
 	now := time.Now()
 	require.NoError(t, db.InTx(ctx, func(tx pgx.Tx) error {
-		_, err := db.StartSaga(ctx, tx, &driver.SagaStart{
+		_, err := db.SagaStart(ctx, tx, &driver.SagaStart{
 			Saga:    rec,
 			History: []driver.HistoryRecord{{SagaID: rec.ID, At: now, Event: "started", StepIndex: -1}},
 		}, now)
