@@ -40,7 +40,7 @@ func (c *Client) mustQueue(ctx context.Context, tx pgx.Tx, name, key string) (st
 		return "", nil
 	}
 	if key != "" {
-		if err := c.db.LockConcurrencyKey(ctx, tx, name, key); err != nil {
+		if err := c.db.SagaConcurrencyKeyLock(ctx, tx, name, key); err != nil {
 			return "", err
 		}
 	} else if c.room.take(name, limit, time.Now()) {
@@ -245,7 +245,7 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 		now := c.now()
 		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
-		locked, err := c.db.TryLockAdmission(ctx, t)
+		locked, err := c.db.AdmissionTryLock(ctx, t)
 		if err != nil || !locked {
 			return err
 		}
@@ -257,7 +257,7 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 			}
 			limit, free := c.cfg.Admission.limit(name), budget
 			if limit >= 0 {
-				running, err := c.db.CountRunning(ctx, t, name, limit)
+				running, err := c.db.SagaCountRunning(ctx, t, name, limit)
 				if err != nil {
 					return err
 				}
@@ -267,7 +267,7 @@ func (c *Client) admit(ctx context.Context) (admitted int, more bool, err error)
 				full = true // queued sagas may wait for the next place
 				continue
 			}
-			recs, err := c.db.ClaimQueuedSagas(ctx, t, name, versions, free)
+			recs, err := c.db.SagaClaimQueued(ctx, t, name, versions, free)
 			if err != nil {
 				return err
 			}
@@ -322,7 +322,7 @@ func (c *Client) keysFree(ctx context.Context, t driver.Tx, name string, recs []
 	if len(keys) == 0 {
 		return recs, nil
 	}
-	free, err := c.db.FreeConcurrencyKeys(ctx, t, name, keys)
+	free, err := c.db.SagaConcurrencyKeysFree(ctx, t, name, keys)
 	if err != nil {
 		return nil, err
 	}

@@ -97,13 +97,13 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	}
 	id := to.ID
 	if id == uuid.Nil {
-		rec, err := c.db.SagaByStartKey(ctx, tx, to.Type, to.StartKey)
+		rec, err := c.db.SagaGetByStartKey(ctx, tx, to.Type, to.StartKey)
 		if err != nil {
 			return nil, err
 		}
 		id = rec.ID
 	}
-	recs, err := c.db.LockSagasIn(ctx, tx, []uuid.UUID{id})
+	recs, err := c.db.SagaLockIn(ctx, tx, []uuid.UUID{id})
 	if err != nil {
 		return nil, err
 	}
@@ -124,11 +124,11 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 	// The caller's commit, which this Client does not see, changes the
 	// saga: what the cache kept of it is out of date either way.
 	c.cache.forget(id)
-	if err := c.db.WriteTransitionsIn(ctx, tx, writes(tr), tr.at); err != nil {
+	if err := c.db.SagaWriteIn(ctx, tx, writes(tr), tr.at); err != nil {
 		return nil, err
 	}
 	if c.cfg.Relay.Notify && len(tr.res.Emit) > 0 {
-		if err := c.db.Notify(ctx, tx); err != nil {
+		if err := c.db.OutboxNotify(ctx, tx); err != nil {
 			return nil, err
 		}
 	}
@@ -150,7 +150,8 @@ func (c *Client) sendEvent(ctx context.Context, tx pgx.Tx, to SagaRef, name, eve
 func (c *Client) applyOutside(ctx context.Context, t driver.Tx, tx pgx.Tx, rec driver.SagaRecord, name, eventID string, payload []byte) (*EventSent, transition, bool, error) {
 	now := c.now()
 	id := rec.ID
-	fresh, err := c.db.RecordEvent(ctx, t, tx, &driver.OutsideEvent{SagaID: id, EventID: eventID, Name: name, Payload: payload, ReceivedAt: now})
+	in := driver.In{T: t, Caller: tx}
+	fresh, err := c.db.EventRecord(ctx, in, &driver.OutsideEvent{SagaID: id, EventID: eventID, Name: name, Payload: payload, ReceivedAt: now})
 	if err != nil {
 		return nil, transition{}, false, err
 	}
@@ -180,13 +181,13 @@ func (c *Client) applyOutside(ctx context.Context, t driver.Tx, tx pgx.Tx, rec d
 		sent.Outcome = EventKept
 		if !waitsAhead(runner, s, name) {
 			sent.Outcome = EventIgnored
-			if err := c.db.SettleEvent(ctx, t, tx, id, eventID, eventIgnored, res.IgnoreReason, now); err != nil {
+			if err := c.db.EventSettle(ctx, in, driver.EventSettlement{SagaID: id, EventID: eventID, Status: eventIgnored, Detail: res.IgnoreReason, At: now}); err != nil {
 				return nil, transition{}, false, err
 			}
 		}
 		return sent, transition{}, false, nil
 	}
-	if err := c.db.SettleEvent(ctx, t, tx, id, eventID, eventConsumed, "", now); err != nil {
+	if err := c.db.EventSettle(ctx, in, driver.EventSettlement{SagaID: id, EventID: eventID, Status: eventConsumed, At: now}); err != nil {
 		return nil, transition{}, false, err
 	}
 	tr, err := c.transition(ctx, rec, res, now)
@@ -244,7 +245,7 @@ func (c *Client) consumeKept(ctx context.Context, t driver.Tx, tx pgx.Tx, runner
 		if name == "" {
 			break
 		}
-		ev, err := c.db.PendingEvent(ctx, t, tx, res.Instance.ID, name)
+		ev, err := c.db.EventPending(ctx, driver.In{T: t, Caller: tx}, res.Instance.ID, name)
 		if err != nil {
 			return tr, err
 		}
@@ -265,12 +266,12 @@ func (c *Client) consumeKept(ctx context.Context, t driver.Tx, tx pgx.Tx, runner
 			if err == nil {
 				detail = next.IgnoreReason
 			}
-			if serr := c.db.SettleEvent(ctx, t, tx, ev.SagaID, ev.EventID, eventIgnored, detail, now); serr != nil {
+			if serr := c.db.EventSettle(ctx, driver.In{T: t, Caller: tx}, driver.EventSettlement{SagaID: ev.SagaID, EventID: ev.EventID, Status: eventIgnored, Detail: detail, At: now}); serr != nil {
 				return tr, serr
 			}
 			break
 		}
-		if err := c.db.SettleEvent(ctx, t, tx, ev.SagaID, ev.EventID, eventConsumed, "", now); err != nil {
+		if err := c.db.EventSettle(ctx, driver.In{T: t, Caller: tx}, driver.EventSettlement{SagaID: ev.SagaID, EventID: ev.EventID, Status: eventConsumed, At: now}); err != nil {
 			return tr, err
 		}
 		res = saga.Result{Instance: next.Instance, Emit: append(res.Emit, next.Emit...), History: append(res.History, next.History...)}
@@ -293,7 +294,7 @@ func (c *Client) consumeKept(ctx context.Context, t driver.Tx, tx pgx.Tx, runner
 func (c *Client) processEvent(ctx context.Context, d *transport.Delivery, lease *driver.OutboxLease) (engine.Result, error) {
 	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
-	rcpts, err := c.db.ReceiveReplies(ctx, t, []*message.Envelope{&d.Envelope})
+	rcpts, err := c.db.ReplyReceive(ctx, t, []*message.Envelope{&d.Envelope})
 	if err != nil {
 		return engine.Result{}, err
 	}
@@ -321,7 +322,7 @@ func (c *Client) processEvent(ctx context.Context, d *transport.Delivery, lease 
 	case !write:
 		return commit(engine.Result{Outcome: telemetry.OutcomeIgnored, Note: string(sent.Outcome)})
 	}
-	if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at); err != nil {
+	if err := c.db.SagaWrite(ctx, t, writes(tr), tr.at); err != nil {
 		return engine.Result{}, err
 	}
 	res, err := commit(engine.Result{Outcome: telemetry.OutcomeApplied})

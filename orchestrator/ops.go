@@ -333,7 +333,7 @@ func (c *Client) startOperation(ctx context.Context, id uuid.UUID, kind saga.Eve
 // transition is the caller's to write.
 func (c *Client) operateTx(ctx context.Context, t driver.Tx, id uuid.UUID, act operatorAction) (transition, error) {
 	kind, actor, reason := act.kind, act.actor, act.reason
-	recs, err := c.db.LockSagas(ctx, t, []uuid.UUID{id})
+	recs, err := c.db.SagaLock(ctx, t, []uuid.UUID{id})
 	if err != nil {
 		return transition{}, err
 	}

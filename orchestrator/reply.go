@@ -158,9 +158,9 @@ func (c *Client) receiveReplies(ctx context.Context, t driver.Tx, items []engine
 		}
 	}
 	if kept == len(at) {
-		return out, c.db.ReceiveKnownReplies(ctx, t, envs)
+		return out, c.db.ReplyReceiveKnown(ctx, t, envs)
 	}
-	rcpts, err := c.db.ReceiveReplies(ctx, t, envs)
+	rcpts, err := c.db.ReplyReceive(ctx, t, envs)
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +233,7 @@ func (c *Client) commitTransitions(ctx context.Context, t driver.Tx, trs []*tran
 		}
 	}
 	if len(write) > 0 {
-		if err := c.db.WriteTransitions(ctx, t, write, now); err != nil {
+		if err := c.db.SagaWrite(ctx, t, write, now); err != nil {
 			return driver.Committed{}, err
 		}
 	}
@@ -312,7 +312,7 @@ func (c *Client) applyReply(ctx context.Context, t driver.Tx, d *transport.Deliv
 // transaction was rolled back), so it can be replayed.
 func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *engine.Poison) (engine.Result, error) {
 	c := p.c
-	if err := c.db.MarkDeadLettered(ctx, nil, &d.Envelope, poison.Reason); err != nil {
+	if err := c.db.AttemptMarkDeadLettered(ctx, nil, &d.Envelope, poison.Reason); err != nil {
 		return engine.Result{}, err
 	}
 	if d.Kind.IsReply() {
@@ -331,7 +331,7 @@ func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h driver.Histor
 	err := engine.Retrying(ctx, func() error {
 		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
-		recs, err := c.db.LockSagas(ctx, t, []uuid.UUID{id})
+		recs, err := c.db.SagaLock(ctx, t, []uuid.UUID{id})
 		if err != nil || len(recs) == 0 {
 			return err
 		}
@@ -351,7 +351,7 @@ func (c *Client) recordOnSaga(ctx context.Context, id uuid.UUID, h driver.Histor
 // published after the wake-up that follows it (Client.committed).
 func (c *Client) writeAndCommit(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time) error {
 	if len(trs) > 0 {
-		if err := c.db.WriteTransitions(ctx, t, trs, now); err != nil {
+		if err := c.db.SagaWrite(ctx, t, trs, now); err != nil {
 			return err
 		}
 	}

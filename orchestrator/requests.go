@@ -48,7 +48,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
 		var err error
-		if op, err = c.db.ClaimOperation(ctx, t, keys); err != nil || op == nil {
+		if op, err = c.db.OperationClaim(ctx, t, keys); err != nil || op == nil {
 			return err
 		}
 		var act operatorAction
@@ -73,7 +73,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 			if err := sp.Commit(ctx); err != nil {
 				return err
 			}
-			if err := c.db.WriteTransitions(ctx, t, writes(tr), tr.at); err != nil {
+			if err := c.db.SagaWrite(ctx, t, writes(tr), tr.at); err != nil {
 				return err
 			}
 		case refused(refusal):
@@ -90,7 +90,7 @@ func (c *Client) applyRequest(ctx context.Context, keys []driver.SagaKey) (found
 		if refusal != nil {
 			reason = fmt.Sprintf("%s saga %s: %v", kind, op.SagaID, refusal)
 		}
-		if err := c.db.MarkOperation(ctx, t, op.ID, c.now(), reason); err != nil {
+		if err := c.db.OperationMark(ctx, t, op.ID, c.now(), reason); err != nil {
 			return err
 		}
 		_, err = t.Commit(ctx)
@@ -217,7 +217,7 @@ func (c *Client) RequestAction(ctx context.Context, id uuid.UUID, action, actor,
 	case restart != nil:
 		return nil, fmt.Errorf("orchestrator: request %s of saga %s: RestartOpts are for a restart", action, id)
 	}
-	op, err := c.db.RequestOperation(ctx, id, action, actor, reason, params)
+	op, err := c.db.OperationRequest(ctx, driver.NewOperation{SagaID: id, Action: action, Params: params, Actor: actor, Reason: reason})
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
@@ -226,7 +226,7 @@ func (c *Client) RequestAction(ctx context.Context, id uuid.UUID, action, actor,
 
 // GetRequest returns request id, or an error wrapping ErrNotFound.
 func (c *Client) GetRequest(ctx context.Context, id int64) (*Request, error) {
-	op, err := c.db.Operation(ctx, id)
+	op, err := c.db.OperationGet(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
@@ -262,7 +262,7 @@ const DefaultRequestPollInterval = 100 * time.Millisecond
 // refused or withdrawn before, and one wrapping ErrNotFound if it does not
 // exist.
 func (c *Client) WithdrawRequest(ctx context.Context, id int64, actor string) (*Request, error) {
-	op, err := c.db.WithdrawOperation(ctx, id, actor)
+	op, err := c.db.OperationWithdraw(ctx, id, actor)
 	if errors.Is(err, driver.ErrNotPending) {
 		return requestOf(op), fmt.Errorf("orchestrator: withdraw request %d: %w", id, err)
 	}
@@ -296,7 +296,7 @@ func (c *Client) ListRequests(ctx context.Context, opts *ListRequestsOpts) ([]Re
 	var ops []driver.Operation
 	var err error
 	if o.All {
-		ops, err = c.db.Operations(ctx, true, o.Limit)
+		ops, err = c.db.OperationList(ctx, true, o.Limit)
 	} else {
 		ops, err = c.db.OperationListPending(ctx, o.After, o.Limit)
 	}

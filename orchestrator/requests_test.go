@@ -12,6 +12,7 @@ import (
 
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // retries counts the operator retries recorded in the history of saga id.
@@ -31,7 +32,7 @@ func TestOperatorRequestAppliedOnceWhenMarkingFails(t *testing.T) {
 	c := e.newOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 	st := e.start(c, def, Order{ID: "op", Qty: 1, Amount: 10, Address: "here"}, nil)
-	op, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "participant lost the command", nil)
+	op, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: st.ID, Action: "retry", Actor: "alice", Reason: "participant lost the command", Params: nil})
 	require.NoError(t, err)
 
 	// Marking the request fails (a constraint, a statement timeout, a
@@ -59,7 +60,7 @@ func TestOperatorRequestAppliedOnceWhenMarkingFails(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, s.Steps[0].Attempt)
 	require.Equal(t, 1, e.retries(st.ID))
-	got, err := e.orch.Operation(ctx, op.ID)
+	got, err := e.orch.OperationGet(ctx, op.ID)
 	require.NoError(t, err)
 	require.False(t, got.AppliedAt.IsZero())
 	require.Empty(t, got.Error)
@@ -82,23 +83,23 @@ func TestOperatorRequestsOfOtherDefinitionsDoNotStarve(t *testing.T) {
 	var others []uuid.UUID
 	for i := range 25 {
 		st := e.start(newer, v2, Order{ID: fmt.Sprintf("v2-%d", i), Qty: 1, Amount: 10, Address: "here"}, nil)
-		_, err := e.orch.RequestOperation(ctx, st.ID, "retry", "alice", "v2", nil)
+		_, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: st.ID, Action: "retry", Actor: "alice", Reason: "v2", Params: nil})
 		require.NoError(t, err)
 		others = append(others, st.ID)
 	}
 	mine := e.start(c, v1, Order{ID: "v1", Qty: 1, Amount: 10, Address: "here"}, nil)
-	applied, err := e.orch.RequestOperation(ctx, mine.ID, "retry", "bob", "v1", nil)
+	applied, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: mine.ID, Action: "retry", Actor: "bob", Reason: "v1", Params: nil})
 	require.NoError(t, err)
-	blank, err := e.orch.RequestOperation(ctx, mine.ID, "abort", "", "no actor", nil)
+	blank, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: mine.ID, Action: "abort", Actor: "", Reason: "no actor", Params: nil})
 	require.NoError(t, err)
 
 	require.NoError(t, c.ApplyRequests(ctx))
-	op, err := e.orch.Operation(ctx, applied.ID)
+	op, err := e.orch.OperationGet(ctx, applied.ID)
 	require.NoError(t, err)
 	require.False(t, op.AppliedAt.IsZero(), "the v1 request must be applied")
 	require.Empty(t, op.Error)
 	require.Equal(t, 1, e.retries(mine.ID))
-	op, err = e.orch.Operation(ctx, blank.ID)
+	op, err = e.orch.OperationGet(ctx, blank.ID)
 	require.NoError(t, err)
 	require.False(t, op.AppliedAt.IsZero(), "a request without actor is refused")
 	require.Contains(t, op.Error, "actor is required")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
+	"github.com/sagabox/sagabox/store/driver"
 )
 
 // TestRestartFromAStep: a compensated saga (its charge was declined) is
@@ -72,26 +73,26 @@ func TestRestartFromAStep(t *testing.T) {
 	waitStatus(t, c, declined.ID, saga.StatusCompensated, 30*time.Second)
 	params, err := json.Marshal(orchestrator.RestartOpts{From: "reserve", Data: json.RawMessage(`{"id":"r-2-fixed","qty":1,"amount":20,"address":"here"}`)})
 	require.NoError(t, err)
-	op, err := e.orch.RequestOperation(ctx, declined.ID, "restart", "bob", "retry with a smaller amount", params)
+	op, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: declined.ID, Action: "restart", Actor: "bob", Reason: "retry with a smaller amount", Params: params})
 	require.NoError(t, err)
 	c.Wake()
 	waitStatus(t, c, declined.ID, saga.StatusCompleted, 30*time.Second)
-	applied, err := e.orch.Operation(ctx, op.ID)
+	applied, err := e.orch.OperationGet(ctx, op.ID)
 	require.NoError(t, err)
 	require.Empty(t, applied.Error)
 	requireRestarted := e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_history WHERE saga_id = $1 AND event = 'restarted' AND actor = 'bob'`, declined.ID)
 	require.Equal(t, 1, requireRestarted)
 
 	// A request the core refuses is marked with the reason.
-	bad, err := e.orch.RequestOperation(ctx, declined.ID, "restart", "bob", "again", params)
+	bad, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: declined.ID, Action: "restart", Actor: "bob", Reason: "again", Params: params})
 	require.NoError(t, err)
 	c.Wake()
 	waitFor(t, 30*time.Second, "the refused request to be marked", func() bool {
-		op, err := e.orch.Operation(ctx, bad.ID)
+		op, err := e.orch.OperationGet(ctx, bad.ID)
 		require.NoError(t, err)
 		return !op.Pending()
 	})
-	refused, err := e.orch.Operation(ctx, bad.ID)
+	refused, err := e.orch.OperationGet(ctx, bad.ID)
 	require.NoError(t, err)
 	require.Contains(t, refused.Error, "only a failed or compensated saga can be restarted, this one is completed")
 }

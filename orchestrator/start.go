@@ -213,7 +213,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		}
 	}
 	if opts.StartKey != "" && local {
-		existing, err := c.db.SagaByStartKey(ctx, work, runner.Name(), opts.StartKey)
+		existing, err := c.db.SagaGetByStartKey(ctx, work, runner.Name(), opts.StartKey)
 		switch {
 		case err == nil:
 			return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
@@ -240,7 +240,7 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if !inserted {
 		// The deferred rollback undoes the local steps' writes (and a key
 		// release).
-		existing, err := c.db.SagaByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		existing, err := c.db.SagaGetByStartKey(ctx, tx, runner.Name(), opts.StartKey)
 		if err != nil {
 			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
 		}
@@ -295,7 +295,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, runner saga.Runner, id uu
 	// asked for (its id is new).
 	c.cache.put(&st.Saga)
 	if c.cfg.Relay.Notify {
-		if err := c.db.Notify(ctx, tx); err != nil {
+		if err := c.db.OutboxNotify(ctx, tx); err != nil {
 			return res, false, err
 		}
 	}

@@ -111,7 +111,9 @@ func (c *Client) existingStart(runner saga.Runner, rec *driver.SagaRecord, polic
 // releaseStartKey gives, under StartKeyReuseFinished, the key of the
 // finished saga holding it to the saga id about to be started in tx.
 func (c *Client) releaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, key string, id uuid.UUID) error {
-	_, err := c.db.ReleaseStartKey(ctx, tx, sagaType, key, string(HistoryStartKeyReleased),
-		fmt.Sprintf("start key %q given to saga %s", key, id), c.now())
+	_, err := c.db.SagaReleaseStartKey(ctx, tx, driver.StartKeyRelease{
+		SagaType: sagaType, StartKey: key, Event: string(HistoryStartKeyReleased),
+		Detail: fmt.Sprintf("start key %q given to saga %s", key, id), At: c.now(),
+	})
 	return err
 }

@@ -112,7 +112,7 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 		}
 		t := c.db.Begin(nil)
 		defer t.Rollback(ctx)
-		recs, err := c.db.ClaimDueSagas(ctx, t, due, c.cfg.SweepBatch, keys)
+		recs, err := c.db.SagaClaimDue(ctx, t, due, c.cfg.SweepBatch, keys)
 		if err != nil {
 			return err
 		}

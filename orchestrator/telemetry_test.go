@@ -198,7 +198,7 @@ func TestTelemetryCountersStartAtZeroAndSagaGauges(t *testing.T) {
 		_, err := e.orch.SagaStart(ctx, tx, &driver.SagaStart{Saga: other}, time.Now())
 		return err
 	}))
-	_, err := e.orch.RequestOperation(ctx, other.ID, "retry", "alice", "pending", nil)
+	_, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: other.ID, Action: "retry", Actor: "alice", Reason: "pending", Params: nil})
 	require.NoError(t, err)
 	waitFor(t, 30*time.Second, "the running saga counted", func() bool {
 		m = meter.Collect(t)

@@ -185,7 +185,7 @@ func TestGiveUpOnAProcessedMessageAcknowledgesIt(t *testing.T) {
 	e.publish(cmd)
 	requireSuccess(t, e.replies.wait(t, cmd.MessageID))
 	for range 3 { // MaxAttempts in the tests' config
-		_, err := e.store.RecordAttempt(ctx, &cmd.Envelope, "failed before it succeeded elsewhere")
+		_, err := e.store.AttemptRecord(ctx, &cmd.Envelope, "failed before it succeeded elsewhere")
 		require.NoError(t, err)
 	}
 

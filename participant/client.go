@@ -147,7 +147,7 @@ func (c *Client) Publish(ctx context.Context, tx pgx.Tx, msgs ...message.Message
 		return fmt.Errorf("participant: publish: %w", err)
 	}
 	if c.cfg.Relay.Notify {
-		if err := c.db.Notify(ctx, tx); err != nil {
+		if err := c.db.OutboxNotify(ctx, tx); err != nil {
 			return fmt.Errorf("participant: publish: %w", err)
 		}
 	}

@@ -180,7 +180,7 @@ func (e errInFlight) Error() string { return e.what }
 func (c *Client) deliverOutside(ctx context.Context, d *transport.Delivery, h *handler, data any, attempt int, lease *driver.OutboxLease) (engine.Result, error) {
 	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
-	del, err := c.db.BeginOutsideDelivery(ctx, t, &d.Envelope, blockedReply(d))
+	del, err := c.db.DeliveryBeginOutside(ctx, t, &d.Envelope, blockedReply(d))
 	if err != nil {
 		return engine.Result{}, err
 	}
@@ -275,7 +275,7 @@ func errActionInFlight(d *transport.Delivery) error {
 func (c *Client) recordOutside(ctx context.Context, d *transport.Delivery, h *handler, req *outsideReq, reply []byte, result any, rejected error, lease *driver.OutboxLease) (engine.Result, error) {
 	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
-	del, err := c.db.ResumeDelivery(ctx, t, &d.Envelope)
+	del, err := c.db.DeliveryResume(ctx, t, &d.Envelope)
 	if err != nil {
 		return engine.Result{}, err
 	}

@@ -78,7 +78,7 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item, lease 
 	}
 	t := c.db.Begin(&driver.BeginOpts{Lease: lease})
 	defer t.Rollback(ctx)
-	dels, err := c.db.BeginDeliveries(ctx, t, g.envs, g.blocked)
+	dels, err := c.db.DeliveryBeginMany(ctx, t, g.envs, g.blocked)
 	if err != nil {
 		return nil, driver.Committed{}, err
 	}
@@ -86,7 +86,7 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item, lease 
 	if err != nil || abandoned {
 		return results, driver.Committed{}, err
 	}
-	if err := c.db.FinishDeliveries(ctx, t, g.envs, dels, ends); err != nil {
+	if err := c.db.DeliveryFinishMany(ctx, t, g.envs, dels, ends); err != nil {
 		return nil, driver.Committed{}, err
 	}
 	committed, err := t.Commit(ctx)
@@ -105,7 +105,7 @@ func (p processor) ProcessBatch(ctx context.Context, items []engine.Item, lease 
 
 // group is the part of a batch applied in one transaction: its members,
 // with their envelopes and the replies their actions get when their
-// compensations came first (driver.Executor.BeginDeliveries).
+// compensations came first (driver.Executor.DeliveryBeginMany).
 type group struct {
 	members []member
 	envs    []*message.Envelope
@@ -175,7 +175,7 @@ func (c *Client) runGroup(items []engine.Item, g group, dels []*driver.Delivery,
 		if err != nil {
 			end, res = driver.DeliveryEnd{Undo: true}, engine.Result{Failed: err}
 		}
-		if err := c.db.EndDelivery(it.Ctx, dels[k], end); err != nil {
+		if err := c.db.DeliveryEndHandler(it.Ctx, dels[k], end); err != nil {
 			return nil, false, err
 		}
 		ends[k], results[m.at] = end, res
@@ -187,7 +187,7 @@ func (c *Client) runGroup(items []engine.Item, g group, dels []*driver.Delivery,
 // mark go out with t's first statement, the reply and the mark's outcome
 // with its commit, and the handler runs in between, under a savepoint.
 func (c *Client) deliver(ctx context.Context, t driver.Tx, d *transport.Delivery, h *handler, data any, attempt int) (engine.Result, error) {
-	del, err := c.db.BeginDelivery(ctx, t, &d.Envelope, blockedReply(d))
+	del, err := c.db.DeliveryBegin(ctx, t, &d.Envelope, blockedReply(d))
 	if err != nil {
 		return engine.Result{}, err
 	}
@@ -241,7 +241,7 @@ func (c *Client) dispatch(d *transport.Delivery) (*handler, any, *engine.Poison)
 // finish ends the delivery begun in t and commits t: res, with what the
 // commit wrote to the outbox.
 func (c *Client) finish(ctx context.Context, t driver.Tx, d *transport.Delivery, del *driver.Delivery, end driver.DeliveryEnd, res engine.Result) (engine.Result, error) {
-	if err := c.db.FinishDelivery(ctx, t, &d.Envelope, del, end); err != nil {
+	if err := c.db.DeliveryFinish(ctx, t, &d.Envelope, del, end); err != nil {
 		return engine.Result{}, err
 	}
 	committed, err := t.Commit(ctx)
@@ -338,19 +338,19 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	if outside {
 		// An entry left "started" by the call given up on is this
 		// message's, not a duplicate.
-		if fresh, err = c.db.SettleStarted(ctx, t, &d.Envelope); err != nil {
+		if fresh, err = c.db.InboxSettleStarted(ctx, t, &d.Envelope); err != nil {
 			return engine.Result{}, err
 		}
 	}
 	if !fresh {
-		if fresh, err = c.db.RecordInbox(ctx, t, &d.Envelope); err != nil {
+		if fresh, err = c.db.InboxRecord(ctx, t, &d.Envelope); err != nil {
 			return engine.Result{}, err
 		}
 	}
 	if !fresh {
 		return c.finish(ctx, t, d, nil, driver.DeliveryEnd{}, engine.Result{Outcome: telemetry.OutcomeDuplicate})
 	}
-	if err := c.db.MarkDeadLettered(ctx, t, &d.Envelope, poison.Reason); err != nil {
+	if err := c.db.AttemptMarkDeadLettered(ctx, t, &d.Envelope, poison.Reason); err != nil {
 		return engine.Result{}, err
 	}
 	failure := encodeFailure(saga.Failure{Reason: poison.Reason, Code: poison.Code})
@@ -362,13 +362,13 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 	}
 	switch d.Kind {
 	case message.KindCommand:
-		left, err := c.db.LeaveBarrier(ctx, t, &d.Envelope, driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure})
+		left, err := c.db.BarrierLeave(ctx, t, &d.Envelope, driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: failure})
 		if err != nil {
 			return engine.Result{}, err
 		}
 		end.Reply = c.reply(ctx, d, message.KindReplyFailure, failure)
 		if !left {
-			prior, err := c.db.Barrier(ctx, t, &d.Envelope, message.PhaseAction)
+			prior, err := c.db.BarrierGet(ctx, t, &d.Envelope, message.PhaseAction)
 			if err != nil {
 				return engine.Result{}, err
 			}
@@ -381,11 +381,11 @@ func (p processor) GiveUp(ctx context.Context, d *transport.Delivery, poison *en
 		// operator's retry runs it again, unless one succeeded already.
 		end.Reply = c.reply(ctx, d, message.KindReplyFailure, failure)
 		if outside {
-			if err := c.db.DropStartedMark(ctx, t, &d.Envelope); err != nil {
+			if err := c.db.BarrierDropStarted(ctx, t, &d.Envelope); err != nil {
 				return engine.Result{}, err
 			}
 		}
-		prior, err := c.db.Barrier(ctx, t, &d.Envelope, message.PhaseCompensation)
+		prior, err := c.db.BarrierGet(ctx, t, &d.Envelope, message.PhaseCompensation)
 		switch {
 		case err == nil && prior.Outcome == driver.BarrierStarted:
 		case err == nil:

@@ -22,9 +22,9 @@ func (s *executor) SagaAdmission(ctx context.Context, tx pgx.Tx, sagaType string
 	return driver.Admission{Running: int(r.Running), Queued: r.Queued, KeyTaken: r.KeyTaken}, nil
 }
 
-// LockConcurrencyKey takes, in tx, the lock of the concurrency key key of
+// SagaConcurrencyKeyLock takes, in tx, the lock of the concurrency key key of
 // sagaType, waiting for it.
-func (s *executor) LockConcurrencyKey(ctx context.Context, tx pgx.Tx, sagaType, key string) error {
+func (s *executor) SagaConcurrencyKeyLock(ctx context.Context, tx pgx.Tx, sagaType, key string) error {
 	err := s.queries.SagaLockConcurrencyKey(ctx, s.db(tx), &dbsqlc.SagaLockConcurrencyKeyParams{
 		SchemaName: s.schema, SagaType: sagaType, ConcurrencyKey: key,
 	})
@@ -34,8 +34,8 @@ func (s *executor) LockConcurrencyKey(ctx context.Context, tx pgx.Tx, sagaType, 
 	return nil
 }
 
-// TryLockAdmission takes the schema's admission lock in t if it is free.
-func (s *executor) TryLockAdmission(ctx context.Context, t driver.Tx) (bool, error) {
+// AdmissionTryLock takes the schema's admission lock in t if it is free.
+func (s *executor) AdmissionTryLock(ctx context.Context, t driver.Tx) (bool, error) {
 	txOf(t).queue(backgroundTimeouts)
 	ok, err := s.queries.SagaTryLockAdmission(ctx, txOf(t).exec(ctx, false), s.schema)
 	if err != nil {
@@ -44,9 +44,9 @@ func (s *executor) TryLockAdmission(ctx context.Context, t driver.Tx) (bool, err
 	return ok, nil
 }
 
-// CountRunning counts, in t, the running and compensating sagas of sagaType,
+// SagaCountRunning counts, in t, the running and compensating sagas of sagaType,
 // up to max.
-func (s *executor) CountRunning(ctx context.Context, t driver.Tx, sagaType string, max int) (int, error) {
+func (s *executor) SagaCountRunning(ctx context.Context, t driver.Tx, sagaType string, max int) (int, error) {
 	r, err := s.queries.SagaAdmission(ctx, txOf(t).exec(ctx, false), &dbsqlc.SagaAdmissionParams{
 		SagaType: sagaType, MaxRunning: int32(max), CountWhenQueued: true,
 	})
@@ -56,9 +56,9 @@ func (s *executor) CountRunning(ctx context.Context, t driver.Tx, sagaType strin
 	return int(r.Running), nil
 }
 
-// ClaimQueuedSagas locks, in start order, up to max queued sagas of
+// SagaClaimQueued locks, in start order, up to max queued sagas of
 // sagaType that may be admitted now.
-func (s *executor) ClaimQueuedSagas(ctx context.Context, t driver.Tx, sagaType string, versions []int, max int) ([]driver.SagaRecord, error) {
+func (s *executor) SagaClaimQueued(ctx context.Context, t driver.Tx, sagaType string, versions []int, max int) ([]driver.SagaRecord, error) {
 	vs := make([]int32, len(versions))
 	for i, v := range versions {
 		vs[i] = int32(v)
@@ -72,9 +72,9 @@ func (s *executor) ClaimQueuedSagas(ctx context.Context, t driver.Tx, sagaType s
 	return sagaRecords(rows), nil
 }
 
-// FreeConcurrencyKeys locks those of keys that are free to lock and returns
+// SagaConcurrencyKeysFree locks those of keys that are free to lock and returns
 // those of them no saga of sagaType is running or compensating for.
-func (s *executor) FreeConcurrencyKeys(ctx context.Context, t driver.Tx, sagaType string, keys []string) (map[string]bool, error) {
+func (s *executor) SagaConcurrencyKeysFree(ctx context.Context, t driver.Tx, sagaType string, keys []string) (map[string]bool, error) {
 	if len(keys) == 0 {
 		return map[string]bool{}, nil
 	}

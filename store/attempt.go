@@ -14,11 +14,11 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// RecordAttempt counts one failed processing attempt of env, with its cause,
+// AttemptRecord counts one failed processing attempt of env, with its cause,
 // in a statement of its own (the processing transaction was rolled back),
 // and returns the number of failed attempts so far. A cause that is not
 // valid UTF-8 or holds NUL bytes is stored with those replaced.
-func (s *executor) RecordAttempt(ctx context.Context, env *message.Envelope, cause string) (int, error) {
+func (s *executor) AttemptRecord(ctx context.Context, env *message.Envelope, cause string) (int, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return 0, err
@@ -32,10 +32,10 @@ func (s *executor) RecordAttempt(ctx context.Context, env *message.Envelope, cau
 	return int(n), nil
 }
 
-// MarkDeadLettered records that env was dead-lettered for reason: in t
+// AttemptMarkDeadLettered records that env was dead-lettered for reason: in t
 // (with the rest of the delivery that gives it up), or on its own when t is
 // nil.
-func (s *executor) MarkDeadLettered(ctx context.Context, t driver.Tx, env *message.Envelope, reason string) error {
+func (s *executor) AttemptMarkDeadLettered(ctx context.Context, t driver.Tx, env *message.Envelope, reason string) error {
 	var db dbsqlc.DBTX
 	if t != nil {
 		db = txOf(t).exec(ctx, false)

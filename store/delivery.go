@@ -20,7 +20,7 @@ import (
 // handlerSavepoint is the savepoint a handler runs under.
 const handlerSavepoint = "sagabox_handler"
 
-// BeginDelivery begins t, the delivery of env at a participant, in one
+// DeliveryBegin begins t, the delivery of env at a participant, in one
 // round trip with BEGIN: it records env in the inbox and, for a saga step's
 // command or compensation seen for the first time, leaves the step's
 // barrier mark (a compensation also leaves the action's mark, blocked, with
@@ -28,15 +28,15 @@ const handlerSavepoint = "sagabox_handler"
 // with the savepoint the handler runs in. A concurrent delivery of the same
 // message, or of the same step's action and compensation, waits for the
 // other's transaction to end.
-func (s *executor) BeginDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
+func (s *executor) DeliveryBegin(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
 	return s.beginDelivery(ctx, t, env, blockedReply, false)
 }
 
-// BeginOutsideDelivery is BeginDelivery for a handler that calls an outside
+// DeliveryBeginOutside is DeliveryBegin for a handler that calls an outside
 // system: the inbox entry and the barrier mark it leaves are "started", so
 // that t can commit before the call, and a message whose entry is still
 // "started" is resumed, not a duplicate. It begins no savepoint.
-func (s *executor) BeginOutsideDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
+func (s *executor) DeliveryBeginOutside(ctx context.Context, t driver.Tx, env *message.Envelope, blockedReply []byte) (*driver.Delivery, error) {
 	return s.beginDelivery(ctx, t, env, blockedReply, true)
 }
 
@@ -85,11 +85,11 @@ func (s *executor) beginDelivery(ctx context.Context, t driver.Tx, env *message.
 	return d, nil
 }
 
-// ResumeDelivery begins t, the transaction that records the outcome of the
+// DeliveryResume begins t, the transaction that records the outcome of the
 // outside call of env, in one round trip with BEGIN: it marks env's
 // "started" inbox entry "done", locks it, and ends with the handler's
 // savepoint. Delivery.Duplicate is set when the entry was not "started".
-func (s *executor) ResumeDelivery(ctx context.Context, t driver.Tx, env *message.Envelope) (*driver.Delivery, error) {
+func (s *executor) DeliveryResume(ctx context.Context, t driver.Tx, env *message.Envelope) (*driver.Delivery, error) {
 	n, err := s.queries.DeliveryResume(ctx, txOf(t).execThen("savepoint "+handlerSavepoint), env.MessageID)
 	d := &driver.Delivery{Marked: true, Resumed: true, Attempt: int(n)}
 	switch {
@@ -108,9 +108,9 @@ func (s *executor) ResumeDelivery(ctx context.Context, t driver.Tx, env *message
 	return d, nil
 }
 
-// SettleStarted marks env's inbox entry "done" in t if it was left
+// InboxSettleStarted marks env's inbox entry "done" in t if it was left
 // "started", and reports whether it was.
-func (s *executor) SettleStarted(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
+func (s *executor) InboxSettleStarted(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
 	_, err := s.queries.DeliveryResume(ctx, txOf(t).exec(ctx, false), env.MessageID)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -121,9 +121,9 @@ func (s *executor) SettleStarted(ctx context.Context, t driver.Tx, env *message.
 	return true, nil
 }
 
-// DropStartedMark removes, in t, the "started" mark env left in its phase,
+// BarrierDropStarted removes, in t, the "started" mark env left in its phase,
 // if it is still there.
-func (s *executor) DropStartedMark(ctx context.Context, t driver.Tx, env *message.Envelope) error {
+func (s *executor) BarrierDropStarted(ctx context.Context, t driver.Tx, env *message.Envelope) error {
 	err := s.queries.BarrierDropStarted(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierDropStartedParams{
 		SagaID: env.SagaID, Step: barrierStep(env), Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
 	})
@@ -137,9 +137,9 @@ func inboxParams(env *message.Envelope) *dbsqlc.InboxRecordParams {
 	return &dbsqlc.InboxRecordParams{MessageID: env.MessageID, Kind: string(env.Kind), Type: env.Type, SagaID: env.SagaID, Step: env.Step}
 }
 
-// FinishDelivery implements driver.Executor: its statement goes out with
+// DeliveryFinish implements driver.Executor: its statement goes out with
 // t's next round trip (Commit), its reply under t's write-time lease.
-func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message.Envelope, d *driver.Delivery, end driver.DeliveryEnd) error {
+func (s *executor) DeliveryFinish(ctx context.Context, t driver.Tx, env *message.Envelope, d *driver.Delivery, end driver.DeliveryEnd) error {
 	if d != nil {
 		h := d.Tx.(*handlerTx)
 		if end.Discard {
@@ -189,10 +189,10 @@ func (s *executor) FinishDelivery(ctx context.Context, t driver.Tx, env *message
 	return nil
 }
 
-// RecordInbox records env in the inbox in t (the first statement of a
+// InboxRecord records env in the inbox in t (the first statement of a
 // delivery given up on) and reports whether it is new there; a duplicate
 // counts itself.
-func (s *executor) RecordInbox(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
+func (s *executor) InboxRecord(ctx context.Context, t driver.Tx, env *message.Envelope) (bool, error) {
 	fresh, err := s.queries.InboxRecord(ctx, txOf(t).exec(ctx, false), inboxParams(env))
 	if err != nil {
 		return false, fmt.Errorf("record message %s in inbox of schema %q: %w", env.MessageID, s.schema, err)
@@ -200,9 +200,9 @@ func (s *executor) RecordInbox(ctx context.Context, t driver.Tx, env *message.En
 	return fresh, nil
 }
 
-// Barrier returns, read in t, the mark of env's saga step in phase, or an
+// BarrierGet returns, read in t, the mark of env's saga step in phase, or an
 // error wrapping message.ErrNotFound.
-func (s *executor) Barrier(ctx context.Context, t driver.Tx, env *message.Envelope, phase message.Phase) (driver.BarrierMark, error) {
+func (s *executor) BarrierGet(ctx context.Context, t driver.Tx, env *message.Envelope, phase message.Phase) (driver.BarrierMark, error) {
 	r, err := s.queries.BarrierGet(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierGetParams{SagaID: env.SagaID, Step: barrierStep(env), Phase: string(phase)})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.BarrierMark{}, fmt.Errorf("%s barrier of saga %s step %q: %w", phase, env.SagaID, env.Step, message.ErrNotFound)
@@ -213,9 +213,9 @@ func (s *executor) Barrier(ctx context.Context, t driver.Tx, env *message.Envelo
 	return driver.BarrierMark{Outcome: driver.BarrierOutcome(r.Outcome), ReplyKind: message.Kind(r.ReplyKind), ReplyPayload: r.ReplyPayload}, nil
 }
 
-// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
+// BarrierLeave leaves, in t, the final mark of env's saga step in env's
 // phase unless one is there, and reports whether it did.
-func (s *executor) LeaveBarrier(ctx context.Context, t driver.Tx, env *message.Envelope, mark driver.BarrierMark) (bool, error) {
+func (s *executor) BarrierLeave(ctx context.Context, t driver.Tx, env *message.Envelope, mark driver.BarrierMark) (bool, error) {
 	n, err := s.queries.BarrierInsert(ctx, txOf(t).exec(ctx, false), &dbsqlc.BarrierInsertParams{
 		SagaID: env.SagaID, Step: barrierStep(env), Phase: string(env.Kind.Phase()), MessageID: env.MessageID,
 		Outcome: string(mark.Outcome), ReplyKind: string(mark.ReplyKind), ReplyPayload: mark.ReplyPayload,

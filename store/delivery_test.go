@@ -39,7 +39,7 @@ func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx 
 	ctx := context.Background()
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	d, err := s.BeginDelivery(ctx, tx, env, []byte(`{"reason":"blocked"}`))
+	d, err := s.DeliveryBegin(ctx, tx, env, []byte(`{"reason":"blocked"}`))
 	require.NoError(t, err)
 	end := driver.DeliveryEnd{}
 	switch {
@@ -59,7 +59,7 @@ func deliver(t *testing.T, s *dbtest.DB, env *message.Envelope, handler func(tx 
 		}
 		end.Reply = reply(env, message.KindReplySuccess, `{"ok":1}`)
 	}
-	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, end))
+	require.NoError(t, s.DeliveryFinish(ctx, tx, env, d, end))
 	dbtest.Commit(t, tx)
 	return d
 }
@@ -107,7 +107,7 @@ func TestDeliveryRolledBackLeavesNothing(t *testing.T) {
 	s := dbtest.Store(t, store.LineMessaging)
 	env := command(uuid.New(), message.KindCommand)
 	tx := s.Begin(nil)
-	d, err := s.BeginDelivery(ctx, tx, env, nil)
+	d, err := s.DeliveryBegin(ctx, tx, env, nil)
 	require.NoError(t, err)
 	require.True(t, d.Marked)
 	tx.Rollback(ctx)
@@ -127,11 +127,11 @@ func TestDeliveryDiscardRollsBackTheHandler(t *testing.T) {
 	env := command(uuid.New(), message.KindCommand)
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	d, err := s.BeginDelivery(ctx, tx, env, nil)
+	d, err := s.DeliveryBegin(ctx, tx, env, nil)
 	require.NoError(t, err)
 	_, err = d.Tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.stock VALUES (1)`, s.Schema()))
 	require.NoError(t, err)
-	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, driver.DeliveryEnd{
+	require.NoError(t, s.DeliveryFinish(ctx, tx, env, d, driver.DeliveryEnd{
 		Discard: true,
 		Mark:    &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{"reason":"no"}`)},
 		Reply:   reply(env, message.KindReplyFailure, `{"reason":"no"}`),
@@ -207,11 +207,11 @@ func TestAttempts(t *testing.T) {
 	s := dbtest.Store(t, store.LineMessaging)
 	env := command(uuid.New(), message.KindCommand)
 	for want := 1; want <= 3; want++ {
-		n, err := s.RecordAttempt(ctx, env, "boom")
+		n, err := s.AttemptRecord(ctx, env, "boom")
 		require.NoError(t, err)
 		require.Equal(t, want, n)
 	}
-	require.NoError(t, s.MarkDeadLettered(ctx, nil, env, "gave up"))
+	require.NoError(t, s.AttemptMarkDeadLettered(ctx, nil, env, "gave up"))
 	a, err := s.AttemptGet(ctx, env.MessageID)
 	require.NoError(t, err)
 	require.Equal(t, 3, a.Attempts)
@@ -220,7 +220,7 @@ func TestAttempts(t *testing.T) {
 	require.Equal(t, env.SagaID, a.SagaID)
 
 	other := command(uuid.New(), message.KindCommand)
-	_, err = s.RecordAttempt(ctx, other, "x")
+	_, err = s.AttemptRecord(ctx, other, "x")
 	require.NoError(t, err)
 	all, err := s.Store.Attempts(ctx, false, nil, 100)
 	require.NoError(t, err)
@@ -242,13 +242,13 @@ func TestAttemptRecordsAnyErrorText(t *testing.T) {
 	ctx := context.Background()
 	s := dbtest.Store(t, store.LineMessaging)
 	env := command(uuid.New(), message.KindCommand)
-	n, err := s.RecordAttempt(ctx, env, "no such sku \x00 here")
+	n, err := s.AttemptRecord(ctx, env, "no such sku \x00 here")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	n, err = s.RecordAttempt(ctx, env, "no such sku \xff here")
+	n, err = s.AttemptRecord(ctx, env, "no such sku \xff here")
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	require.NoError(t, s.MarkDeadLettered(ctx, nil, env, "gave up: \x00\xfe"))
+	require.NoError(t, s.AttemptMarkDeadLettered(ctx, nil, env, "gave up: \x00\xfe"))
 	a, err := s.AttemptGet(ctx, env.MessageID)
 	require.NoError(t, err)
 	require.Equal(t, 2, a.Attempts)
@@ -257,7 +257,7 @@ func TestAttemptRecordsAnyErrorText(t *testing.T) {
 	// A text of megabytes (a handler quoting a whole payload) is cut to
 	// 8 KiB, on a character boundary, with its length.
 	huge := strings.Repeat("é", 1<<20)
-	require.NoError(t, s.MarkDeadLettered(ctx, nil, env, huge))
+	require.NoError(t, s.AttemptMarkDeadLettered(ctx, nil, env, huge))
 	a, err = s.AttemptGet(ctx, env.MessageID)
 	require.NoError(t, err)
 	require.LessOrEqual(t, len(a.LastError), 8<<10+40)
@@ -283,7 +283,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			actionEnv := command(sagaID, message.KindCommand)
 			action := s.Begin(nil)
 			defer action.Rollback(ctx)
-			ad, err := s.BeginDelivery(ctx, action, actionEnv, nil)
+			ad, err := s.DeliveryBegin(ctx, action, actionEnv, nil)
 			require.NoError(t, err)
 			require.True(t, ad.Marked)
 
@@ -296,7 +296,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			defer comp.Rollback(ctx)
 			done := make(chan begun, 1)
 			go func() {
-				d, err := s.BeginDelivery(ctx, comp, compEnv, []byte(`{"reason":"blocked"}`))
+				d, err := s.DeliveryBegin(ctx, comp, compEnv, []byte(`{"reason":"blocked"}`))
 				done <- begun{d, err}
 			}()
 			require.Eventually(t, func() bool {
@@ -307,7 +307,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 			}, 10*time.Second, 10*time.Millisecond, "the compensation waits for the action's transaction")
 
 			if actionCommits {
-				require.NoError(t, s.FinishDelivery(ctx, action, actionEnv, ad, driver.DeliveryEnd{
+				require.NoError(t, s.DeliveryFinish(ctx, action, actionEnv, ad, driver.DeliveryEnd{
 					Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
 				}))
 				dbtest.Commit(t, action)
@@ -327,7 +327,7 @@ func TestGuaranteeCompensationRaceBarrierKeySerialises(t *testing.T) {
 				want = driver.BarrierApplied
 			}
 			require.Equal(t, want, r.d.Action, "the compensation sees the winner's mark")
-			require.NoError(t, s.FinishDelivery(ctx, comp, compEnv, r.d, driver.DeliveryEnd{}))
+			require.NoError(t, s.DeliveryFinish(ctx, comp, compEnv, r.d, driver.DeliveryEnd{}))
 			dbtest.Commit(t, comp)
 		})
 	}

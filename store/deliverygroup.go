@@ -13,13 +13,13 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// BeginDeliveries begins t with the deliveries envs of a group applied in
+// DeliveryBeginMany begins t with the deliveries envs of a group applied in
 // one transaction (group commit) at a participant, in one statement sent
-// with BEGIN: what BeginDelivery does for each of them. envs must not
+// with BEGIN: what DeliveryBegin does for each of them. envs must not
 // repeat a message id nor a saga step (the caller leaves such a delivery
 // out of the group). Each Delivery's Tx is its handler's: a savepoint of t
-// begun with the handler's first statement, which EndDelivery ends.
-func (s *executor) BeginDeliveries(ctx context.Context, t driver.Tx, envs []*message.Envelope, blockedReplies [][]byte) ([]*driver.Delivery, error) {
+// begun with the handler's first statement, which DeliveryEndHandler ends.
+func (s *executor) DeliveryBeginMany(ctx context.Context, t driver.Tx, envs []*message.Envelope, blockedReplies [][]byte) ([]*driver.Delivery, error) {
 	n := len(envs)
 	p := &dbsqlc.DeliveryBeginManyParams{
 		Ord: make([]int32, n), MessageID: make([]uuid.UUID, n), Kind: make([]string, n), Type: make([]string, n),
@@ -65,13 +65,13 @@ func (s *executor) BeginDeliveries(ctx context.Context, t driver.Tx, envs []*mes
 	return dels, nil
 }
 
-// EndDelivery ends the handler's savepoint of d, a delivery of a group
-// begun with BeginDeliveries, before the next delivery's handler runs: it is
+// DeliveryEndHandler ends the handler's savepoint of d, a delivery of a group
+// begun with DeliveryBeginMany, before the next delivery's handler runs: it is
 // released, or rolled back when end discards the handler's writes (Discard,
 // Undo), with t's next statement. It fails when the handler's writes must be
 // discarded but the handler released its savepoint itself: they cannot be
 // told apart from the group's any more, so the group must not commit.
-func (s *executor) EndDelivery(_ context.Context, d *driver.Delivery, end driver.DeliveryEnd) error {
+func (s *executor) DeliveryEndHandler(_ context.Context, d *driver.Delivery, end driver.DeliveryEnd) error {
 	h := d.Tx.(*handlerTx)
 	discard := end.Discard || end.Undo
 	if discard && h.released {
@@ -88,12 +88,12 @@ func (s *executor) EndDelivery(_ context.Context, d *driver.Delivery, end driver
 	return nil
 }
 
-// FinishDeliveries ends the deliveries dels of envs, a group begun with
-// BeginDeliveries whose handlers EndDelivery ended, as ends say, in one
+// DeliveryFinishMany ends the deliveries dels of envs, a group begun with
+// DeliveryBeginMany whose handlers DeliveryEndHandler ended, as ends say, in one
 // statement sent with t's next round trip (Commit). A delivery whose end is
 // Undo leaves nothing: its inbox entry and the marks it left are removed.
 // The replies take t's write-time lease.
-func (s *executor) FinishDeliveries(ctx context.Context, t driver.Tx, envs []*message.Envelope, dels []*driver.Delivery, ends []driver.DeliveryEnd) error {
+func (s *executor) DeliveryFinishMany(ctx context.Context, t driver.Tx, envs []*message.Envelope, dels []*driver.Delivery, ends []driver.DeliveryEnd) error {
 	p := &dbsqlc.DeliveryFinishManyParams{
 		MarkSagaID: []uuid.UUID{}, MarkStep: []string{}, MarkPhase: []string{}, MarkOutcome: []string{},
 		MarkReplyKind: []string{}, MarkReplyPayload: [][]byte{},

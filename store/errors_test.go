@@ -41,13 +41,13 @@ func TestConnectionDroppedMidStatementIsAConnectionError(t *testing.T) {
 	env := command(uuid.New(), message.KindCommand)
 	holder := p.shared.Begin(nil)
 	defer holder.Rollback(ctx)
-	_, err := p.shared.BeginDelivery(ctx, holder, env, nil)
+	_, err := p.shared.DeliveryBegin(ctx, holder, env, nil)
 	require.NoError(t, err)
 	tx := p.ex.Begin(nil)
 	defer tx.Rollback(ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, err := p.ex.BeginDelivery(ctx, tx, env, nil)
+		_, err := p.ex.DeliveryBegin(ctx, tx, env, nil)
 		done <- err
 	}()
 	require.Eventually(t, func() bool {
@@ -135,7 +135,7 @@ func TestHandlerStatementsOnADroppedConnectionAreConnectionErrors(t *testing.T) 
 			p := newDroppable(t)
 			tx := p.ex.Begin(nil)
 			defer tx.Rollback(ctx)
-			d, err := p.ex.BeginDelivery(ctx, tx, command(uuid.New(), message.KindCommand), nil)
+			d, err := p.ex.DeliveryBegin(ctx, tx, command(uuid.New(), message.KindCommand), nil)
 			require.NoError(t, err)
 			// The handler's savepoint is open, the connection is idle in
 			// its transaction: then the network between goes.
@@ -242,7 +242,7 @@ func TestHandlerTimeoutIsNotAConnectionError(t *testing.T) {
 	env := command(uuid.New(), message.KindCommand)
 	tx := db.Begin(nil)
 	defer tx.Rollback(ctx)
-	d, err := db.BeginDelivery(ctx, tx, env, nil)
+	d, err := db.DeliveryBegin(ctx, tx, env, nil)
 	require.NoError(t, err)
 	qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
@@ -289,6 +289,6 @@ func TestInterpretErrorMarksByClass(t *testing.T) {
 	// executor itself.
 	tx := s.Begin(nil)
 	defer tx.Rollback(context.Background())
-	_, err := s.RecordInbox(context.Background(), tx, &message.Envelope{MessageID: uuid.New(), Kind: message.KindEvent, Type: "bad\x00type"})
+	_, err := s.InboxRecord(context.Background(), tx, &message.Envelope{MessageID: uuid.New(), Kind: message.KindEvent, Type: "bad\x00type"})
 	require.ErrorIs(t, err, driver.ErrDataRefused, "%v", err)
 }

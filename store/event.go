@@ -4,32 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/sagabox/sagabox/store/driver"
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// eventDB returns the executor of an outside-event statement: in t, one of
-// the engine's transactions, or else in tx, a caller's.
-func (s *executor) eventDB(ctx context.Context, t driver.Tx, tx pgx.Tx) (dbsqlc.DBTX, error) {
+// eventDB returns the executor of an outside-event statement in in: one of
+// the engine's transactions, or else a caller's.
+func (s *executor) eventDB(ctx context.Context, in driver.In) (dbsqlc.DBTX, error) {
 	switch {
-	case t != nil:
-		return txOf(t).exec(ctx, false), nil
-	case tx != nil:
-		return s.db(tx), nil
+	case in.T != nil:
+		return txOf(in.T).exec(ctx, false), nil
+	case in.Caller != nil:
+		return s.db(in.Caller), nil
 	}
 	return nil, errors.New("outside event: no transaction")
 }
 
-// RecordEvent records ev in t or else tx, the sender's transaction, and
+// EventRecord records ev in t or else tx, the sender's transaction, and
 // reports whether it is new (false: its saga has an event with its id
 // already).
-func (s *executor) RecordEvent(ctx context.Context, t driver.Tx, tx pgx.Tx, ev *driver.OutsideEvent) (bool, error) {
-	db, err := s.eventDB(ctx, t, tx)
+func (s *executor) EventRecord(ctx context.Context, in driver.In, ev *driver.OutsideEvent) (bool, error) {
+	db, err := s.eventDB(ctx, in)
 	if err != nil {
 		return false, err
 	}
@@ -42,10 +40,10 @@ func (s *executor) RecordEvent(ctx context.Context, t driver.Tx, tx pgx.Tx, ev *
 	return n == 1, nil
 }
 
-// PendingEvent returns the oldest pending event called name of saga id, in
+// EventPending returns the oldest pending event called name of saga id, in
 // t or else tx; nil if there is none.
-func (s *executor) PendingEvent(ctx context.Context, t driver.Tx, tx pgx.Tx, id uuid.UUID, name string) (*driver.OutsideEvent, error) {
-	db, err := s.eventDB(ctx, t, tx)
+func (s *executor) EventPending(ctx context.Context, in driver.In, id uuid.UUID, name string) (*driver.OutsideEvent, error) {
+	db, err := s.eventDB(ctx, in)
 	if err != nil {
 		return nil, err
 	}
@@ -60,18 +58,18 @@ func (s *executor) PendingEvent(ctx context.Context, t driver.Tx, tx pgx.Tx, id 
 	return &driver.OutsideEvent{SagaID: id, EventID: r.EventID, Name: r.Name, Payload: r.Payload, ReceivedAt: r.ReceivedAt}, nil
 }
 
-// SettleEvent marks the event eventID of saga id consumed or ignored
-// (status), in t or else tx.
-func (s *executor) SettleEvent(ctx context.Context, t driver.Tx, tx pgx.Tx, id uuid.UUID, eventID, status, detail string, now time.Time) error {
-	db, err := s.eventDB(ctx, t, tx)
+// EventSettle records, in in, what became of an event: consumed or
+// ignored.
+func (s *executor) EventSettle(ctx context.Context, in driver.In, e driver.EventSettlement) error {
+	db, err := s.eventDB(ctx, in)
 	if err != nil {
 		return err
 	}
 	err = s.queries.EventSettle(ctx, db, &dbsqlc.EventSettleParams{
-		SagaID: id, EventID: eventID, Status: status, Detail: storableText(detail), SettledAt: now,
+		SagaID: e.SagaID, EventID: e.EventID, Status: e.Status, Detail: storableText(e.Detail), SettledAt: e.At,
 	})
 	if err != nil {
-		return fmt.Errorf("settle event %q of saga %s: %w", eventID, id, err)
+		return fmt.Errorf("settle event %q of saga %s: %w", e.EventID, e.SagaID, err)
 	}
 	return nil
 }

@@ -72,7 +72,7 @@ func TestWrittenSagaIsTheStoredRow(t *testing.T) {
 	later := now.Add(2 * time.Second)
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &next}}, later))
+	require.NoError(t, s.SagaWrite(ctx, tx, []driver.Transition{{Saga: &next}}, later))
 	dbtest.Commit(t, tx)
 	require.Equal(t, int64(2), next.Revision)
 	requireStored(t, s, next)
@@ -98,7 +98,7 @@ func TestWrittenSagaIsAdmittedAsStored(t *testing.T) {
 	next.Status = "running"
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &next}}, now.Add(time.Second)))
+	require.NoError(t, s.SagaWrite(ctx, tx, []driver.Transition{{Saga: &next}}, now.Add(time.Second)))
 	dbtest.Commit(t, tx)
 	require.False(t, next.AdmittedAt.IsZero())
 	requireStored(t, s, next)
@@ -108,7 +108,7 @@ func TestWrittenSagaIsAdmittedAsStored(t *testing.T) {
 // trip: it is recorded in the inbox and the transition written. The same
 // reply received that way again, or a reply written against a revision that
 // moved on, fails retryably and leaves nothing behind: no inbox entry (so
-// that ReceiveReplies records it afterwards), no history, no message, the
+// that ReplyReceive records it afterwards), no history, no message, the
 // saga as it was.
 func TestKnownRepliesAreCheckedByTheInboxAndTheRevision(t *testing.T) {
 	t.Parallel()
@@ -126,11 +126,11 @@ func TestKnownRepliesAreCheckedByTheInboxAndTheRevision(t *testing.T) {
 	apply := func(env *message.Envelope, r driver.SagaRecord) (driver.SagaRecord, error) {
 		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
-		if err := s.ReceiveKnownReplies(ctx, tx, []*message.Envelope{env}); err != nil {
+		if err := s.ReplyReceiveKnown(ctx, tx, []*message.Envelope{env}); err != nil {
 			return r, err
 		}
 		r.Data = json.RawMessage(`{"step": "next"}`)
-		err := s.WriteTransitions(ctx, tx, []driver.Transition{{
+		err := s.SagaWrite(ctx, tx, []driver.Transition{{
 			Saga:     &r,
 			History:  []driver.HistoryRecord{{SagaID: r.ID, At: now, Event: "reply-applied", MessageID: env.MessageID}},
 			Messages: []message.Message{{Envelope: message.Envelope{Type: "payment.charge", Kind: message.KindCommand, SagaID: r.ID, Step: "charge"}, Payload: []byte(`{}`)}},
@@ -173,7 +173,7 @@ func TestKnownRepliesAreCheckedByTheInboxAndTheRevision(t *testing.T) {
 	// reply as new, with the saga as stored.
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	rcpts, err := s.ReceiveReplies(ctx, tx, []*message.Envelope{first, stale})
+	rcpts, err := s.ReplyReceive(ctx, tx, []*message.Envelope{first, stale})
 	require.NoError(t, err)
 	require.False(t, rcpts[0].Fresh)
 	require.True(t, rcpts[1].Fresh)

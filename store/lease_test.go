@@ -68,7 +68,7 @@ func writeUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID, 
 	tr := driver.Transition{Saga: &rec, Messages: msgs, History: []driver.HistoryRecord{{SagaID: id, At: time.Now(), Event: "command-sent"}}}
 	tx := lease.begin(s)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{tr}, time.Now()))
+	require.NoError(t, s.SagaWrite(ctx, tx, []driver.Transition{tr}, time.Now()))
 	lease.commit(t, tx)
 }
 
@@ -230,7 +230,7 @@ func TestUnleasedWritesAreCounted(t *testing.T) {
 	require.NoError(t, nested.Commit(ctx))
 	require.NoError(t, sp.Commit(ctx))
 	// Behind the start's command, unpublished: written for a claim.
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &st.Saga, Messages: []message.Message{sagaCommand(rec.ID, "charge")}}}, time.Now()))
+	require.NoError(t, s.SagaWrite(ctx, tx, []driver.Transition{{Saga: &st.Saga, Messages: []message.Message{sagaCommand(rec.ID, "charge")}}}, time.Now()))
 	lease.commit(t, tx)
 	require.Equal(t, 4, lease.unleased, "a start's command, two messages of a nested savepoint, a command held back by its key")
 	require.Empty(t, lease.leased)
@@ -257,16 +257,16 @@ func finishUnder(t *testing.T, s *dbtest.DB, lease *leaseRecorder, id uuid.UUID,
 	end := driver.DeliveryEnd{Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{"ok":1}`)}, Reply: r}
 	if group {
 		envs := []*message.Envelope{env}
-		dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil})
+		dels, err := s.DeliveryBeginMany(ctx, tx, envs, [][]byte{nil})
 		require.NoError(t, err)
-		require.NoError(t, s.EndDelivery(ctx, dels[0], end))
-		require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, []driver.DeliveryEnd{end}))
+		require.NoError(t, s.DeliveryEndHandler(ctx, dels[0], end))
+		require.NoError(t, s.DeliveryFinishMany(ctx, tx, envs, dels, []driver.DeliveryEnd{end}))
 		lease.commit(t, tx)
 		return *r
 	}
-	d, err := s.BeginDelivery(ctx, tx, env, []byte(`{}`))
+	d, err := s.DeliveryBegin(ctx, tx, env, []byte(`{}`))
 	require.NoError(t, err)
-	require.NoError(t, s.FinishDelivery(ctx, tx, env, d, end))
+	require.NoError(t, s.DeliveryFinish(ctx, tx, env, d, end))
 	lease.commit(t, tx)
 	return *r
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/sagabox/sagabox/store/driver"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagabox/sagabox/message"
@@ -30,26 +29,25 @@ func operation(r *dbsqlc.SagaboxSagaOperation) driver.Operation {
 	return op
 }
 
-// RequestOperation records a request for action on saga id, with params
-// (JSON, or nil).
-func (s *executor) RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string, params []byte) (driver.Operation, error) {
+// OperationRequest records the operator request op.
+func (s *executor) OperationRequest(ctx context.Context, op driver.NewOperation) (driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return driver.Operation{}, err
 	}
 	r, err := s.queries.SagaOperationInsert(ctx, db, &dbsqlc.SagaOperationInsertParams{
-		SagaID: id, Action: action, Actor: actor, Reason: reason, Params: params,
+		SagaID: op.SagaID, Action: op.Action, Actor: op.Actor, Reason: op.Reason, Params: op.Params,
 	})
 	if err != nil {
-		return driver.Operation{}, fmt.Errorf("request %s of saga %s: %w", action, id, err)
+		return driver.Operation{}, fmt.Errorf("request %s of saga %s: %w", op.Action, op.SagaID, err)
 	}
 	return operation(r), nil
 }
 
-// ClaimOperation begins t by locking the oldest pending request for a saga
+// OperationClaim begins t by locking the oldest pending request for a saga
 // of the definitions keys (or for a saga that does not exist), skipping
 // requests another orchestrator holds. It returns nil when there is none.
-func (s *executor) ClaimOperation(ctx context.Context, t driver.Tx, keys []driver.SagaKey) (*driver.Operation, error) {
+func (s *executor) OperationClaim(ctx context.Context, t driver.Tx, keys []driver.SagaKey) (*driver.Operation, error) {
 	p := &dbsqlc.SagaOperationClaimParams{SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
 	for i, k := range keys {
 		p.SagaTypes[i], p.Versions[i] = k.Type, int32(k.Version)
@@ -65,9 +63,9 @@ func (s *executor) ClaimOperation(ctx context.Context, t driver.Tx, keys []drive
 	return &op, nil
 }
 
-// MarkOperation records in t that request id was handled at at (refusal is
+// OperationMark records in t that request id was handled at at (refusal is
 // why it was refused, or empty), with t's next round trip (Commit).
-func (s *executor) MarkOperation(ctx context.Context, t driver.Tx, id int64, at time.Time, refusal string) error {
+func (s *executor) OperationMark(ctx context.Context, t driver.Tx, id int64, at time.Time, refusal string) error {
 	what := fmt.Sprintf("mark operator request %d handled", id)
 	if err := s.queries.SagaOperationMarkApplied(ctx, txOf(t).later(what), &dbsqlc.SagaOperationMarkAppliedParams{
 		ID: id, AppliedAt: at, Error: storableText(refusal),
@@ -77,8 +75,8 @@ func (s *executor) MarkOperation(ctx context.Context, t driver.Tx, id int64, at 
 	return nil
 }
 
-// driver.Operation returns request id, or an error wrapping message.ErrNotFound.
-func (s *executor) Operation(ctx context.Context, id int64) (driver.Operation, error) {
+// OperationGet returns request id, or an error wrapping message.ErrNotFound.
+func (s *executor) OperationGet(ctx context.Context, id int64) (driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return driver.Operation{}, err
@@ -111,15 +109,15 @@ func (s *executor) OperationListPending(ctx context.Context, afterID int64, max 
 	return out, nil
 }
 
-// WithdrawOperation withdraws pending request id on behalf of actor.
-func (s *executor) WithdrawOperation(ctx context.Context, id int64, actor string) (driver.Operation, error) {
+// OperationWithdraw withdraws pending request id on behalf of actor.
+func (s *executor) OperationWithdraw(ctx context.Context, id int64, actor string) (driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return driver.Operation{}, err
 	}
 	r, err := s.queries.SagaOperationWithdraw(ctx, db, &dbsqlc.SagaOperationWithdrawParams{ID: id, Actor: storableText(actor)})
 	if errors.Is(err, pgx.ErrNoRows) {
-		op, err := s.Operation(ctx, id)
+		op, err := s.OperationGet(ctx, id)
 		if err != nil {
 			return driver.Operation{}, err
 		}
@@ -131,9 +129,9 @@ func (s *executor) WithdrawOperation(ctx context.Context, id int64, actor string
 	return operation(r), nil
 }
 
-// Operations returns up to limit requests: the pending ones oldest first,
+// OperationList returns up to limit requests: the pending ones oldest first,
 // or with all every one newest first.
-func (s *executor) Operations(ctx context.Context, all bool, limit int) ([]driver.Operation, error) {
+func (s *executor) OperationList(ctx context.Context, all bool, limit int) ([]driver.Operation, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return nil, err
@@ -154,8 +152,8 @@ func (s *executor) Operations(ctx context.Context, all bool, limit int) ([]drive
 	return out, nil
 }
 
-// OperationsPending counts the pending requests.
-func (s *executor) OperationsPending(ctx context.Context) (int64, error) {
+// OperationCountPending counts the pending requests.
+func (s *executor) OperationCountPending(ctx context.Context) (int64, error) {
 	db, err := s.pooled()
 	if err != nil {
 		return 0, err

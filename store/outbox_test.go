@@ -248,7 +248,7 @@ func TestRetentionDeletesInSmallBatches(t *testing.T) {
 	rows := claim(t, s, 20, "t")
 	settleAndClaim(t, s, 0, "t", driver.OutboxSettle{Published: ids(rows), KeepPublished: true})
 
-	pruned, err := s.Prune(ctx, driver.Retention{Outbox: time.Now().Add(time.Hour), Batch: 7})
+	pruned, err := s.RetentionPrune(ctx, driver.Retention{Outbox: time.Now().Add(time.Hour), Batch: 7})
 	require.NoError(t, err)
 	require.EqualValues(t, 20, pruned.Outbox, "only published rows are deleted, 7 at a time")
 	require.EqualValues(t, 20, pruned.Total())

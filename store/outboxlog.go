@@ -133,8 +133,8 @@ func (s *executor) outboxLogDrop(ctx context.Context, slot, publication string) 
 	return nil
 }
 
-// OpenOutboxLog implements driver.Executor.
-func (s *executor) OpenOutboxLog(ctx context.Context, slot, publication string) (driver.OutboxLog, error) {
+// OutboxLogOpen implements driver.Executor.
+func (s *executor) OutboxLogOpen(ctx context.Context, slot, publication string) (driver.OutboxLog, error) {
 	st, err := s.OutboxLogStatus(ctx, slot, publication)
 	if err != nil {
 		return nil, err

@@ -35,7 +35,7 @@ func TestOutsideDeliveryStatements(t *testing.T) {
 		t.Helper()
 		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
-		d, err := s.BeginOutsideDelivery(ctx, tx, env, nil)
+		d, err := s.DeliveryBeginOutside(ctx, tx, env, nil)
 		require.NoError(t, err)
 		dbtest.Commit(t, tx)
 		return d
@@ -56,15 +56,15 @@ func TestOutsideDeliveryStatements(t *testing.T) {
 
 	_, err := s.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %q.sagabox_inbox SET received_at = now() - interval '30 days'`, s.Schema()))
 	require.NoError(t, err)
-	p, err := s.Prune(ctx, driver.Retention{Inbox: time.Now(), Batch: 10})
+	p, err := s.RetentionPrune(ctx, driver.Retention{Inbox: time.Now(), Batch: 10})
 	require.NoError(t, err)
 	require.Zero(t, p.Inbox, "a started entry is kept")
 
 	tx := s.Begin(nil)
-	r, err := s.ResumeDelivery(ctx, tx, env)
+	r, err := s.DeliveryResume(ctx, tx, env)
 	require.NoError(t, err)
 	require.False(t, r.Duplicate)
-	require.NoError(t, s.FinishDelivery(ctx, tx, env, r, driver.DeliveryEnd{
+	require.NoError(t, s.DeliveryFinish(ctx, tx, env, r, driver.DeliveryEnd{
 		Mark: &driver.BarrierMark{Outcome: driver.BarrierApplied, ReplyKind: message.KindReplySuccess, ReplyPayload: []byte(`{}`)},
 	}))
 	dbtest.Commit(t, tx)
@@ -73,7 +73,7 @@ func TestOutsideDeliveryStatements(t *testing.T) {
 
 	again := s.Begin(nil)
 	defer again.Rollback(ctx)
-	r, err = s.ResumeDelivery(ctx, again, env)
+	r, err = s.DeliveryResume(ctx, again, env)
 	require.NoError(t, err)
 	require.True(t, r.Duplicate, "the entry is claimed once")
 	again.Rollback(ctx)

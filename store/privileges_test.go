@@ -202,7 +202,7 @@ func TestRefusedStatementNamesTheRole(t *testing.T) {
 	require.NoError(t, err)
 	tx := exec.Begin(nil)
 	defer tx.Rollback(ctx)
-	_, err = exec.BeginDelivery(ctx, tx, command(uuid.New(), message.KindCommand), []byte(`{"reason":"blocked"}`))
+	_, err = exec.DeliveryBegin(ctx, tx, command(uuid.New(), message.KindCommand), []byte(`{"reason":"blocked"}`))
 	require.Error(t, err)
 	require.True(t, store.IsInsufficientPrivilege(err))
 	require.ErrorIs(t, err, store.ErrInsufficientPrivilege)

@@ -10,10 +10,10 @@ import (
 	"github.com/sagabox/sagabox/store/internal/dbsqlc"
 )
 
-// Prune deletes the rows r selects in small batches, each its own
+// RetentionPrune deletes the rows r selects in small batches, each its own
 // transaction of one round trip under the statement and lock timeouts of
 // background work, until a batch comes back short or ctx is done.
-func (s *executor) Prune(ctx context.Context, r driver.Retention) (driver.Pruned, error) {
+func (s *executor) RetentionPrune(ctx context.Context, r driver.Retention) (driver.Pruned, error) {
 	var p driver.Pruned
 	if r.Batch <= 0 {
 		return p, fmt.Errorf("prune schema %q: batch size %d is not positive", s.schema, r.Batch)

@@ -44,7 +44,7 @@ func TestPruneRespectsEachRetention(t *testing.T) {
 		Outbox: now.Add(-24 * time.Hour), Inbox: now.Add(-7 * 24 * time.Hour), Barrier: now.Add(-30 * 24 * time.Hour),
 		Sagas: now.Add(-30 * 24 * time.Hour), Batch: 10,
 	}
-	p, err := s.Prune(ctx, r)
+	p, err := s.RetentionPrune(ctx, r)
 	require.NoError(t, err)
 	require.EqualValues(t, 25, p.Outbox, "published rows past 24h, in batches of 10")
 	require.EqualValues(t, 7, p.Inbox)
@@ -55,11 +55,11 @@ func TestPruneRespectsEachRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stats.Backlog, "an unpublished row is never pruned")
 
-	again, err := s.Prune(ctx, r)
+	again, err := s.RetentionPrune(ctx, r)
 	require.NoError(t, err)
 	require.Zero(t, again.Total())
 
-	none, err := s.Prune(ctx, driver.Retention{Batch: 10})
+	none, err := s.RetentionPrune(ctx, driver.Retention{Batch: 10})
 	require.NoError(t, err)
 	require.Zero(t, none.Total(), "a zero cutoff keeps a table as it is")
 }

@@ -118,9 +118,9 @@ func (s *executor) SagaStart(ctx context.Context, tx pgx.Tx, st *driver.SagaStar
 	return inserted, nil
 }
 
-// SagaByStartKey returns the saga of type sagaType started with startKey,
+// SagaGetByStartKey returns the saga of type sagaType started with startKey,
 // read in tx (nil: on the pool), or an error wrapping message.ErrNotFound.
-func (s *executor) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (driver.SagaRecord, error) {
+func (s *executor) SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (driver.SagaRecord, error) {
 	db, err := s.pooled()
 	if tx != nil {
 		db, err = s.db(tx), nil
@@ -138,27 +138,27 @@ func (s *executor) SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, star
 	return sagaRecord(row), nil
 }
 
-// ReleaseStartKey releases in tx startKey of the finished saga of type
-// sagaType holding it, with a history entry on that saga, and returns its
-// id; none if no finished saga holds the key.
-func (s *executor) ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey, event, detail string, now time.Time) ([]uuid.UUID, error) {
+// SagaReleaseStartKey releases in tx the start key of the finished saga
+// holding it (r), with a history entry on that saga, and returns its id;
+// none if no finished saga holds the key.
+func (s *executor) SagaReleaseStartKey(ctx context.Context, tx pgx.Tx, r driver.StartKeyRelease) ([]uuid.UUID, error) {
 	if tx == nil {
 		return nil, errors.New("release start key: transaction is nil")
 	}
 	ids, err := s.queries.SagaReleaseStartKey(ctx, s.db(tx), &dbsqlc.SagaReleaseStartKeyParams{
-		SagaType: sagaType, StartKey: startKey, Now: now, Event: event, Detail: detail,
+		SagaType: r.SagaType, StartKey: r.StartKey, Now: r.At, Event: r.Event, Detail: r.Detail,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("release start key %q of %s sagas: %w", startKey, sagaType, err)
+		return nil, fmt.Errorf("release start key %q of %s sagas: %w", r.StartKey, r.SagaType, err)
 	}
 	return ids, nil
 }
 
-// ReceiveReplies begins t with the replies envs: in one statement it records
+// ReplyReceive begins t with the replies envs: in one statement it records
 // each in the inbox and locks, in id order, the sagas of those seen for the
 // first time, so that one saga's replies are applied one at a time. The
 // receipts are in the order of envs; envs must not repeat a message id.
-func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*message.Envelope) ([]driver.Receipt, error) {
+func (s *executor) ReplyReceive(ctx context.Context, t driver.Tx, envs []*message.Envelope) ([]driver.Receipt, error) {
 	n := len(envs)
 	p := receiptColumns(envs)
 	// Planned once per connection, not per reply (see planGeneric); the
@@ -187,14 +187,14 @@ func (s *executor) ReceiveReplies(ctx context.Context, t driver.Tx, envs []*mess
 	return out, nil
 }
 
-// ReceiveKnownReplies begins t with the replies envs to sagas whose state
+// ReplyReceiveKnown begins t with the replies envs to sagas whose state
 // the caller kept from its own last write of them: it records each in the
 // inbox in a statement that goes out with t's next one (the transitions'
 // write and COMMIT: one round trip for the whole transaction) and reads no
 // saga. If the inbox had any of them, t fails with an error for which
 // IsRetryable is true; so does the write if a saga moved on since the
-// caller's copy. Run the transaction again with ReceiveReplies then.
-func (s *executor) ReceiveKnownReplies(_ context.Context, t driver.Tx, envs []*message.Envelope) error {
+// caller's copy. Run the transaction again with ReplyReceive then.
+func (s *executor) ReplyReceiveKnown(_ context.Context, t driver.Tx, envs []*message.Envelope) error {
 	p := dbsqlc.SagaReceiveKnownParams(*receiptColumns(envs))
 	// Queued: it cannot fail before it is sent.
 	return s.queries.SagaReceiveKnown(context.Background(), txOf(t).ahead(), &p)
@@ -249,9 +249,9 @@ func deref(s *string) string {
 	return *s
 }
 
-// LockSagas locks the sagas ids in t, in id order, and returns those that
+// SagaLock locks the sagas ids in t, in id order, and returns those that
 // exist.
-func (s *executor) LockSagas(ctx context.Context, t driver.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
+func (s *executor) SagaLock(ctx context.Context, t driver.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
 	rows, err := s.queries.SagaLock(ctx, txOf(t).exec(ctx, false), ids)
 	if err != nil {
 		return nil, fmt.Errorf("lock %d sagas in schema %q: %w", len(ids), s.schema, err)
@@ -259,10 +259,10 @@ func (s *executor) LockSagas(ctx context.Context, t driver.Tx, ids []uuid.UUID) 
 	return sagaRecords(rows), nil
 }
 
-// ClaimDueSagas locks in t up to max running or compensating sagas of the
+// SagaClaimDue locks in t up to max running or compensating sagas of the
 // definitions keys whose deadline is at or before now, skipping sagas that
 // others hold, under the statement and lock timeouts of background work.
-func (s *executor) ClaimDueSagas(ctx context.Context, t driver.Tx, now time.Time, max int, keys []driver.SagaKey) ([]driver.SagaRecord, error) {
+func (s *executor) SagaClaimDue(ctx context.Context, t driver.Tx, now time.Time, max int, keys []driver.SagaKey) ([]driver.SagaRecord, error) {
 	txOf(t).queue(backgroundTimeouts)
 	p := &dbsqlc.SagaClaimDueParams{Now: now, Max: int32(max), SagaTypes: make([]string, len(keys)), Versions: make([]int32, len(keys))}
 	for i, k := range keys {
@@ -287,10 +287,10 @@ func sagaRecords(rows []*dbsqlc.SagaboxSaga) []driver.SagaRecord {
 	return out
 }
 
-// WriteTransitions implements driver.Executor: the write goes out with t's
+// SagaWrite implements driver.Executor: the write goes out with t's
 // next round trip, under writePlan (restored after it, unless COMMIT
 // follows), and under t's write-time lease if it has one.
-func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time) error {
+func (s *executor) SagaWrite(ctx context.Context, t driver.Tx, trs []driver.Transition, now time.Time) error {
 	tx := txOf(t)
 	what := fmt.Sprintf("write %d saga transitions in schema %q", len(trs), s.schema)
 	tx.queue(writePlan)
@@ -303,9 +303,9 @@ func (s *executor) WriteTransitions(ctx context.Context, t driver.Tx, trs []driv
 	return nil
 }
 
-// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
-// statement, as WriteTransitions does (without committing).
-func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driver.Transition, now time.Time) error {
+// SagaWriteIn writes trs in tx, a caller's transaction, in one
+// statement, as SagaWrite does (without committing).
+func (s *executor) SagaWriteIn(ctx context.Context, tx pgx.Tx, trs []driver.Transition, now time.Time) error {
 	if tx == nil {
 		return errors.New("write transitions: transaction is nil")
 	}
@@ -321,9 +321,9 @@ func (s *executor) WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []driv
 	return nil
 }
 
-// LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
+// SagaLockIn locks the sagas ids in tx, a caller's transaction, in id
 // order.
-func (s *executor) LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
+func (s *executor) SagaLockIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]driver.SagaRecord, error) {
 	if tx == nil {
 		return nil, errors.New("lock sagas: transaction is nil")
 	}

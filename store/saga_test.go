@@ -57,12 +57,12 @@ func TestStartSagaStartKeyIsIdempotent(t *testing.T) {
 	first := newSaga("order-1", time.Time{})
 	require.True(t, start(t, s, first, now))
 	require.False(t, start(t, s, newSaga("order-1", time.Time{}), now), "the start key is taken")
-	got, err := s.SagaByStartKey(ctx, nil, "checkout", "order-1")
+	got, err := s.SagaGetByStartKey(ctx, nil, "checkout", "order-1")
 	require.NoError(t, err)
 	require.Equal(t, first.ID, got.ID, "a repeated start key finds the existing saga")
 	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_saga_history`), "the second start wrote no history")
 	require.Equal(t, 1, count.n(t, s, `SELECT count(*) FROM %q.sagabox_outbox`), "nor a command")
-	_, err = s.SagaByStartKey(ctx, nil, "checkout", "order-2")
+	_, err = s.SagaGetByStartKey(ctx, nil, "checkout", "order-2")
 	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
@@ -81,7 +81,7 @@ func TestWriteTransitionsDetectsConflict(t *testing.T) {
 		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
 		r.Status = "completed"
-		if err := s.WriteTransitions(ctx, tx, []driver.Transition{{
+		if err := s.SagaWrite(ctx, tx, []driver.Transition{{
 			Saga:     &r,
 			History:  []driver.HistoryRecord{{SagaID: r.ID, At: now, Event: "completed"}},
 			Messages: []message.Message{{Envelope: message.Envelope{Type: "x.y", Kind: message.KindEvent}, Payload: []byte(`{}`)}},
@@ -121,7 +121,7 @@ func TestReceiveReplies(t *testing.T) {
 	receive := func(envs ...*message.Envelope) []driver.Receipt {
 		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
-		r, err := s.ReceiveReplies(ctx, tx, envs)
+		r, err := s.ReplyReceive(ctx, tx, envs)
 		require.NoError(t, err)
 		dbtest.Commit(t, tx)
 		return r
@@ -157,20 +157,20 @@ func TestClaimDueSagasSkipsLockedSagas(t *testing.T) {
 	keys := []driver.SagaKey{{Type: "checkout", Version: 1}}
 	txA := s.Begin(nil)
 	defer txA.Rollback(ctx)
-	a, err := s.ClaimDueSagas(ctx, txA, now, 1, keys)
+	a, err := s.SagaClaimDue(ctx, txA, now, 1, keys)
 	require.NoError(t, err)
 	require.Len(t, a, 1)
 
 	txB := s.Begin(nil)
 	defer txB.Rollback(ctx)
-	b, err := s.ClaimDueSagas(ctx, txB, now, 10, keys)
+	b, err := s.SagaClaimDue(ctx, txB, now, 10, keys)
 	require.NoError(t, err)
 	require.Len(t, b, 1, "the saga locked by A is skipped, the future one is not due")
 	require.NotEqual(t, a[0].ID, b[0].ID)
 
 	txC := s.Begin(nil)
 	defer txC.Rollback(ctx)
-	c, err := s.ClaimDueSagas(ctx, txC, now, 10, []driver.SagaKey{{Type: "checkout", Version: 2}})
+	c, err := s.SagaClaimDue(ctx, txC, now, 10, []driver.SagaKey{{Type: "checkout", Version: 2}})
 	require.NoError(t, err)
 	require.Empty(t, c, "sagas of a definition the caller does not run are never claimed")
 }
@@ -196,7 +196,7 @@ func TestSagaListOldestFirstWithStablePaging(t *testing.T) {
 	moved.CurrentStep = 1
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{Saga: &moved}}, time.Now()))
+	require.NoError(t, s.SagaWrite(ctx, tx, []driver.Transition{{Saga: &moved}}, time.Now()))
 	dbtest.Commit(t, tx)
 	page2, err := s.SagaList(ctx, driver.SagaFilter{Type: "checkout", Limit: 3, After: &page1[2]})
 	require.NoError(t, err)
@@ -232,7 +232,7 @@ func TestSagaTransitionIsAHOTUpdate(t *testing.T) {
 		cur.CurrentStep = i + 1
 		cur.Data = []byte(fmt.Sprintf(`{"step": %d, "note": "a reply's data"}`, i))
 		tx := s.Begin(nil)
-		require.NoError(t, s.WriteTransitions(ctx, tx, []driver.Transition{{
+		require.NoError(t, s.SagaWrite(ctx, tx, []driver.Transition{{
 			Saga:    &cur,
 			History: []driver.HistoryRecord{{SagaID: rec.ID, At: time.Now(), Event: "reply-applied"}},
 		}}, time.Now()))
@@ -252,34 +252,34 @@ func TestOperationRequests(t *testing.T) {
 	s := dbtest.Store(t)
 	ctx := context.Background()
 	id := uuid.New()
-	op, err := s.RequestOperation(ctx, id, "retry", "alice", "payment fixed", nil)
+	op, err := s.OperationRequest(ctx, driver.NewOperation{SagaID: id, Action: "retry", Actor: "alice", Reason: "payment fixed", Params: nil})
 	require.NoError(t, err)
 	require.True(t, op.AppliedAt.IsZero())
 
 	txA := s.Begin(nil)
 	defer txA.Rollback(ctx)
-	claimed, err := s.ClaimOperation(ctx, txA, nil)
+	claimed, err := s.OperationClaim(ctx, txA, nil)
 	require.NoError(t, err)
 	require.NotNil(t, claimed)
 	require.Equal(t, "alice", claimed.Actor)
 
 	// A second orchestrator skips the request A holds.
 	txB := s.Begin(nil)
-	other, err := s.ClaimOperation(ctx, txB, nil)
+	other, err := s.OperationClaim(ctx, txB, nil)
 	require.NoError(t, err)
 	require.Nil(t, other)
 	txB.Rollback(ctx)
 
-	require.NoError(t, s.MarkOperation(ctx, txA, op.ID, time.Now(), "saga is completed"))
+	require.NoError(t, s.OperationMark(ctx, txA, op.ID, time.Now(), "saga is completed"))
 	dbtest.Commit(t, txA)
-	got, err := s.Operation(ctx, op.ID)
+	got, err := s.OperationGet(ctx, op.ID)
 	require.NoError(t, err)
 	require.False(t, got.AppliedAt.IsZero())
 	require.Equal(t, "saga is completed", got.Error)
 
-	_, err = s.RequestOperation(ctx, id, "delete", "x", "y", nil)
+	_, err = s.OperationRequest(ctx, driver.NewOperation{SagaID: id, Action: "delete", Actor: "x", Reason: "y", Params: nil})
 	require.Error(t, err, "only retry and abort are actions")
-	_, err = s.Operation(ctx, 999999)
+	_, err = s.OperationGet(ctx, 999999)
 	require.ErrorIs(t, err, message.ErrNotFound)
 }
 
@@ -296,7 +296,7 @@ func TestClaimDueSagasWaitsForTheCommandToBePublished(t *testing.T) {
 	claimDue := func() int {
 		tx := s.Begin(nil)
 		defer tx.Rollback(ctx)
-		recs, err := s.ClaimDueSagas(ctx, tx, now, 10, keys)
+		recs, err := s.SagaClaimDue(ctx, tx, now, 10, keys)
 		require.NoError(t, err)
 		return len(recs)
 	}
@@ -457,7 +457,7 @@ func TestTransitionWriteInACallersTransactionRestoresThePlanner(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	rts.Start()
-	require.NoError(t, s.WriteTransitionsIn(ctx, tx, []driver.Transition{tr}, time.Now()))
+	require.NoError(t, s.SagaWriteIn(ctx, tx, []driver.Transition{tr}, time.Now()))
 	rts.Stop()
 	var setting string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW enable_seqscan").Scan(&setting))
@@ -498,7 +498,7 @@ func TestTransitionWriteSendsItsPlannerSetting(t *testing.T) {
 	rts, s, tr := tracedCompletion(t)
 	rts.Start()
 	tx := s.Begin(nil)
-	require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{tr}, time.Now()))
+	require.NoError(t, s.SagaWrite(context.Background(), tx, []driver.Transition{tr}, time.Now()))
 	dbtest.Commit(t, tx)
 	rts.Stop()
 	all := rts.All()
@@ -520,7 +520,7 @@ func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 		write func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition)
 	}{
 		{"the transaction goes on", func(t *testing.T, s *dbtest.DB, tx driver.Tx, tr driver.Transition) {
-			require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{tr}, time.Now()))
+			require.NoError(t, s.SagaWrite(context.Background(), tx, []driver.Transition{tr}, time.Now()))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -530,7 +530,7 @@ func TestTransitionWriteLeavesTheTransactionsPlannerAlone(t *testing.T) {
 			tx := s.Begin(nil)
 			defer tx.Rollback(ctx)
 			tc.write(t, s, tx, tr)
-			_, err := s.LockSagas(ctx, tx, []uuid.UUID{tr.Saga.ID})
+			_, err := s.SagaLock(ctx, tx, []uuid.UUID{tr.Saga.ID})
 			require.NoError(t, err)
 			sp, err := tx.Savepoint(ctx)
 			require.NoError(t, err)

@@ -38,7 +38,7 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 	rts.Start()
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil, nil, []byte(`{"reason":"blocked"}`)})
+	dels, err := s.DeliveryBeginMany(ctx, tx, envs, [][]byte{nil, nil, nil, []byte(`{"reason":"blocked"}`)})
 	require.NoError(t, err)
 	ends := make([]driver.DeliveryEnd, len(envs))
 	for i, env := range envs {
@@ -62,9 +62,9 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 			ends[i] = driver.DeliveryEnd{Discard: true, Mark: &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{}`)},
 				Reply: reply(env, message.KindReplyFailure, `{}`)}
 		}
-		require.NoError(t, s.EndDelivery(ctx, d, ends[i]))
+		require.NoError(t, s.DeliveryEndHandler(ctx, d, ends[i]))
 	}
-	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	require.NoError(t, s.DeliveryFinishMany(ctx, tx, envs, dels, ends))
 	dbtest.Commit(t, tx)
 	rts.Stop()
 
@@ -86,13 +86,13 @@ func TestDeliveriesOfAGroup(t *testing.T) {
 	// The same messages again: duplicates, each counted once, nothing run.
 	tx = s.Begin(nil)
 	defer tx.Rollback(ctx)
-	dels, err = s.BeginDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, [][]byte{nil, nil})
+	dels, err = s.DeliveryBeginMany(ctx, tx, []*message.Envelope{kept, rejected}, [][]byte{nil, nil})
 	require.NoError(t, err)
 	for _, d := range dels {
 		require.True(t, d.Duplicate)
-		require.NoError(t, s.EndDelivery(ctx, d, driver.DeliveryEnd{}))
+		require.NoError(t, s.DeliveryEndHandler(ctx, d, driver.DeliveryEnd{}))
 	}
-	require.NoError(t, s.FinishDeliveries(ctx, tx, []*message.Envelope{kept, rejected}, dels, make([]driver.DeliveryEnd, 2)))
+	require.NoError(t, s.DeliveryFinishMany(ctx, tx, []*message.Envelope{kept, rejected}, dels, make([]driver.DeliveryEnd, 2)))
 	dbtest.Commit(t, tx)
 	require.Equal(t, 2, count.n(t, s, `SELECT sum(duplicates)::int FROM %q.sagabox_inbox`))
 }
@@ -112,7 +112,7 @@ func TestDeliveriesOfAGroupIsolateWritesThroughTheConnection(t *testing.T) {
 	envs := []*message.Envelope{rejected, kept, failed}
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil, nil})
+	dels, err := s.DeliveryBeginMany(ctx, tx, envs, [][]byte{nil, nil, nil})
 	require.NoError(t, err)
 	ends := []driver.DeliveryEnd{
 		{Discard: true, Mark: &driver.BarrierMark{Outcome: driver.BarrierRejected, ReplyKind: message.KindReplyFailure, ReplyPayload: []byte(`{}`)}},
@@ -127,9 +127,9 @@ func TestDeliveriesOfAGroupIsolateWritesThroughTheConnection(t *testing.T) {
 			_, err = dels[i].Tx.Conn().Exec(ctx, "INSERT INTO "+effect+" VALUES ($1)", env.MessageID)
 		}
 		require.NoError(t, err)
-		require.NoError(t, s.EndDelivery(ctx, dels[i], ends[i]))
+		require.NoError(t, s.DeliveryEndHandler(ctx, dels[i], ends[i]))
 	}
-	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends))
+	require.NoError(t, s.DeliveryFinishMany(ctx, tx, envs, dels, ends))
 	dbtest.Commit(t, tx)
 	var ids []uuid.UUID
 	rows, err := s.Pool.Query(ctx, "SELECT message_id FROM "+effect)
@@ -170,15 +170,15 @@ func TestDeliveriesOfAGroupFailTogether(t *testing.T) {
 	envs := []*message.Envelope{first, second}
 	tx := s.Begin(nil)
 	defer tx.Rollback(ctx)
-	dels, err := s.BeginDeliveries(ctx, tx, envs, [][]byte{nil, nil})
+	dels, err := s.DeliveryBeginMany(ctx, tx, envs, [][]byte{nil, nil})
 	require.NoError(t, err)
 	bad := reply(first, message.KindReplySuccess, `{}`)
 	bad.RoutingKey = "nul\x00byte" // PostgreSQL text cannot hold NUL
 	ends := []driver.DeliveryEnd{{Reply: bad}, {Reply: reply(second, message.KindReplySuccess, `{}`)}}
 	for i, d := range dels {
-		require.NoError(t, s.EndDelivery(ctx, d, ends[i]))
+		require.NoError(t, s.DeliveryEndHandler(ctx, d, ends[i]))
 	}
-	require.NoError(t, s.FinishDeliveries(ctx, tx, envs, dels, ends), "the statement goes out with the commit")
+	require.NoError(t, s.DeliveryFinishMany(ctx, tx, envs, dels, ends), "the statement goes out with the commit")
 	_, err = tx.Commit(ctx)
 	require.ErrorIs(t, err, driver.ErrDataRefused, "the commit fails with the finish's statement")
 	tx.Rollback(ctx)

@@ -494,7 +494,7 @@ func (e *Engine) done(ctx context.Context, d *transport.Delivery, res Result) (t
 // counted in a statement of its own and the message retried with backoff,
 // or given up on once its attempts are used up.
 func (e *Engine) failed(ctx context.Context, d *transport.Delivery, cause error) (transport.Outcome, telemetry.Handled) {
-	n, err := e.cfg.DB.RecordAttempt(ctx, &d.Envelope, cause.Error())
+	n, err := e.cfg.DB.AttemptRecord(ctx, &d.Envelope, cause.Error())
 	if err != nil {
 		e.log.Warn("processing failed and its attempt could not be recorded", append(logAttrs(d), "err", cause, "record_err", err)...)
 		return e.infraRetry(ctx, d, nil)

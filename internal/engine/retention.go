@@ -126,7 +126,7 @@ func (e *Engine) Prune(ctx context.Context) (driver.Pruned, error) {
 	if e.cfg.KeepsSagas {
 		r.Sagas = e.cfg.Clock().Add(-c.Sagas)
 	}
-	p, err := e.cfg.DB.Prune(ctx, r)
+	p, err := e.cfg.DB.RetentionPrune(ctx, r)
 	if p.Total() > 0 {
 		e.log.Info("retention pass deleted rows", "outbox", p.Outbox, "inbox", p.Inbox, "inbox_attempt", p.InboxAttempts,
 			"barrier", p.Barrier, "sagas", p.Sagas)

@@ -23,7 +23,7 @@ func writeLeased(t *testing.T, s *dbtest.DB, r *Relay, lease *driver.OutboxLease
 	t.Helper()
 	tx := s.Begin(&driver.BeginOpts{Lease: lease})
 	defer tx.Rollback(context.Background())
-	require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{{Messages: msgs}}, time.Now()))
+	require.NoError(t, s.SagaWrite(context.Background(), tx, []driver.Transition{{Messages: msgs}}, time.Now()))
 	c := dbtest.Commit(t, tx)
 	r.Hand(c.Leased)
 	return c.Unleased
@@ -100,7 +100,7 @@ func TestRowsLeasedByADeadRelayArePublishedAfterTheLease(t *testing.T) {
 	dead := &driver.OutboxLease{Lease: 300 * time.Millisecond, ClaimedBy: "dead-relay"}
 	tx := s.Begin(&driver.BeginOpts{Lease: dead})
 	defer tx.Rollback(context.Background())
-	require.NoError(t, s.WriteTransitions(context.Background(), tx, []driver.Transition{{Messages: events("k", 0, 3)}}, time.Now()))
+	require.NoError(t, s.SagaWrite(context.Background(), tx, []driver.Transition{{Messages: events("k", 0, 3)}}, time.Now()))
 	require.Len(t, dbtest.Commit(t, tx).Leased, 3, "leased, and never handed: the relay died")
 	runRelay(t, testConfig{Store: s, Publisher: b, Options: Options{Workers: 1, PollInterval: 50 * time.Millisecond}})
 	snk.waitDistinct(t, 3)

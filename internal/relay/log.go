@@ -110,7 +110,7 @@ func sleepFor(ctx context.Context, d time.Duration) bool {
 // batch of rows, an idle stream or settleDelay, so that a trickle of small
 // batches costs one statement per batch of rows, not per read.
 func (r *Relay) streamLog(ctx context.Context) error {
-	lg, err := r.db.OpenOutboxLog(ctx, r.opts.Slot, r.opts.Publication)
+	lg, err := r.db.OutboxLogOpen(ctx, r.opts.Slot, r.opts.Publication)
 	if err != nil {
 		return err
 	}

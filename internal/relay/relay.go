@@ -460,7 +460,7 @@ func (r *Relay) givesUp(row driver.OutboxRow, err error) bool {
 func (r *Relay) listen(ctx context.Context) {
 	failures := 0
 	for {
-		err := r.db.Listen(ctx, func() {
+		err := r.db.OutboxListen(ctx, func() {
 			failures = 0
 			r.Wake()
 		})

@@ -387,7 +387,7 @@ func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
 			if err := s.OutboxWrite(ctx, tx, events("probe", 0, 1)); err != nil {
 				return err
 			}
-			return s.Notify(ctx, tx)
+			return s.OutboxNotify(ctx, tx)
 		})
 		seen, _ := snk.snapshot()
 		return len(seen) > 0
@@ -396,7 +396,7 @@ func TestListenWakesRelayFromAnotherProcess(t *testing.T) {
 		if err := s.OutboxWrite(ctx, tx, first); err != nil {
 			return err
 		}
-		return s.Notify(ctx, tx)
+		return s.OutboxNotify(ctx, tx)
 	}))
 	require.Eventually(t, func() bool {
 		seen, _ := snk.snapshot()

@@ -32,7 +32,7 @@ func (fakeStats) SagaCountOverdue(context.Context, time.Time) (int64, error) { r
 func (fakeStats) SagaCountOpen(context.Context, []string) ([]driver.SagaCount, error) {
 	return nil, nil
 }
-func (fakeStats) OperationsPending(context.Context) (int64, error) { return 0, nil }
+func (fakeStats) OperationCountPending(context.Context) (int64, error) { return 0, nil }
 func (fakeStats) SagaQueued(context.Context) ([]driver.QueuedCount, error) {
 	return []driver.QueuedCount{{Type: "checkout", Count: 1, Oldest: time.Now()}}, nil
 }

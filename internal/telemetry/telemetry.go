@@ -396,7 +396,7 @@ func (t *Telemetry) RegisterSagaGauges(st driver.Executor, sagaTypes []string) (
 				o.ObserveInt64(t.open, n[[2]string{typ, status}], metric.WithAttributes(schema, AttrSagaType.String(typ), AttrStatus.String(status)))
 			}
 		}
-		pending, err := st.OperationsPending(ctx)
+		pending, err := st.OperationCountPending(ctx)
 		if err != nil {
 			return err
 		}

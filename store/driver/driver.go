@@ -70,7 +70,7 @@ type Executor interface {
 	// saga's start key is taken by a saga of the same type, it writes
 	// nothing and returns false (a concurrent start with the same key waits
 	// for the other transaction to end). A saga written is left in st.Saga
-	// as stored (see WriteTransitions).
+	// as stored (see SagaWrite).
 	SagaStart(ctx context.Context, tx pgx.Tx, st *SagaStart, now time.Time) (bool, error)
 	// SagaAdmission reads, in tx (the caller's transaction), what a start
 	// of a saga of sagaType needs to run at once or be queued: its running
@@ -78,74 +78,74 @@ type Executor interface {
 	// key wait for admission, and whether a saga holds or waits for key
 	// ("" for none).
 	SagaAdmission(ctx context.Context, tx pgx.Tx, sagaType string, maxRunning int, key string) (Admission, error)
-	// LockConcurrencyKey takes, in tx and until it ends, the lock of the
+	// SagaConcurrencyKeyLock takes, in tx and until it ends, the lock of the
 	// concurrency key key of sagaType, waiting for a transaction that holds
 	// it. SagaAdmission must follow it, as a statement of its own.
-	LockConcurrencyKey(ctx context.Context, tx pgx.Tx, sagaType, key string) error
-	// TryLockAdmission takes, in t and until it ends, the schema's
+	SagaConcurrencyKeyLock(ctx context.Context, tx pgx.Tx, sagaType, key string) error
+	// AdmissionTryLock takes, in t and until it ends, the schema's
 	// admission lock, and reports false when another transaction holds it.
-	TryLockAdmission(ctx context.Context, t Tx) (bool, error)
-	// CountRunning counts, in t, the running and compensating sagas of
+	AdmissionTryLock(ctx context.Context, t Tx) (bool, error)
+	// SagaCountRunning counts, in t, the running and compensating sagas of
 	// sagaType, up to max.
-	CountRunning(ctx context.Context, t Tx, sagaType string, max int) (int, error)
-	// ClaimQueuedSagas locks in t, in start order, up to max queued sagas
+	SagaCountRunning(ctx context.Context, t Tx, sagaType string, max int) (int, error)
+	// SagaClaimQueued locks in t, in start order, up to max queued sagas
 	// of sagaType and of one of the versions that may be admitted now:
 	// those without a concurrency key and the first queued saga of each key
 	// no saga of the type is running or compensating for.
-	ClaimQueuedSagas(ctx context.Context, t Tx, sagaType string, versions []int, max int) ([]SagaRecord, error)
-	// FreeConcurrencyKeys takes, in t, the locks of those keys of sagaType
+	SagaClaimQueued(ctx context.Context, t Tx, sagaType string, versions []int, max int) ([]SagaRecord, error)
+	// SagaConcurrencyKeysFree takes, in t, the locks of those keys of sagaType
 	// that no transaction holds and returns those of them that no saga of
 	// the type is running or compensating for: two statements, so that the
 	// second sees what the lock's last holder committed.
-	FreeConcurrencyKeys(ctx context.Context, t Tx, sagaType string, keys []string) (map[string]bool, error)
+	SagaConcurrencyKeysFree(ctx context.Context, t Tx, sagaType string, keys []string) (map[string]bool, error)
 	// SagaQueued counts the sagas waiting for admission, per type.
 	SagaQueued(ctx context.Context) ([]QueuedCount, error)
-	// SagaByStartKey returns the saga of type sagaType started with
+	// SagaGetByStartKey returns the saga of type sagaType started with
 	// startKey, read in tx (nil: on the pool), or an error wrapping
 	// message.ErrNotFound.
-	SagaByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error)
-	// LockSagasIn locks the sagas ids in tx, a caller's transaction, in id
+	SagaGetByStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey string) (SagaRecord, error)
+	// SagaLockIn locks the sagas ids in tx, a caller's transaction, in id
 	// order.
-	LockSagasIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]SagaRecord, error)
-	// WriteTransitionsIn writes trs in tx, a caller's transaction, in one
+	SagaLockIn(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) ([]SagaRecord, error)
+	// SagaWriteIn writes trs in tx, a caller's transaction, in one
 	// statement, without committing.
-	WriteTransitionsIn(ctx context.Context, tx pgx.Tx, trs []Transition, now time.Time) error
-	// RecordEvent records ev in t or else tx, the sender's transaction, and
-	// reports whether it is new (false: its saga has an event with its id).
-	RecordEvent(ctx context.Context, t Tx, tx pgx.Tx, ev *OutsideEvent) (bool, error)
-	// PendingEvent returns the oldest pending event called name of saga
-	// id, read in t or else tx; nil if none.
-	PendingEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, name string) (*OutsideEvent, error)
-	// SettleEvent marks the event eventID of saga id "consumed" or
-	// "ignored" (status) with detail, in t or else tx.
-	SettleEvent(ctx context.Context, t Tx, tx pgx.Tx, id uuid.UUID, eventID, status, detail string, now time.Time) error
-	// ReleaseStartKey releases in tx, the caller's transaction, startKey of
-	// the finished saga of type sagaType holding it, appending a history
-	// entry (event, detail) to it, and returns its id; none if no finished
-	// saga holds the key.
-	ReleaseStartKey(ctx context.Context, tx pgx.Tx, sagaType, startKey, event, detail string, now time.Time) ([]uuid.UUID, error)
-	// ReceiveReplies begins t with the replies envs: in one statement it
+	SagaWriteIn(ctx context.Context, tx pgx.Tx, trs []Transition, now time.Time) error
+	// EventRecord records ev in in (the sender's transaction, or an engine
+	// transaction delivering the event) and reports whether it is new
+	// (false: its saga has an event with its id).
+	EventRecord(ctx context.Context, in In, ev *OutsideEvent) (bool, error)
+	// EventPending returns the oldest pending event called name of saga
+	// id, read in in; nil if none.
+	EventPending(ctx context.Context, in In, id uuid.UUID, name string) (*OutsideEvent, error)
+	// EventSettle records, in in, what became of an event (s).
+	EventSettle(ctx context.Context, in In, s EventSettlement) error
+	// SagaReleaseStartKey releases in tx, the caller's transaction, the
+	// start key of the finished saga holding it (r), appending a history
+	// entry to it, and returns its id; none if no finished saga holds the
+	// key.
+	SagaReleaseStartKey(ctx context.Context, tx pgx.Tx, r StartKeyRelease) ([]uuid.UUID, error)
+	// ReplyReceive begins t with the replies envs: in one statement it
 	// records each in the inbox and locks, in id order, the sagas of those
 	// seen for the first time, so that one saga's replies are applied one at
 	// a time. The receipts are in the order of envs; envs must not repeat a
 	// message id.
-	ReceiveReplies(ctx context.Context, t Tx, envs []*message.Envelope) ([]Receipt, error)
-	// ReceiveKnownReplies begins t with the replies envs to sagas whose
+	ReplyReceive(ctx context.Context, t Tx, envs []*message.Envelope) ([]Receipt, error)
+	// ReplyReceiveKnown begins t with the replies envs to sagas whose
 	// state the caller kept from its own last write of them: their inbox
 	// record goes out with t's next statement, and no saga is read or
 	// locked. If the inbox had any of them, t fails with an error for which
 	// errors.Is(err, ErrConflict) (as the write does if a saga moved on since
-	// the caller's copy): run the transaction again with ReceiveReplies.
-	ReceiveKnownReplies(ctx context.Context, t Tx, envs []*message.Envelope) error
-	// LockSagas locks the sagas ids in t, in id order, and returns those
+	// the caller's copy): run the transaction again with ReplyReceive.
+	ReplyReceiveKnown(ctx context.Context, t Tx, envs []*message.Envelope) error
+	// SagaLock locks the sagas ids in t, in id order, and returns those
 	// that exist.
-	LockSagas(ctx context.Context, t Tx, ids []uuid.UUID) ([]SagaRecord, error)
-	// ClaimDueSagas locks in t up to max running or compensating sagas of
+	SagaLock(ctx context.Context, t Tx, ids []uuid.UUID) ([]SagaRecord, error)
+	// SagaClaimDue locks in t up to max running or compensating sagas of
 	// the definitions keys whose deadline is at or before now, skipping
 	// sagas that others hold, under the statement and lock timeouts of
 	// background work.
-	ClaimDueSagas(ctx context.Context, t Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error)
-	// WriteTransitions writes trs in t in one statement, sent with t's next
+	SagaClaimDue(ctx context.Context, t Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error)
+	// SagaWrite writes trs in t in one statement, sent with t's next
 	// round trip: Commit (the usual case: one round trip for the write and
 	// COMMIT), or the next operation's statement. A saga whose revision
 	// moved on since its transition was computed fails the statement with
@@ -156,7 +156,7 @@ type Executor interface {
 	// microsecond in UTC, its error text as kept (its JSON as written, which
 	// jsonb may re-format). Under t's write-time lease its commands are
 	// leased (Committed.Leased).
-	WriteTransitions(ctx context.Context, t Tx, trs []Transition, now time.Time) error
+	SagaWrite(ctx context.Context, t Tx, trs []Transition, now time.Time) error
 	// SagaGet returns the saga id, or an error wrapping message.ErrNotFound.
 	SagaGet(ctx context.Context, id uuid.UUID) (SagaRecord, error)
 	// SagaList returns the sagas f selects, oldest (first started) first.
@@ -176,7 +176,7 @@ type Executor interface {
 	// message.ErrNotFound.
 	DefinitionGet(ctx context.Context, sagaType string, version int) (DefinitionRecord, error)
 
-	// BeginDelivery begins t, the delivery of env at a participant, in one
+	// DeliveryBegin begins t, the delivery of env at a participant, in one
 	// round trip with BEGIN: it records env in the inbox and, for a saga
 	// step's command or compensation seen for the first time, leaves the
 	// step's barrier mark (a compensation also leaves the action's mark,
@@ -184,72 +184,72 @@ type Executor interface {
 	// arrived). It ends with the savepoint the handler runs in. A concurrent
 	// delivery of the same message, or of the same step's action and
 	// compensation, waits for the other's transaction to end.
-	BeginDelivery(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
-	// BeginOutsideDelivery is BeginDelivery for a handler that calls an
+	DeliveryBegin(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
+	// DeliveryBeginOutside is DeliveryBegin for a handler that calls an
 	// outside system: the inbox entry is left "started", and so is the
 	// barrier mark when the message leaves it, so that t can be committed
 	// before the call. A message whose entry is still "started" (its
 	// delivery died, or failed, after that commit) is no duplicate:
 	// Delivery.Resumed is set and the entry counts an attempt. It begins no
 	// savepoint.
-	BeginOutsideDelivery(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
-	// ResumeDelivery begins t, the transaction that records the outcome of
+	DeliveryBeginOutside(ctx context.Context, t Tx, env *message.Envelope, blockedReply []byte) (*Delivery, error)
+	// DeliveryResume begins t, the transaction that records the outcome of
 	// the outside call of env, in one round trip with BEGIN: it marks env's
 	// "started" inbox entry "done", locks it, and ends with the savepoint the
 	// handler's writes run in. Delivery.Duplicate is set when the entry was
 	// not "started" (another delivery of env recorded it first): t must
-	// change nothing then. End it with FinishDelivery.
-	ResumeDelivery(ctx context.Context, t Tx, env *message.Envelope) (*Delivery, error)
-	// SettleStarted marks env's inbox entry "done" in t if it was left
+	// change nothing then. End it with DeliveryFinish.
+	DeliveryResume(ctx context.Context, t Tx, env *message.Envelope) (*Delivery, error)
+	// InboxSettleStarted marks env's inbox entry "done" in t if it was left
 	// "started" (an outside call given up on), and reports whether it was.
-	SettleStarted(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
-	// DropStartedMark removes, in t, the "started" mark env left in its
+	InboxSettleStarted(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
+	// BarrierDropStarted removes, in t, the "started" mark env left in its
 	// phase, if it is still there (a compensation given up on).
-	DropStartedMark(ctx context.Context, t Tx, env *message.Envelope) error
-	// FinishDelivery ends d, the delivery of env begun in t (nil: one given
-	// up on, begun with RecordInbox), as end says, with t's next round trip:
+	BarrierDropStarted(ctx context.Context, t Tx, env *message.Envelope) error
+	// DeliveryFinish ends d, the delivery of env begun in t (nil: one given
+	// up on, begun with InboxRecord), as end says, with t's next round trip:
 	// Commit. Under t's write-time lease its reply is leased.
-	FinishDelivery(ctx context.Context, t Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error
-	// BeginDeliveries begins t with the deliveries envs of a group applied
+	DeliveryFinish(ctx context.Context, t Tx, env *message.Envelope, d *Delivery, end DeliveryEnd) error
+	// DeliveryBeginMany begins t with the deliveries envs of a group applied
 	// in one transaction (group commit), in one round trip with BEGIN: what
-	// BeginDelivery does for each, in one statement. envs must not repeat a
+	// DeliveryBegin does for each, in one statement. envs must not repeat a
 	// message id nor a saga step, and hold commands, compensations and
-	// events only. blockedReplies[i] is envs[i]'s (see BeginDelivery). Each
+	// events only. blockedReplies[i] is envs[i]'s (see DeliveryBegin). Each
 	// Delivery's Tx is its handler's: a savepoint of t begun with the
 	// handler's first statement. The handlers run one after the other, each
-	// ended with EndDelivery before the next begins.
-	BeginDeliveries(ctx context.Context, t Tx, envs []*message.Envelope, blockedReplies [][]byte) ([]*Delivery, error)
-	// EndDelivery ends the handler's savepoint of d, a delivery of a group,
+	// ended with DeliveryEndHandler before the next begins.
+	DeliveryBeginMany(ctx context.Context, t Tx, envs []*message.Envelope, blockedReplies [][]byte) ([]*Delivery, error)
+	// DeliveryEndHandler ends the handler's savepoint of d, a delivery of a group,
 	// as end says: released, or rolled back when end discards the
 	// handler's writes (Discard, Undo), with t's next statement.
-	EndDelivery(ctx context.Context, d *Delivery, end DeliveryEnd) error
-	// FinishDeliveries ends the deliveries dels of envs, a group begun with
-	// BeginDeliveries, as ends say (ends[i] for envs[i]), in one statement
+	DeliveryEndHandler(ctx context.Context, d *Delivery, end DeliveryEnd) error
+	// DeliveryFinishMany ends the deliveries dels of envs, a group begun with
+	// DeliveryBeginMany, as ends say (ends[i] for envs[i]), in one statement
 	// sent with t's next round trip: Commit. Under t's write-time lease the
 	// replies are leased.
-	FinishDeliveries(ctx context.Context, t Tx, envs []*message.Envelope, dels []*Delivery, ends []DeliveryEnd) error
-	// RecordInbox records env in the inbox in t (the first statement of a
+	DeliveryFinishMany(ctx context.Context, t Tx, envs []*message.Envelope, dels []*Delivery, ends []DeliveryEnd) error
+	// InboxRecord records env in the inbox in t (the first statement of a
 	// delivery given up on) and reports whether it is new there; a
 	// duplicate counts itself.
-	RecordInbox(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
-	// Barrier returns, read in t, the mark of env's saga step in phase, or
+	InboxRecord(ctx context.Context, t Tx, env *message.Envelope) (bool, error)
+	// BarrierGet returns, read in t, the mark of env's saga step in phase, or
 	// an error wrapping message.ErrNotFound.
-	Barrier(ctx context.Context, t Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error)
-	// LeaveBarrier leaves, in t, the final mark of env's saga step in env's
+	BarrierGet(ctx context.Context, t Tx, env *message.Envelope, phase message.Phase) (BarrierMark, error)
+	// BarrierLeave leaves, in t, the final mark of env's saga step in env's
 	// phase unless one is there, and reports whether it did. A "started"
 	// mark that env itself left (an outside call given up on) is completed
 	// with mark.
-	LeaveBarrier(ctx context.Context, t Tx, env *message.Envelope, mark BarrierMark) (bool, error)
+	BarrierLeave(ctx context.Context, t Tx, env *message.Envelope, mark BarrierMark) (bool, error)
 
-	// RecordAttempt counts one failed processing attempt of env, with its
+	// AttemptRecord counts one failed processing attempt of env, with its
 	// cause, in a statement of its own (the processing transaction was
 	// rolled back), and returns the number of failed attempts so far. Text
 	// Postgres cannot hold (NUL, invalid UTF-8) is stored with it replaced.
-	RecordAttempt(ctx context.Context, env *message.Envelope, cause string) (int, error)
-	// MarkDeadLettered records that env was dead-lettered for reason: in t
+	AttemptRecord(ctx context.Context, env *message.Envelope, cause string) (int, error)
+	// AttemptMarkDeadLettered records that env was dead-lettered for reason: in t
 	// (with the rest of the delivery that gives it up), or on its own when
 	// t is nil.
-	MarkDeadLettered(ctx context.Context, t Tx, env *message.Envelope, reason string) error
+	AttemptMarkDeadLettered(ctx context.Context, t Tx, env *message.Envelope, reason string) error
 	// AttemptGet returns the attempt record of message id, or an error
 	// wrapping message.ErrNotFound when it never failed.
 	AttemptGet(ctx context.Context, id uuid.UUID) (Attempt, error)
@@ -269,21 +269,21 @@ type Executor interface {
 	OutboxClaim(ctx context.Context, opts OutboxClaimOpts) ([]OutboxRow, error)
 	// OutboxPresent returns which of the rows ids are still in the outbox.
 	OutboxPresent(ctx context.Context, ids []int64) ([]int64, error)
-	// Notify wakes the relays of the schema that Listen in other processes
+	// OutboxNotify wakes the relays of the schema that Listen in other processes
 	// once tx commits.
-	Notify(ctx context.Context, tx pgx.Tx) error
-	// Listen holds a connection of its own, LISTENs on the schema's channel
+	OutboxNotify(ctx context.Context, tx pgx.Tx) error
+	// OutboxListen holds a connection of its own, LISTENs on the schema's channel
 	// and calls onNotify for every notification (and once right after LISTEN
 	// succeeds), until ctx is done or the connection fails; it never returns
 	// nil.
-	Listen(ctx context.Context, onNotify func()) error
+	OutboxListen(ctx context.Context, onNotify func()) error
 
-	// OpenOutboxLog opens a replication connection and starts streaming
+	// OutboxLogOpen opens a replication connection and starts streaming
 	// the publication's inserts into the outbox from the slot's confirmed
 	// position. It fails with an error wrapping ErrLogSlotBusy when another
 	// reader holds the slot, and says what to change when the server's
 	// wal_level is not logical or the slot or publication is missing.
-	OpenOutboxLog(ctx context.Context, slot, publication string) (OutboxLog, error)
+	OutboxLogOpen(ctx context.Context, slot, publication string) (OutboxLog, error)
 	// OutboxLogSetup creates the publication of the outbox's inserts and
 	// the logical replication slot (pgoutput) unless they exist, and
 	// reports whether it created the slot.
@@ -291,9 +291,9 @@ type Executor interface {
 	// OutboxLogStatus returns the state of the set-up and of the slot.
 	OutboxLogStatus(ctx context.Context, slot, publication string) (LogStatus, error)
 
-	// Prune deletes the rows r selects in small batches, each its own
+	// RetentionPrune deletes the rows r selects in small batches, each its own
 	// transaction of one round trip under the timeouts of background work.
-	Prune(ctx context.Context, r Retention) (Pruned, error)
+	RetentionPrune(ctx context.Context, r Retention) (Pruned, error)
 	// OutboxStats returns the backlog of the outbox.
 	OutboxStats(ctx context.Context) (OutboxStats, error)
 	// SagaCountOpen counts the running, compensating and failed sagas of
@@ -304,33 +304,32 @@ type Executor interface {
 	// is before before.
 	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
 
-	// RequestOperation records a request for action on saga id, with the
-	// action's params (JSON; nil for none).
-	RequestOperation(ctx context.Context, id uuid.UUID, action, actor, reason string, params []byte) (Operation, error)
-	// Operation returns request id, or an error wrapping
+	// OperationRequest records the operator request op.
+	OperationRequest(ctx context.Context, op NewOperation) (Operation, error)
+	// OperationGet returns request id, or an error wrapping
 	// message.ErrNotFound.
-	Operation(ctx context.Context, id int64) (Operation, error)
+	OperationGet(ctx context.Context, id int64) (Operation, error)
 	// OperationListPending lists up to max pending requests, oldest first,
 	// after request afterID (0: from the first).
 	OperationListPending(ctx context.Context, afterID int64, max int) ([]Operation, error)
-	// ClaimOperation begins t by locking the oldest pending request for a
+	// OperationClaim begins t by locking the oldest pending request for a
 	// saga of the definitions keys (or for a saga that does not exist),
 	// skipping requests another orchestrator holds; nil when there is none.
-	ClaimOperation(ctx context.Context, t Tx, keys []SagaKey) (*Operation, error)
-	// MarkOperation records in t that request id was handled at at (refusal
+	OperationClaim(ctx context.Context, t Tx, keys []SagaKey) (*Operation, error)
+	// OperationMark records in t that request id was handled at at (refusal
 	// is why it was refused, or empty), with t's next round trip: Commit.
-	MarkOperation(ctx context.Context, t Tx, id int64, at time.Time, refusal string) error
-	// WithdrawOperation withdraws pending request id on behalf of actor so
+	OperationMark(ctx context.Context, t Tx, id int64, at time.Time, refusal string) error
+	// OperationWithdraw withdraws pending request id on behalf of actor so
 	// that no orchestrator applies it, and returns it. It returns an error
 	// wrapping ErrNotPending, with the request, if it was applied or
 	// withdrawn before, and one wrapping message.ErrNotFound if it does not
 	// exist.
-	WithdrawOperation(ctx context.Context, id int64, actor string) (Operation, error)
-	// Operations returns up to limit requests: the pending ones oldest
+	OperationWithdraw(ctx context.Context, id int64, actor string) (Operation, error)
+	// OperationList returns up to limit requests: the pending ones oldest
 	// first, or with all every one newest first.
-	Operations(ctx context.Context, all bool, limit int) ([]Operation, error)
-	// OperationsPending counts the pending requests.
-	OperationsPending(ctx context.Context) (int64, error)
+	OperationList(ctx context.Context, all bool, limit int) ([]Operation, error)
+	// OperationCountPending counts the pending requests.
+	OperationCountPending(ctx context.Context) (int64, error)
 }
 
 // ErrSchemaOutdated is wrapped by SchemaCheck's error when the schema is not
@@ -361,7 +360,7 @@ type OutboxLog interface {
 	Close(ctx context.Context) error
 }
 
-// ErrLogSlotBusy is the error OpenOutboxLog wraps when another reader holds
+// ErrLogSlotBusy is the error OutboxLogOpen wraps when another reader holds
 // the replication slot: the caller stands by.
 var ErrLogSlotBusy = errors.New("the replication slot is in use by another reader")
 

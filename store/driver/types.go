@@ -235,7 +235,7 @@ type SagaStart struct {
 	Messages []message.Message
 }
 
-// Receipt is what ReceiveReplies found for one reply.
+// Receipt is what ReplyReceive found for one reply.
 type Receipt struct {
 	// Fresh is false for a reply the inbox had: a duplicate, which counted
 	// itself and must change nothing.
@@ -332,7 +332,7 @@ const (
 	BarrierStarted BarrierOutcome = "started"
 )
 
-// Delivery is what BeginDelivery found for one message at a participant.
+// Delivery is what DeliveryBegin found for one message at a participant.
 type Delivery struct {
 	// Duplicate is true when the inbox had the message: it counted itself
 	// and nothing else may change.
@@ -381,7 +381,7 @@ type DeliveryEnd struct {
 	// Settle marks the message's "started" inbox entry "done": an outside
 	// handler's delivery that ends in the transaction that began it.
 	Settle bool
-	// Undo, for a delivery of a group (Executor.BeginDeliveries), leaves
+	// Undo, for a delivery of a group (Executor.DeliveryBeginMany), leaves
 	// nothing of it: its handler failed, so its handler's writes are rolled
 	// back and its inbox entry and barrier marks removed, and it is
 	// delivered again on its own.
@@ -436,4 +436,40 @@ type SchemaNeeds struct {
 	Sagas bool
 	// LogRelay: the REPLICATION attribute, for a relay in log mode.
 	LogRelay bool
+}
+
+// In is the transaction an operation runs in: one of the engine's (T) or,
+// when T is nil, a caller's (Caller).
+type In struct {
+	T      Tx
+	Caller pgx.Tx
+}
+
+// EventSettlement is what became of an outside event (Executor.EventSettle).
+type EventSettlement struct {
+	SagaID  uuid.UUID
+	EventID string
+	// Status is "consumed" or "ignored", and Detail why it was ignored.
+	Status, Detail string
+	At             time.Time
+}
+
+// StartKeyRelease names the start key a finished saga gives up to a new
+// saga (Executor.SagaReleaseStartKey), and the history entry (Event,
+// Detail) it leaves on the finished saga.
+type StartKeyRelease struct {
+	SagaType, StartKey string
+	Event, Detail      string
+	At                 time.Time
+}
+
+// NewOperation is an operator request about to be recorded
+// (Executor.OperationRequest).
+type NewOperation struct {
+	SagaID uuid.UUID
+	// Action is "retry", "cancel", "terminate" or "restart"; Params its
+	// parameters as JSON (a restart's options; nil for the others).
+	Action        string
+	Params        []byte
+	Actor, Reason string
 }

@@ -200,7 +200,7 @@ func TestOperatorActionPreCheckRefusesAtOnce(t *testing.T) {
 		require.Equal(t, cli.ExitRefused, r.code, r.stderr)
 		require.Contains(t, r.stderr, "completed")
 	}
-	ops, err := db.Operations(context.Background(), true, 10)
+	ops, err := db.OperationList(context.Background(), true, 10)
 	require.NoError(t, err)
 	require.Empty(t, ops, "a refused action records no request")
 	r := run(t, "--schema", schema, "saga", "abort", uuid.NewString(), "--reason", "test")
@@ -228,7 +228,7 @@ func TestOperatorRequestWithdrawnWhenWaitExpires(t *testing.T) {
 	require.Equal(t, cli.ExitPending, r.code, r.stderr)
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
 	require.Equal(t, view.OperationPending, res.Operation.State)
-	n, err := db.OperationsPending(ctx)
+	n, err := db.OperationCountPending(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 
@@ -264,7 +264,7 @@ func requireNothingToClaim(t *testing.T, db *dbtest.DB) {
 	ctx := context.Background()
 	tx := db.Begin(nil)
 	defer tx.Rollback(ctx)
-	op, err := db.ClaimOperation(ctx, tx, []driver.SagaKey{{Type: "checkout", Version: 1}})
+	op, err := db.OperationClaim(ctx, tx, []driver.SagaKey{{Type: "checkout", Version: 1}})
 	require.NoError(t, err)
 	require.Nil(t, op, "a withdrawn request is never applied")
 }
@@ -338,7 +338,7 @@ func TestOperatorRequestWithdrawnOnInterrupt(t *testing.T) {
 			"saga", "retry", id.String(), "--reason", "resend", "--wait", "1h"}, &out, &errOut)
 	}()
 	require.Eventually(t, func() bool {
-		n, err := db.OperationsPending(context.Background())
+		n, err := db.OperationCountPending(context.Background())
 		return err == nil && n == 1
 	}, 60*time.Second, 50*time.Millisecond, "the request is recorded")
 	interrupt()
@@ -350,7 +350,7 @@ func TestOperatorRequestWithdrawnOnInterrupt(t *testing.T) {
 	}
 	require.Equal(t, cli.ExitPending, code, errOut.String())
 	require.Contains(t, errOut.String(), "interrupted")
-	ops, err := db.Operations(context.Background(), true, 10)
+	ops, err := db.OperationList(context.Background(), true, 10)
 	require.NoError(t, err)
 	require.Len(t, ops, 1)
 	require.False(t, ops[0].WithdrawnAt.IsZero(), "the interrupted request is withdrawn")
@@ -383,7 +383,7 @@ func TestSagaBulkDryRunThenRequests(t *testing.T) {
 	require.Equal(t, 3, dry.Applicable, "a completed saga cannot be cancelled")
 	require.ElementsMatch(t, running, dry.First)
 	require.Empty(t, dry.Requests)
-	ops, err := db.Operations(context.Background(), true, 10)
+	ops, err := db.OperationList(context.Background(), true, 10)
 	require.NoError(t, err)
 	require.Empty(t, ops, "a dry run records nothing")
 
@@ -393,7 +393,7 @@ func TestSagaBulkDryRunThenRequests(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &done))
 	require.False(t, done.DryRun)
 	require.Len(t, done.Requests, 3)
-	ops, err = db.Operations(context.Background(), false, 10)
+	ops, err = db.OperationList(context.Background(), false, 10)
 	require.NoError(t, err)
 	require.Len(t, ops, 3)
 	var ids []uuid.UUID
@@ -438,7 +438,7 @@ func TestSagaBulkRestartRecordsParams(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
 	require.Equal(t, 2, out.Matched)
 	require.Equal(t, 1, out.Applicable, "a running saga cannot be restarted")
-	ops, err := db.Operations(context.Background(), false, 10)
+	ops, err := db.OperationList(context.Background(), false, 10)
 	require.NoError(t, err)
 	require.Len(t, ops, 1)
 	require.Equal(t, "restart", ops[0].Action)
