@@ -158,115 +158,162 @@ func (c *Client) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if opts == nil {
 		opts = &StartOpts{}
 	}
-	var runner saga.Runner
+	p, err := c.planStart(name, version, data, opts)
+	if err != nil {
+		return nil, err
+	}
+	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrSagaVersion.Int(p.runner.Version()))
+	started, err := c.writeStart(ctx, tx, p, data, opts)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", p.runner.Name(), p.runner.Version(), err)
+	}
+	return started, nil
+}
+
+// startPlan is what a start decided before it writes: the definition, the
+// saga's id, the hash of its data (with a start key) and whether its
+// writes run under a savepoint.
+type startPlan struct {
+	runner saga.Runner
+	id     uuid.UUID
+	hash   []byte
+	// local: the definition has local steps; reuse: the start key of a
+	// finished saga is released for this start. Both write before the
+	// start statement, under a savepoint that a start that does not happen
+	// rolls back.
+	local, reuse bool
+}
+
+// planStart finds the definition name (its latest version when version is
+// 0) and checks opts, and returns the start's plan.
+func (c *Client) planStart(name string, version int, data json.RawMessage, opts *StartOpts) (startPlan, error) {
+	var p startPlan
 	var err error
 	if version == 0 {
-		runner, err = c.registry.Latest(name)
+		p.runner, err = c.registry.Latest(name)
 	} else {
-		runner, err = c.registry.Lookup(name, version)
+		p.runner, err = c.registry.Lookup(name, version)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start: %w (register it with the Client)", err)
+		return p, fmt.Errorf("orchestrator: start: %w (register it with the Client)", err)
 	}
-	if opts.StartKeyPolicy < StartKeyRejectDifferent || opts.StartKeyPolicy > StartKeyReuseFinished {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKeyPolicy %s is unknown", runner.Name(), runner.Version(), opts.StartKeyPolicy)
+	fail := func(format string, args ...any) (startPlan, error) {
+		return p, fmt.Errorf("orchestrator: start %s v%d: "+format, append([]any{p.runner.Name(), p.runner.Version()}, args...)...)
 	}
-	if opts.StartKey != "" && strings.TrimSpace(opts.StartKey) == "" {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.StartKey is blank", runner.Name(), runner.Version())
+	switch {
+	case opts.StartKeyPolicy < StartKeyRejectDifferent || opts.StartKeyPolicy > StartKeyReuseFinished:
+		return fail("StartOpts.StartKeyPolicy %s is unknown", opts.StartKeyPolicy)
+	case opts.StartKey != "" && strings.TrimSpace(opts.StartKey) == "":
+		return fail("StartOpts.StartKey is blank")
+	case opts.ConcurrencyKey != "" && strings.TrimSpace(opts.ConcurrencyKey) == "":
+		return fail("StartOpts.ConcurrencyKey is blank")
 	}
-	if opts.ConcurrencyKey != "" && strings.TrimSpace(opts.ConcurrencyKey) == "" {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: StartOpts.ConcurrencyKey is blank", runner.Name(), runner.Version())
+	if p.id, err = uuid.NewV7(); err != nil {
+		return fail("generate saga id: %w", err)
 	}
-	id, err := uuid.NewV7()
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: generate saga id: %w", runner.Name(), runner.Version(), err)
-	}
-	trace.SpanFromContext(ctx).SetAttributes(telemetry.AttrSagaVersion.Int(runner.Version()))
-
-	// With a start key, the saga may exist already, or be inserted right
-	// now by a concurrent transaction: then nothing may be written. The
-	// start statement writes nothing when the key is taken; local steps
-	// write before it, so a definition with local steps looks the key up
-	// first and runs under a savepoint that losing the race rolls back.
-	local := hasLocalStep(runner)
-	reuse := opts.StartKey != "" && opts.StartKeyPolicy == StartKeyReuseFinished
-	var hash []byte
 	if opts.StartKey != "" {
-		if hash, err = startDataHash(data); err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		if p.hash, err = startDataHash(data); err != nil {
+			return fail("%w", err)
 		}
 	}
-	// Local steps, and a start key released for this start, write before
-	// the start statement: they run under a savepoint that a start that
-	// does not happen rolls back.
+	p.local = hasLocalStep(p.runner)
+	p.reuse = opts.StartKey != "" && opts.StartKeyPolicy == StartKeyReuseFinished
+	return p, nil
+}
+
+// writeStart writes the saga of plan p in tx: started, or queued (flow
+// control), or, when its start key is taken, nothing (the existing saga
+// answers, as StartKeyPolicy says).
+func (c *Client) writeStart(ctx context.Context, tx pgx.Tx, p startPlan, data json.RawMessage, opts *StartOpts) (*Started, error) {
 	work := tx
-	if local || reuse {
-		work, err = tx.Begin(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: savepoint: %w", runner.Name(), runner.Version(), err)
+	if p.local || p.reuse {
+		var err error
+		if work, err = tx.Begin(ctx); err != nil {
+			return nil, fmt.Errorf("savepoint: %w", err)
 		}
 		defer work.Rollback(context.WithoutCancel(ctx))
 	}
-	if reuse {
-		if err := c.releaseStartKey(ctx, work, runner.Name(), opts.StartKey, id); err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-		}
-	}
-	if opts.StartKey != "" && local {
-		existing, err := c.db.SagaGetByStartKey(ctx, work, runner.Name(), opts.StartKey)
-		switch {
-		case err == nil:
-			return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
-		case !errors.Is(err, message.ErrNotFound):
-			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
-		}
+	if existing, err := c.takeStartKey(ctx, work, p, opts); existing != nil || err != nil {
+		return existing, err
 	}
 	// Flow control: past the definition's limit, or with its concurrency
 	// key held, the saga is written as queued instead of started.
-	why, err := c.mustQueue(ctx, work, runner.Name(), opts.ConcurrencyKey)
+	why, err := c.mustQueue(ctx, work, p.runner.Name(), opts.ConcurrencyKey)
 	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		return nil, err
 	}
 	var res saga.Result
 	var inserted bool
 	if why != "" {
-		inserted, err = c.enqueue(ctx, work, runner, id, data, opts, hash, why)
+		inserted, err = c.enqueue(ctx, work, p.runner, p.id, data, opts, p.hash, why)
 	} else {
-		res, inserted, err = c.start(ctx, work, runner, id, data, opts, hash)
+		res, inserted, err = c.start(ctx, work, p.runner, p.id, data, opts, p.hash)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+		return nil, err
 	}
 	if !inserted {
-		// The deferred rollback undoes the local steps' writes (and a key
-		// release).
-		existing, err := c.db.SagaGetByStartKey(ctx, tx, runner.Name(), opts.StartKey)
+		// A concurrent start took the key. The deferred rollback undoes the
+		// local steps' writes (and a key release).
+		existing, err := c.db.SagaGetByStartKey(ctx, tx, p.runner.Name(), opts.StartKey)
 		if err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: %w", runner.Name(), runner.Version(), err)
+			return nil, err
 		}
-		return c.existingStart(runner, &existing, opts.StartKeyPolicy, hash)
+		return c.existingStart(p.runner, &existing, opts.StartKeyPolicy, p.hash)
 	}
 	if work != tx {
 		if err := work.Commit(ctx); err != nil {
-			return nil, fmt.Errorf("orchestrator: start %s v%d: release savepoint: %w", runner.Name(), runner.Version(), err)
+			return nil, fmt.Errorf("release savepoint: %w", err)
 		}
 	}
-	c.tel.SagaStarted(ctx, runner.Name())
+	return c.startWritten(ctx, p, res, why), nil
+}
+
+// takeStartKey releases, under StartKeyReuseFinished, the start key of the
+// finished saga holding it to the saga of p, and, for a definition with
+// local steps (which write before the start statement, which writes nothing
+// when the key is taken), looks the key up first: a saga holding it answers
+// the start (existingStart).
+func (c *Client) takeStartKey(ctx context.Context, work pgx.Tx, p startPlan, opts *StartOpts) (*Started, error) {
+	if p.reuse {
+		if err := c.releaseStartKey(ctx, work, p.runner.Name(), opts.StartKey, p.id); err != nil {
+			return nil, err
+		}
+	}
+	if opts.StartKey == "" || !p.local {
+		return nil, nil
+	}
+	existing, err := c.db.SagaGetByStartKey(ctx, work, p.runner.Name(), opts.StartKey)
+	switch {
+	case err == nil:
+		return c.existingStart(p.runner, &existing, opts.StartKeyPolicy, p.hash)
+	case errors.Is(err, message.ErrNotFound):
+		return nil, nil
+	}
+	return nil, err
+}
+
+// startWritten counts and logs a saga written by a start (queued for why,
+// when not empty), notes its deadline, wakes the relay's follow-up
+// wake-ups, and returns what the start returns.
+func (c *Client) startWritten(ctx context.Context, p startPlan, res saga.Result, why string) *Started {
+	name := p.runner.Name()
+	c.tel.SagaStarted(ctx, name)
 	if why != "" {
 		c.signalStart(true)
-		c.log.Debug("saga queued", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "reason", why)
-		return &Started{ID: id, Status: saga.StatusQueued}, nil
+		c.log.Debug("saga queued", "saga_id", p.id.String(), "saga_type", name, "version", p.runner.Version(), "reason", why)
+		return &Started{ID: p.id, Status: saga.StatusQueued}
 	}
-	c.tel.SagaAdmitted(ctx, runner.Name(), 0)
+	c.tel.SagaAdmitted(ctx, name, 0)
 	if res.Instance.Status.Terminal() {
-		c.tel.SagaFinished(ctx, runner.Name(), string(res.Instance.Status), 0)
+		c.tel.SagaFinished(ctx, name, string(res.Instance.Status), 0)
 	}
 	if !res.Instance.Deadline.IsZero() {
 		c.noteDeadline(res.Instance.Deadline)
 	}
 	c.signalStart(false)
-	c.log.Debug("saga started", "saga_id", id.String(), "saga_type", runner.Name(), "version", runner.Version(), "status", string(res.Instance.Status))
-	return &Started{ID: id, Status: res.Instance.Status}, nil
+	c.log.Debug("saga started", "saga_id", p.id.String(), "saga_type", name, "version", p.runner.Version(), "status", string(res.Instance.Status))
+	return &Started{ID: p.id, Status: res.Instance.Status}
 }
 
 // start runs the saga core's Start and writes the saga, its history and its

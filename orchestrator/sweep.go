@@ -177,7 +177,7 @@ func (c *Client) deadlineFailed(rec driver.SagaRecord, now time.Time, cause erro
 }
 
 // countResends counts the commands of tr sent again (attempt > 1).
-func (c *Client) countResends(ctx context.Context, tr transition, cause string) {
+func (c *Client) countResends(ctx context.Context, tr transition, cause telemetry.Cause) {
 	for _, o := range tr.res.Emit {
 		if o.Attempt > 1 {
 			c.tel.Retry(ctx, componentName, o.Type, cause)

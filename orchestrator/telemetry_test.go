@@ -81,7 +81,7 @@ func TestTelemetrySagaIsOneTraceAndMetricsCount(t *testing.T) {
 	// reserve step's compensation (an event on that span) ...
 	require.Equal(t, "process reply-failure payment.charge", rejectedReply.Name())
 	chargeProcess := spans.byID(t, spans.byID(t, rejectedReply.Parent()).Parent())
-	require.Equal(t, telemetry.OutcomeRejected, attr(chargeProcess, telemetry.AttrOutcome))
+	require.Equal(t, telemetry.OutcomeRejected.String(), attr(chargeProcess, telemetry.AttrOutcome))
 	var compEvents []string
 	for _, ev := range rejectedReply.Events() {
 		if ev.Name == "compensation sent" {
@@ -125,11 +125,11 @@ func TestTelemetrySagaIsOneTraceAndMetricsCount(t *testing.T) {
 	// Nine replies applied: 3 steps, reserve+charge+release twice.
 	require.EqualValues(t, 9, m.Count(telemetry.MetricStepDuration, order))
 	require.EqualValues(t, 9, m.Sum(telemetry.MetricMessagesHandled, orch,
-		telemetry.AttrComponent.String("orchestrator"), telemetry.AttrOutcome.String(telemetry.OutcomeApplied)))
+		telemetry.AttrComponent.String("orchestrator"), telemetry.AttrOutcome.String(telemetry.OutcomeApplied.String())))
 	require.EqualValues(t, 2, m.Sum(telemetry.MetricMessagesHandled, pay,
-		telemetry.AttrComponent.String("participant"), telemetry.AttrOutcome.String(telemetry.OutcomeRejected)))
+		telemetry.AttrComponent.String("participant"), telemetry.AttrOutcome.String(telemetry.OutcomeRejected.String())))
 	require.EqualValues(t, 1, m.Sum(telemetry.MetricDeadLetters, inv,
-		telemetry.AttrComponent.String("participant"), telemetry.AttrReason.String(telemetry.ReasonRetriesExhausted)))
+		telemetry.AttrComponent.String("participant"), telemetry.AttrReason.String(telemetry.ReasonRetriesExhausted.String())))
 	// Published by each relay: the orchestrator's 9 commands, the
 	// inventory's 6 replies, the payment's 3.
 	require.EqualValues(t, 9, m.Sum(telemetry.MetricRelayPublished, orch))
@@ -324,7 +324,7 @@ func (s spanSet) requireHops(t *testing.T, parent sdktrace.ReadOnlySpan, hops ..
 		process := s.child(t, send, "process command "+h.typ)
 		require.Equal(t, trace.SpanKindConsumer, process.SpanKind())
 		require.Equal(t, h.component, attr(process, telemetry.AttrComponent))
-		require.Equal(t, telemetry.InboxNew, attr(process, telemetry.AttrInbox))
+		require.Equal(t, telemetry.InboxNew.String(), attr(process, telemetry.AttrInbox))
 		require.Equal(t, attr(send, "messaging.message.id"), attr(process, "messaging.message.id"))
 		var reply sdktrace.ReadOnlySpan
 		for _, kind := range []string{"reply-success", "reply-failure"} {
@@ -339,7 +339,7 @@ func (s spanSet) requireHops(t *testing.T, parent sdktrace.ReadOnlySpan, hops ..
 		require.Equal(t, trace.SpanKindProducer, reply.SpanKind())
 		parent = s.child(t, reply, strings.Replace(reply.Name(), "send ", "process ", 1))
 		require.Equal(t, "orchestrator", attr(parent, telemetry.AttrComponent))
-		require.Equal(t, telemetry.InboxNew, attr(parent, telemetry.AttrInbox))
+		require.Equal(t, telemetry.InboxNew.String(), attr(parent, telemetry.AttrInbox))
 	}
 	return parent
 }

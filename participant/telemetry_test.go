@@ -86,17 +86,17 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 	}, "duplicates counted")
 	require.Equal(t, 3, e.duplicates(cmd.MessageID), "the inbox saw the duplicates too")
 	require.EqualValues(t, dups, m.Sum(telemetry.MetricInboxDuplicates, schema, telemetry.AttrMessageType.String(Reserve.Name())))
-	outcome := func(o string) int64 {
-		return m.Sum(telemetry.MetricMessagesHandled, schema, telemetry.AttrComponent.String("participant"), telemetry.AttrOutcome.String(o))
+	outcome := func(o telemetry.Outcome) int64 {
+		return m.Sum(telemetry.MetricMessagesHandled, schema, telemetry.AttrComponent.String("participant"), telemetry.AttrOutcome.String(o.String()))
 	}
 	require.EqualValues(t, dups, outcome(telemetry.OutcomeDuplicate))
 	require.EqualValues(t, 2, outcome(telemetry.OutcomeApplied))
 	require.EqualValues(t, 1, outcome(telemetry.OutcomeRetry))
 	require.EqualValues(t, 1, outcome(telemetry.OutcomeDeadLetter))
-	require.EqualValues(t, 1, m.Sum(telemetry.MetricDeadLetters, schema, telemetry.AttrReason.String(telemetry.ReasonInvalidPayload)))
+	require.EqualValues(t, 1, m.Sum(telemetry.MetricDeadLetters, schema, telemetry.AttrReason.String(telemetry.ReasonInvalidPayload.String())))
 	require.EqualValues(t, 1, m.Sum(telemetry.MetricDeadLetters))
 	require.EqualValues(t, 1, m.Sum(telemetry.MetricRetries, telemetry.AttrComponent.String("participant"),
-		telemetry.AttrCause.String(telemetry.CauseHandler), telemetry.AttrMessageType.String(Reserve.Name())))
+		telemetry.AttrCause.String(telemetry.CauseHandler.String()), telemetry.AttrMessageType.String(Reserve.Name())))
 	require.EqualValues(t, 1, m.Sum(telemetry.MetricRetries))
 	require.EqualValues(t, 3, m.Sum(telemetry.MetricRelayPublished, schema), "three replies")
 
@@ -120,13 +120,13 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 		require.Equal(t, sender.SpanContext().TraceID(), s.SpanContext().TraceID())
 		got := spanAttr(s, telemetry.AttrInbox)
 		inbox[got]++
-		if got == telemetry.InboxNew {
+		if got == telemetry.InboxNew.String() {
 			applied = s
 		}
 		require.Equal(t, cmd.MessageID.String(), spanAttr(s, "messaging.message.id"))
 		require.Equal(t, cmd.SagaID.String(), spanAttr(s, telemetry.AttrSagaID))
 	}
-	require.Equal(t, map[string]int{telemetry.InboxNew: 1, telemetry.InboxDuplicate: dups}, inbox)
+	require.Equal(t, map[string]int{telemetry.InboxNew.String(): 1, telemetry.InboxDuplicate.String(): dups}, inbox)
 	seen, ok := handlerSpans.Load(cmd.MessageID)
 	require.True(t, ok)
 	require.Equal(t, applied.SpanContext(), seen, "the handler's ctx carries the consumer span")
@@ -153,8 +153,8 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 	for _, s := range rec.Ended() {
 		if spanAttr(s, "messaging.message.id") == bad.MessageID.String() && s.SpanKind() == trace.SpanKindConsumer {
 			require.Equal(t, codes.Error, s.Status().Code)
-			require.Equal(t, telemetry.ReasonInvalidPayload, spanAttr(s, telemetry.AttrReason))
-			require.Equal(t, telemetry.OutcomeDeadLetter, spanAttr(s, telemetry.AttrOutcome))
+			require.Equal(t, telemetry.ReasonInvalidPayload.String(), spanAttr(s, telemetry.AttrReason))
+			require.Equal(t, telemetry.OutcomeDeadLetter.String(), spanAttr(s, telemetry.AttrOutcome))
 		}
 	}
 }

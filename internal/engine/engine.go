@@ -87,9 +87,9 @@ type Item struct {
 
 // Result is what processing one delivery did.
 type Result struct {
-	// Outcome is the telemetry outcome: applied, rejected, duplicate,
-	// ignored or unknown_saga.
-	Outcome string
+	// Outcome is what processing did: applied, rejected, duplicate,
+	// ignored or unknown saga (telemetry labels it).
+	Outcome telemetry.Outcome
 	// Note says what happened, for the debug log.
 	Note string
 	// Committed is what the delivery's commits wrote to the outbox: the
@@ -113,8 +113,8 @@ type Result struct {
 // Poison is a failure that no retry can cure: the delivery is given up on at
 // once, answered (by GiveUp) and dead-lettered.
 type Poison struct {
-	// Class is the metric's reason class (a telemetry.Reason constant).
-	Class string
+	// Class is the class of the reason, for metrics.
+	Class telemetry.Reason
 	// Code is the failure reply's code (saga.Failure.Code).
 	Code string
 	// Reason says why, for people: the dead letter's reason and the failure

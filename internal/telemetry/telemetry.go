@@ -54,47 +54,90 @@ const (
 	AttrBatchCount = attribute.Key("messaging.batch.message_count")
 )
 
-// Inbox outcomes (AttrInbox, on consumer spans): whether the inbox saw the
-// message for the first time.
+// InboxOutcome is whether the inbox saw a message for the first time; its
+// label is the value of AttrInbox on consumer spans.
+type InboxOutcome uint8
+
+// Inbox outcomes.
 const (
-	InboxNew       = "new"
-	InboxDuplicate = "duplicate"
+	InboxNew InboxOutcome = iota + 1
+	InboxDuplicate
 )
 
-// Handling outcomes (AttrOutcome on sagabox.messages.handled).
+// String returns the outcome's label.
+func (o InboxOutcome) String() string { return label(o, "new", "duplicate") }
+
+// Outcome is what handling a delivery did; its label is the value of
+// AttrOutcome on sagabox.messages.handled. The engine and the clients
+// branch on Outcome values, never on labels.
+type Outcome uint8
+
+// Handling outcomes.
 const (
-	OutcomeApplied     = "applied"      // new message, handled
-	OutcomeRejected    = "rejected"     // new command, rejected by its handler (business "no")
-	OutcomeDuplicate   = "duplicate"    // already in the inbox, not applied again
-	OutcomeRetry       = "retry"        // not applied this time, will be delivered again
-	OutcomeDeadLetter  = "dead_letter"  // moved to the dead-letter queue
-	OutcomeIgnored     = "ignored"      // orchestrator: stale reply, recorded in history only
-	OutcomeUnknownSaga = "unknown_saga" // orchestrator: reply for a saga that does not exist here
+	OutcomeApplied     Outcome = iota + 1 // new message, handled
+	OutcomeRejected                       // new command, rejected by its handler (business "no")
+	OutcomeDuplicate                      // already in the inbox, not applied again
+	OutcomeRetry                          // not applied this time, will be delivered again
+	OutcomeDeadLetter                     // moved to the dead-letter queue
+	OutcomeIgnored                        // orchestrator: stale reply, recorded in history only
+	OutcomeUnknownSaga                    // orchestrator: reply for a saga that does not exist here
 )
 
-// Dead-letter reason classes (AttrReason). Free text goes to logs and to the
-// dead-lettered message, never to a metric.
+// String returns the outcome's label.
+func (o Outcome) String() string {
+	return label(o, "applied", "rejected", "duplicate", "retry", "dead_letter", "ignored", "unknown_saga")
+}
+
+// Reason is the class of why a message was dead-lettered; its label is the
+// value of AttrReason. Free text goes to logs and to the dead-lettered
+// message, never to a metric.
+type Reason uint8
+
+// Dead-letter reason classes.
 const (
-	ReasonUnknownType       = "unknown_type"
-	ReasonInvalidPayload    = "invalid_payload"
-	ReasonPayloadTooLarge   = "payload_too_large"
-	ReasonUnexpectedKind    = "unexpected_kind"
-	ReasonRetriesExhausted  = "retries_exhausted"
-	ReasonUnknownDefinition = "unknown_definition"
-	ReasonInvalidInstance   = "invalid_instance"
+	ReasonUnknownType Reason = iota + 1
+	ReasonInvalidPayload
+	ReasonPayloadTooLarge
+	ReasonUnexpectedKind
+	ReasonRetriesExhausted
+	ReasonUnknownDefinition
+	ReasonInvalidInstance
 	// ReasonUnroutable: an outbox row (a reply, an event) no queue takes,
 	// given up on by the relay (sagabox.outbox.dead).
-	ReasonUnroutable = "unroutable"
+	ReasonUnroutable
 )
 
-// Retry causes (AttrCause).
+// String returns the reason's label.
+func (r Reason) String() string {
+	return label(r, "unknown_type", "invalid_payload", "payload_too_large", "unexpected_kind",
+		"retries_exhausted", "unknown_definition", "invalid_instance", "unroutable")
+}
+
+// Cause is why a delivery is retried; its label is the value of AttrCause.
+type Cause uint8
+
+// Retry causes.
 const (
-	CauseHandler  = "handler"  // the handler failed transiently
-	CauseDatabase = "database" // Postgres was unreachable
-	CauseTimeout  = "timeout"  // the orchestrator re-sent a command after its step timed out
-	CauseOperator = "operator" // an operator asked for a retry
-	CauseShutdown = "shutdown" // the client stopped before the delivery was done
+	CauseHandler  Cause = iota + 1 // the handler failed transiently
+	CauseDatabase                  // Postgres was unreachable
+	CauseTimeout                   // the orchestrator re-sent a command after its step timed out
+	CauseOperator                  // an operator asked for a retry
+	CauseShutdown                  // the client stopped before the delivery was done
 )
+
+// String returns the cause's label.
+func (c Cause) String() string {
+	return label(c, "handler", "database", "timeout", "operator", "shutdown")
+}
+
+// label returns the label of v, the n-th (from 1) of labels; "" for the
+// zero value and values out of range.
+func label[T ~uint8](v T, labels ...string) string {
+	if v == 0 || int(v) > len(labels) {
+		return ""
+	}
+	return labels[v-1]
+}
 
 // Telemetry is the set of instruments one client uses.
 type Telemetry struct {
@@ -185,13 +228,13 @@ var OpenStatuses = []string{"running", "compensating", "failed"}
 var finishedStatuses = []string{"completed", "compensated", "failed"}
 
 // deadLetterReasons are the reason classes a client's engine counts.
-var deadLetterReasons = []string{
+var deadLetterReasons = []Reason{
 	ReasonUnknownType, ReasonInvalidPayload, ReasonPayloadTooLarge, ReasonUnexpectedKind,
 	ReasonRetriesExhausted, ReasonUnknownDefinition, ReasonInvalidInstance,
 }
 
 // retryCauses are the retry causes a client counts.
-var retryCauses = []string{CauseHandler, CauseDatabase, CauseTimeout, CauseOperator, CauseShutdown}
+var retryCauses = []Cause{CauseHandler, CauseDatabase, CauseTimeout, CauseOperator, CauseShutdown}
 
 // New returns instruments from tp and mp; nil providers mean the global ones.
 func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
@@ -343,7 +386,7 @@ func (t *Telemetry) RegisterOutboxGauges(st driver.Executor) (metric.Registratio
 		}
 		o.ObserveInt64(t.backlog, stats.Backlog, attrs)
 		o.ObserveFloat64(t.oldestAge, stats.OldestAge.Seconds(), attrs)
-		o.ObserveInt64(t.dead, stats.Dead, metric.WithAttributes(AttrSchema.String(st.Schema()), AttrReason.String(ReasonUnroutable)))
+		o.ObserveInt64(t.dead, stats.Dead, metric.WithAttributes(AttrSchema.String(st.Schema()), AttrReason.String(ReasonUnroutable.String())))
 		return nil
 	}, t.backlog, t.oldestAge, t.dead)
 	if err != nil {
@@ -419,10 +462,10 @@ func (t *Telemetry) ZeroDeliveryCounters(ctx context.Context, component, schema 
 	t.publishErrors.Add(ctx, 0, metric.WithAttributes(s))
 	t.duplicates.Add(ctx, 0, metric.WithAttributes(s))
 	for _, r := range deadLetterReasons {
-		t.deadLetters.Add(ctx, 0, metric.WithAttributes(s, AttrComponent.String(component), AttrReason.String(r)))
+		t.deadLetters.Add(ctx, 0, metric.WithAttributes(s, AttrComponent.String(component), AttrReason.String(r.String())))
 	}
 	for _, c := range retryCauses {
-		t.retries.Add(ctx, 0, metric.WithAttributes(AttrComponent.String(component), AttrCause.String(c)))
+		t.retries.Add(ctx, 0, metric.WithAttributes(AttrComponent.String(component), AttrCause.String(c.String())))
 	}
 }
 
@@ -452,17 +495,15 @@ func (t *Telemetry) Duplicate(ctx context.Context, schema, msgType string) {
 	t.duplicates.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrMessageType.String(msgType)))
 }
 
-// Handled counts a handled delivery by outcome (one of the Outcome
-// constants).
-func (t *Telemetry) Handled(ctx context.Context, schema, component, msgType, outcome string) {
+// Handled counts a handled delivery by outcome.
+func (t *Telemetry) Handled(ctx context.Context, schema, component, msgType string, outcome Outcome) {
 	t.handled.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrComponent.String(component),
-		AttrMessageType.String(msgType), AttrOutcome.String(outcome)))
+		AttrMessageType.String(msgType), AttrOutcome.String(outcome.String())))
 }
 
-// DeadLetter counts a dead-lettered message. reason is one of the Reason
-// constants, never free text.
-func (t *Telemetry) DeadLetter(ctx context.Context, schema, component, reason string) {
-	t.deadLetters.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrComponent.String(component), AttrReason.String(reason)))
+// DeadLetter counts a dead-lettered message by its reason's class.
+func (t *Telemetry) DeadLetter(ctx context.Context, schema, component string, reason Reason) {
+	t.deadLetters.Add(ctx, 1, metric.WithAttributes(AttrSchema.String(schema), AttrComponent.String(component), AttrReason.String(reason.String())))
 }
 
 // SagaStarted counts a started saga.
@@ -517,10 +558,9 @@ func (t *Telemetry) DeadlineFired(ctx context.Context, sagaType string) {
 }
 
 // Retry counts a retry by component ("orchestrator" re-sending a command,
-// "participant" retrying a delivery) and cause (one of the Cause
-// constants).
-func (t *Telemetry) Retry(ctx context.Context, component, msgType, cause string) {
-	t.retries.Add(ctx, 1, metric.WithAttributes(AttrComponent.String(component), AttrMessageType.String(msgType), AttrCause.String(cause)))
+// "participant" retrying a delivery) and cause.
+func (t *Telemetry) Retry(ctx context.Context, component, msgType string, cause Cause) {
+	t.retries.Add(ctx, 1, metric.WithAttributes(AttrComponent.String(component), AttrMessageType.String(msgType), AttrCause.String(cause.String())))
 }
 
 // propagator is W3C Trace Context: the envelope's traceparent/tracestate.
@@ -635,16 +675,15 @@ func Fail(span trace.Span, err error) {
 // Handled is what became of one delivery: its outcome and why, for the
 // delivery's consumer span and the metrics.
 type Handled struct {
-	// Outcome is one of the Outcome constants.
-	Outcome string
+	// Outcome is what handling the delivery did.
+	Outcome Outcome
 	// Inbox is InboxNew or InboxDuplicate once the inbox saw the message;
 	// empty before.
-	Inbox string
-	// Reason is the dead-letter reason class (a Reason constant) of a
-	// delivery dead-lettered.
-	Reason string
-	// Cause is the retry cause (a Cause constant) of a delivery retried.
-	Cause string
+	Inbox InboxOutcome
+	// Reason is the dead-letter reason class of a delivery dead-lettered.
+	Reason Reason
+	// Cause is the retry cause of a delivery retried.
+	Cause Cause
 	// Err is the failure behind a retry or a dead letter.
 	Err error
 	// Attrs are more attributes for the span (a saga's status after a
@@ -675,15 +714,15 @@ func (t *Telemetry) Begin(ctx context.Context, component, schema string, d *tran
 	ctx, span := t.StartProcess(ctx, &d.Envelope, component)
 	return ctx, func(res Handled) {
 		if span.IsRecording() {
-			span.SetAttributes(AttrSchema.String(schema), AttrOutcome.String(res.Outcome))
-			if res.Inbox != "" {
-				span.SetAttributes(AttrInbox.String(res.Inbox))
+			span.SetAttributes(AttrSchema.String(schema), AttrOutcome.String(res.Outcome.String()))
+			if res.Inbox != 0 {
+				span.SetAttributes(AttrInbox.String(res.Inbox.String()))
 			}
-			if res.Reason != "" {
-				span.SetAttributes(AttrReason.String(res.Reason))
+			if res.Reason != 0 {
+				span.SetAttributes(AttrReason.String(res.Reason.String()))
 			}
-			if res.Cause != "" {
-				span.SetAttributes(AttrCause.String(res.Cause))
+			if res.Cause != 0 {
+				span.SetAttributes(AttrCause.String(res.Cause.String()))
 			}
 			span.SetAttributes(res.Attrs...)
 			if res.Err != nil {
