@@ -40,7 +40,8 @@ type Config struct {
 	// handler strips it and its links start with it. Defaults to "" (the
 	// root).
 	BasePath string
-	// AllowActions enables retry, abort and replay. Defaults to false: a
+	// AllowActions enables a saga's retry, cancel, terminate and restart,
+	// and the replay of dead outbox rows. Defaults to false: a
 	// read-only console, which answers every POST with 403.
 	AllowActions bool
 	// Actor names who performs an action, from its request (e.g. the user

@@ -8,9 +8,9 @@
 // templates: there is nothing to build and no JavaScript.
 //
 // The console is read-only unless Config.AllowActions is set. Then it
-// offers retry and abort of a saga (recorded as operator requests, which a
-// running orchestrator of the schema applies, like the CLI's) and replay of
-// a dead outbox row, each with a required reason and recorded with the
+// offers retry, cancel, terminate and restart of a saga (recorded as
+// operator requests, which a running orchestrator of the schema applies,
+// like the CLI's) and replay of a dead outbox row, each with a required reason and recorded with the
 // actor. Every POST is protected against cross-site request forgery: a
 // same-origin check (http.CrossOriginProtection) and a token in the form
 // that is an HMAC of a SameSite=Strict cookie under a per-process secret. A

@@ -149,7 +149,7 @@ func rowOf(s *orchestrator.Saga, now time.Time) sagaRow {
 	return r
 }
 
-var statuses = []saga.Status{saga.StatusQueued, saga.StatusRunning, saga.StatusCompensating, saga.StatusCompleted, saga.StatusCompensated, saga.StatusFailed}
+var statuses = []saga.Status{saga.StatusQueued, saga.StatusRunning, saga.StatusCompensating, saga.StatusCompleted, saga.StatusCompensated, saga.StatusFailed, saga.StatusTerminated}
 
 func (c *console) sagaList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()

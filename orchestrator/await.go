@@ -28,8 +28,9 @@ type AwaitOpts struct {
 
 // Outcome is how a saga ended, as Await returns it.
 type Outcome[D any] struct {
-	// Status is the saga's status: completed, compensated or failed (a
-	// failed saga waits for an operator, but no reply or timer moves it on).
+	// Status is the saga's status: completed, compensated, failed (a
+	// failed saga waits for an operator, but no reply or timer moves it on)
+	// or terminated.
 	Status saga.Status
 	// Data is the saga's typed data as it ended.
 	Data D
@@ -40,8 +41,8 @@ type Outcome[D any] struct {
 	Saga *Saga
 }
 
-// Wait blocks until saga id is terminal (completed, compensated or failed)
-// or ctx ends, and returns the saga as it then is. It is woken at once when
+// Wait blocks until saga id is terminal (completed, compensated, failed or
+// terminated) or ctx ends, and returns the saga as it then is. It is woken at once when
 // this Client applies the transition that ends the saga (a reply, a timer,
 // an operator action) and reads the saga every AwaitOpts.PollInterval
 // otherwise, so that it also sees sagas other processes end. When ctx ends
@@ -114,8 +115,8 @@ func Await[D any](ctx context.Context, c *Client, def *saga.Definition[D], id uu
 
 // GetByKey returns the saga of definition name sagaType started with
 // startKey (StartOpts.StartKey), or an error wrapping ErrNotFound. With
-// StartKeyNewAfterEnd, a key may have named several sagas over time; GetByKey
-// returns the one it names now, the newest.
+// StartKeyReuseFinished, a key may have named several sagas over time;
+// GetByKey returns the one it names now, the newest.
 func (c *Client) GetByKey(ctx context.Context, sagaType, startKey string) (*Saga, error) {
 	rec, err := c.db.SagaGetByStartKey(ctx, nil, sagaType, startKey)
 	if err != nil {

@@ -19,8 +19,9 @@ import (
 	"github.com/sagabox/sagabox/transport"
 )
 
-// ErrNotFound is wrapped by the errors of Get, History, Retry and Abort for
-// a saga that does not exist. It is message.ErrNotFound, so errors.Is works
+// ErrNotFound is wrapped by the errors of Get, History and the operator
+// actions (Retry, Cancel, Terminate, Restart) for a saga that does not
+// exist, and of GetRequest for a request that does not exist. It is message.ErrNotFound, so errors.Is works
 // with either name.
 var ErrNotFound = message.ErrNotFound
 

@@ -2,7 +2,7 @@
 // PostgreSQL and a message broker: it starts sagas in the caller's
 // transaction, sends each step's command through a transactional outbox,
 // applies the participants' replies, fires step deadlines, and lets
-// operators inspect, retry and abort sagas.
+// operators inspect sagas and retry, cancel, terminate or restart them.
 //
 // # Starting a saga
 //
@@ -61,8 +61,10 @@
 // # Operations
 //
 // Get, History and List (oldest first, filtered by type, status and age,
-// with paging) read sagas; Retry and Abort act on one, recording the actor
-// and reason in its history. A saga that does not exist gives an error
+// with paging) read sagas; Retry, Cancel, Terminate and Restart act on one,
+// recording the actor and reason in its history; RequestAction records the
+// same actions for an orchestrator that runs the saga's definition to
+// apply (what the CLI and the console do). A saga that does not exist gives an error
 // wrapping ErrNotFound; an action not allowed in the saga's status, one
 // wrapping saga.ErrInvalidTransition.
 //

@@ -193,9 +193,10 @@ func (c *Client) Retry(ctx context.Context, id uuid.UUID, actor, reason string) 
 // applied), then the completed steps' in reverse order; the saga ends
 // compensated (or failed, if a compensation fails). actor and reason are
 // recorded in the history (saga.HistoryCancelled, with the time) and
-// LastError. A saga that is not running gives an error wrapping
-// saga.ErrInvalidTransition; an unknown one, ErrNotFound. It returns the
-// saga's new state.
+// LastError. A queued saga (never admitted, so nothing to compensate) ends
+// compensated at once. A saga neither running nor queued gives an error
+// wrapping saga.ErrInvalidTransition; an unknown one, ErrNotFound. It
+// returns the saga's new state.
 func (c *Client) Cancel(ctx context.Context, id uuid.UUID, actor, reason string) (*Saga, error) {
 	return c.operate(ctx, id, operatorAction{kind: saga.EventCancel, actor: actor, reason: reason})
 }
@@ -207,7 +208,7 @@ func (c *Client) Abort(ctx context.Context, id uuid.UUID, actor, reason string) 
 	return c.Cancel(ctx, id, actor, reason)
 }
 
-// Terminate stops the running, compensating or failed saga id at once,
+// Terminate stops the queued, running, compensating or failed saga id at once,
 // compensating nothing: it ends terminated (saga.StatusTerminated), the
 // step in flight marked saga.StepTerminated, and no further command or
 // compensation is sent: its commands and compensations that no relay has

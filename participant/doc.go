@@ -58,7 +58,8 @@
 // # The compensation barrier
 //
 // A step's action and its compensation meet in the barrier table, keyed by
-// saga id, step and phase, in the same transaction as their effects. Hence
+// saga id, step (with the saga's run: a restarted saga's steps have marks
+// of their own) and phase, in the same transaction as their effects. Hence
 // a step's action and its compensation must be handled by the same
 // participant (the same schema). The barrier makes the orchestrator free to
 // compensate a step that timed out without knowing whether it ran:

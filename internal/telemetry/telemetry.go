@@ -225,7 +225,7 @@ const (
 var OpenStatuses = []string{"running", "compensating", "failed"}
 
 // finishedStatuses are the terminal statuses of sagabox.sagas.finished.
-var finishedStatuses = []string{"completed", "compensated", "failed"}
+var finishedStatuses = []string{"completed", "compensated", "failed", "terminated"}
 
 // deadLetterReasons are the reason classes a client's engine counts.
 var deadLetterReasons = []Reason{

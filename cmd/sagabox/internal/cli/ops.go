@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) opsCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "ops", Short: "List and cancel operator requests (saga retry and abort) waiting for an orchestrator"}
+	cmd := &cobra.Command{Use: "ops", Short: "List and cancel operator requests (saga retry, cancel, terminate, restart) waiting for an orchestrator"}
 	var all bool
 	var limit int
 	list := &cobra.Command{

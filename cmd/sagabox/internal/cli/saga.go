@@ -295,8 +295,8 @@ func (a *app) sagaActionCommand(action string) *cobra.Command {
 	var keep bool
 	short := map[string]string{
 		"retry":     "Re-send what a saga has in flight (a failed saga's compensation, a stuck step's command)",
-		"cancel":    "Cancel a running saga: compensate its current step and the completed ones (ends compensated)",
-		"terminate": "Stop a running, compensating or failed saga at once, compensating nothing (ends terminated)",
+		"cancel":    "Cancel a running saga: compensate its current step and the completed ones (ends compensated); a queued saga ends compensated at once",
+		"terminate": "Stop a queued, running, compensating or failed saga at once, compensating nothing (ends terminated)",
 		"restart":   "Run a failed or compensated saga again from a step (--from), optionally on a newer version or with new data",
 	}[action]
 	var restart restartFlags

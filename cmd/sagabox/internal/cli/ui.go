@@ -23,7 +23,7 @@ func (a *app) uiCommand() *cobra.Command {
 		Use:   "ui",
 		Short: "Serve the web console: sagas, timelines, outbox backlog, dead letters, pending requests",
 		Long: "Serve the web console of --schema (an orchestrator's schema) on --addr until interrupted.\n\n" +
-			"It is read-only unless --allow-actions is given; then it offers retry and abort of a saga\n" +
+			"It is read-only unless --allow-actions is given; then it offers retry, cancel, terminate and restart of a saga\n" +
 			"(applied by a running orchestrator of the schema) and replay of dead outbox rows, each with\n" +
 			"a required reason, recorded with --actor. It has no authentication of its own: keep --addr\n" +
 			"on localhost or put it behind a proxy that authenticates.",
@@ -76,7 +76,7 @@ func (a *app) uiCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on")
-	cmd.Flags().BoolVar(&allow, "allow-actions", false, "offer retry, abort and replay (each asks for a reason)")
+	cmd.Flags().BoolVar(&allow, "allow-actions", false, "offer saga retry, cancel, terminate and restart, and the replay of dead outbox rows (each asks for a reason)")
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who performs the actions (recorded with each)")
 	cmd.Flags().StringSliceVar(&more, "messaging-schema", nil, "more service schemas whose outbox, dead letters and barrier marks to show (repeat or comma-separate)")
 	return cmd
