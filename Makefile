@@ -4,8 +4,8 @@ SQLC := bin/sqlc
 
 .PHONY: test check lint generate sqlc-diff fault fuzz bench example chaos chaos-long chaos-cluster rules
 
-test:            ## the README's test command
-	go test -race ./...
+test:            ## the README's test command: starts or installs what the tests need, then go test -race ./...
+	bash .ci/test
 
 check: sqlc-diff ## formatting, vet, generated code, tests, fuzz and fault steps
 	bash .ci/run
