@@ -262,3 +262,30 @@ func TestInternalHoldsNoProgram(t *testing.T) {
 		}
 	}
 }
+
+// TestArchitecturePageIsTrue checks that docs/architecture.md, which lays
+// out the packages and the rules of this test for people, stays true: it
+// names every package of the module (its path, or a nested package's last
+// element, in code quotes: a new package is placed on the page) and states
+// every import rule, word for word.
+func TestArchitecturePageIsTrue(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("../../docs/architecture.md")
+	require.NoError(t, err)
+	text := string(page)
+	for _, p := range listPackages(t) {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if rel == "" || under(rel, "examples") {
+			continue
+		}
+		last := rel[strings.LastIndex(rel, "/")+1:]
+		if !strings.Contains(text, "`"+rel+"`") && !strings.Contains(text, "`"+last+"`") && !strings.Contains(text, "`"+rel+"/") {
+			t.Errorf("docs/architecture.md does not place package %s: name it (`%s`) where it stands", rel, rel)
+		}
+	}
+	for _, r := range rules {
+		if !strings.Contains(text, "- "+r.why+"\n") {
+			t.Errorf("docs/architecture.md does not state the rule %q (as a list item, word for word)", r.why)
+		}
+	}
+}
