@@ -131,9 +131,17 @@ func fromAddr(t *testing.T, ip string) *http.Client {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
-// send sends a request with header and returns the response (its body read)
-// and the body.
-func send(t *testing.T, c *http.Client, method, u string, form url.Values, header http.Header) (*http.Response, string) {
+// answer is a response whose body was read and closed.
+type answer struct {
+	StatusCode int
+	Header     http.Header
+}
+
+// Cookies returns the cookies the response sets.
+func (a answer) Cookies() []*http.Cookie { return (&http.Response{Header: a.Header}).Cookies() }
+
+// send sends a request with header and returns the response and its body.
+func send(t *testing.T, c *http.Client, method, u string, form url.Values, header http.Header) (answer, string) {
 	t.Helper()
 	var body *strings.Reader
 	if form != nil {
@@ -155,12 +163,12 @@ func send(t *testing.T, c *http.Client, method, u string, form url.Values, heade
 	_, err = b.ReadFrom(resp.Body)
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
-	return resp, b.String()
+	return answer{StatusCode: resp.StatusCode, Header: resp.Header}, b.String()
 }
 
 // requireSecurityHeaders checks the headers every response of the console
 // carries.
-func requireSecurityHeaders(t *testing.T, resp *http.Response, what string) {
+func requireSecurityHeaders(t *testing.T, resp answer, what string) {
 	t.Helper()
 	h := resp.Header
 	csp := h.Get("Content-Security-Policy")
@@ -173,7 +181,7 @@ func requireSecurityHeaders(t *testing.T, resp *http.Response, what string) {
 }
 
 // csrfCookieOf returns the CSRF cookie resp sets.
-func csrfCookieOf(t *testing.T, resp *http.Response) *http.Cookie {
+func csrfCookieOf(t *testing.T, resp answer) *http.Cookie {
 	t.Helper()
 	for _, ck := range resp.Cookies() {
 		if ck.Name == csrfCookie {

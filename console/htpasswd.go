@@ -57,7 +57,7 @@ func readHtpasswd(path string) (map[string]htpasswdUser, os.FileInfo, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: nothing to lose
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, nil, err
@@ -131,7 +131,12 @@ func parseHtpasswd(name string, data []byte) (map[string]htpasswdUser, error) {
 
 // isBcrypt reports whether hash is a bcrypt hash that bcrypt can compare.
 func isBcrypt(hash []byte) bool {
-	if len(hash) != 60 || !(bytes.HasPrefix(hash, []byte("$2a$")) || bytes.HasPrefix(hash, []byte("$2b$")) || bytes.HasPrefix(hash, []byte("$2y$"))) {
+	if len(hash) != 60 {
+		return false
+	}
+	switch string(hash[:4]) {
+	case "$2a$", "$2b$", "$2y$":
+	default:
 		return false
 	}
 	_, err := bcrypt.Cost(hash)
