@@ -31,19 +31,12 @@ const (
 	RoleNone Role = "none"
 )
 
-// ParseRole returns the role named s: "viewer" or "operator" ("none" too
-// when none is true).
-func ParseRole(s string, none bool) (Role, error) {
+// ParseRole returns the role named s, "viewer" or "operator" (in any
+// case). RoleNone is not a role a user can have, and not parsed here.
+func ParseRole(s string) (Role, error) {
 	switch r := Role(strings.ToLower(strings.TrimSpace(s))); r {
 	case RoleViewer, RoleOperator:
 		return r, nil
-	case RoleNone:
-		if none {
-			return r, nil
-		}
-	}
-	if none {
-		return "", fmt.Errorf("role %q: want viewer, operator or none", s)
 	}
 	return "", fmt.Errorf("role %q: want viewer or operator", s)
 }
@@ -285,7 +278,8 @@ type authenticator struct {
 }
 
 // newAuthenticator returns the authenticator of cfg (validated), reading
-// its htpasswd file; nil when cfg authenticates nobody.
+// its htpasswd file. One that authenticates nobody still knows the trusted
+// proxies, for X-Forwarded-Proto.
 func newAuthenticator(cfg AuthConfig, log *slog.Logger) (*authenticator, error) {
 	a := &authenticator{cfg: cfg, log: log}
 	for _, p := range cfg.TrustedProxies {
@@ -379,7 +373,7 @@ func (a *authenticator) authenticate(r *http.Request) (identity, error) {
 			role := a.proxyRole(r)
 			if role == RoleNone {
 				return identity{}, &authError{status: http.StatusForbidden,
-					err: fmt.Errorf("%s has no role in this console: none of their groups (%s) is one of Auth.GroupRoles", name, a.groupsHeader)}
+					err: fmt.Errorf("%s has no role in this console: no group of theirs has one (Auth.GroupRoles), and users without are refused (Auth.ProxyRole none)", name)}
 			}
 			return identity{Name: name, Role: role, Method: "proxy"}, nil
 		}

@@ -111,7 +111,7 @@ func parseHtpasswd(name string, data []byte) (map[string]htpasswdUser, error) {
 		}
 		role := RoleViewer
 		if len(fields) == 3 {
-			r, err := ParseRole(fields[2], false)
+			r, err := ParseRole(fields[2])
 			if err != nil {
 				return nil, fmt.Errorf("%s:%d: user %s: %w", name, n, user, err)
 			}

@@ -38,9 +38,13 @@ func (f uiAuth) config() (console.AuthConfig, string, error) {
 	case len(f.groupRoles) > 0 && f.groupsHeader == "":
 		return cfg, "", errors.New("--group-role needs --groups-header: the header the proxy lists the user's groups in")
 	}
-	proxyRole, err := console.ParseRole(f.proxyRole, true)
-	if err != nil {
-		return cfg, "", fmt.Errorf("--proxy-role: %w", err)
+	proxyRole := console.RoleNone
+	if !strings.EqualFold(strings.TrimSpace(f.proxyRole), string(console.RoleNone)) {
+		r, err := console.ParseRole(f.proxyRole)
+		if err != nil {
+			return cfg, "", fmt.Errorf("--proxy-role: %w (or none)", err)
+		}
+		proxyRole = r
 	}
 	roles := map[string]console.Role{}
 	for _, gr := range f.groupRoles {
@@ -49,7 +53,7 @@ func (f uiAuth) config() (console.AuthConfig, string, error) {
 		if !ok || group == "" {
 			return cfg, "", fmt.Errorf("--group-role %q: want GROUP=ROLE (e.g. sre=operator)", gr)
 		}
-		r, err := console.ParseRole(role, false)
+		r, err := console.ParseRole(role)
 		if err != nil {
 			return cfg, "", fmt.Errorf("--group-role %q: %w", gr, err)
 		}

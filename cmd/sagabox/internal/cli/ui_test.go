@@ -201,7 +201,7 @@ func TestUIRefusesBadAuthFlags(t *testing.T) {
 		{[]string{"--auth-header", "X-U", "--trusted-proxy", "::1", "--group-role", "sre=operator"}, "--group-role needs --groups-header"},
 		{[]string{"--auth-header", "X-U", "--trusted-proxy", "::1", "--groups-header", "X-G", "--group-role", "sre"}, `--group-role "sre": want GROUP=ROLE`},
 		{[]string{"--auth-header", "X-U", "--trusted-proxy", "::1", "--groups-header", "X-G", "--group-role", "sre=root"}, `--group-role "sre=root": role "root": want viewer or operator`},
-		{[]string{"--auth-header", "X-U", "--trusted-proxy", "::1", "--proxy-role", "admin"}, `--proxy-role: role "admin": want viewer, operator or none`},
+		{[]string{"--auth-header", "X-U", "--trusted-proxy", "::1", "--proxy-role", "admin"}, `--proxy-role: role "admin": want viewer or operator (or none)`},
 		{[]string{"--htpasswd", writeHtpasswd(t, ""), "--actor", "alice"}, "--actor cannot be used with --htpasswd or --auth-header"},
 	} {
 		r := run(t, append([]string{"--schema", db.Store.Schema(), "ui", "--addr", "127.0.0.1:0"}, tc.args...)...)
