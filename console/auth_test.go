@@ -287,7 +287,7 @@ func TestConsoleBasicAuth(t *testing.T) {
 		resp, body = send(t, c, "POST", sagaURL+"/abort", url.Values{"reason": {"customer called"}, "csrf": {token}, "actor": {"mallory"}}, nil)
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
 		requireSecurityHeaders(t, resp, "a redirect")
-		ops, err := w.orch.OperationListPending(context.Background(), 0, 10)
+		ops, err := orch.ListRequests(context.Background(), nil)
 		require.NoError(t, err)
 		require.Len(t, ops, 1)
 		require.Equal(t, []string{"abort", operatorUser, "customer called"}, []string{ops[0].Action, ops[0].Actor, ops[0].Reason},
@@ -426,7 +426,7 @@ func TestConsoleProxyAuth(t *testing.T) {
 			http.Header{"X-Forwarded-Email": olga["X-Forwarded-Email"], "X-Forwarded-Groups": olga["X-Forwarded-Groups"],
 				"Cookie": {csrfCookie + "=" + ck.Value}})
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
-		ops, err := w.orch.OperationListPending(context.Background(), 0, 10)
+		ops, err := orch.ListRequests(context.Background(), nil)
 		require.NoError(t, err)
 		require.Len(t, ops, 1)
 		require.Equal(t, []string{"terminate", "olga@example.com"}, []string{ops[0].Action, ops[0].Actor})
