@@ -31,8 +31,12 @@ func reasonOf(r *http.Request) (string, error) {
 	return reason, nil
 }
 
-// actorOf returns who performs the request's action.
+// actorOf returns who performs the request's action: the authenticated
+// user, or without authentication whom Config.Actor names.
 func (c *console) actorOf(r *http.Request) (string, error) {
+	if c.auth.on() {
+		return whoOf(r).Name, nil
+	}
 	actor := strings.TrimSpace(c.cfg.Actor(r))
 	if actor == "" {
 		return "", errors.New("no actor: the console's Actor found nobody for this request")

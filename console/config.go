@@ -44,10 +44,19 @@ type Config struct {
 	// and the replay of dead outbox rows. Defaults to false: a
 	// read-only console, which answers every POST with 403.
 	AllowActions bool
+	// Auth is how the console authenticates who uses it: a trusted
+	// proxy's identity header, a file of users for basic auth, or both,
+	// and the roles (viewer, operator) they get. Defaults to none: the
+	// console authenticates nobody, says so in its header, and relies on
+	// being reachable only from where it should be (localhost, or mounted
+	// behind the service's own authentication).
+	Auth AuthConfig
 	// Actor names who performs an action, from its request (e.g. the user
 	// the service's authentication found); it is recorded with the action.
-	// Defaults to the request's basic-auth user or, without one,
-	// "console@" and the client's address.
+	// Only without Auth: with authentication on, the actor is the
+	// authenticated user, and setting Actor is an error. Defaults to the
+	// request's basic-auth user or, without one, "console@" and the
+	// client's address.
 	Actor func(*http.Request) string
 	// PageSize is the number of rows on one page of a listing. Defaults to
 	// DefaultPageSize (50).
@@ -69,7 +78,8 @@ func (c Config) WithDefaults() Config {
 		c.Schema = store.DefaultSchema
 	}
 	c.BasePath = strings.TrimRight(c.BasePath, "/")
-	if c.Actor == nil {
+	c.Auth = c.Auth.withDefaults()
+	if c.Actor == nil && !c.Auth.enabled() {
 		c.Actor = defaultActor
 	}
 	if c.PageSize == 0 {
@@ -100,6 +110,10 @@ func (c Config) validate() error {
 	}
 	if c.Secret != nil && len(c.Secret) < 16 {
 		errs = append(errs, fmt.Errorf("Secret has %d bytes: want 16 or more", len(c.Secret)))
+	}
+	errs = append(errs, c.Auth.validate()...)
+	if c.Auth.enabled() && c.Actor != nil {
+		errs = append(errs, errors.New("Actor must be unset when Auth authenticates: the actor of each action is the authenticated user"))
 	}
 	return errors.Join(errs...)
 }

@@ -16,12 +16,21 @@
 // that is an HMAC of a SameSite=Strict cookie under a per-process secret. A
 // read-only console answers every POST with 403.
 //
-// Mount it in a service, behind the service's own authentication:
+// Config.Auth makes the console know who is acting: a trusted reverse
+// proxy's identity header (oauth2-proxy, an OIDC front end), believed only
+// from the proxy's addresses, and/or basic auth against a file of bcrypt
+// hashes. Each user is a viewer (reads everything, no action) or an
+// operator (may act); every request must authenticate (401 otherwise), and
+// the actor recorded with each action is the authenticated user. Without
+// Config.Auth the console authenticates nobody and says so in its header:
+// mount it in a service, behind the service's own authentication,
 //
 //	h, err := console.New(console.Config{Pool: pool, Schema: "orders", BasePath: "/console"})
 //	mux.Handle("/console/", h)
 //
-// or run it with `sagabox ui`.
+// or run it with `sagabox ui` on localhost. Every response carries a
+// Content-Security-Policy without scripts and framing, X-Content-Type-Options
+// nosniff and a same-origin Referrer-Policy.
 package console
 
 import (
@@ -55,6 +64,7 @@ type console struct {
 	schemas []schemaStore // Config.Schema, then Config.MessagingSchemas
 	pages   map[string]*template.Template
 	csrf    *csrf
+	auth    *authenticator
 	log     *slog.Logger
 	static  http.Handler
 	started time.Time
@@ -71,6 +81,9 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, fmt.Errorf("console: %w", err)
 	}
 	c := &console{cfg: cfg, orch: orch, log: cfg.Logger.With("component", "console"), started: time.Now()}
+	if c.auth, err = newAuthenticator(cfg.Auth, c.log); err != nil {
+		return nil, fmt.Errorf("console: invalid config: %w", err)
+	}
 	seen := map[string]bool{}
 	for _, name := range append([]string{cfg.Schema}, cfg.MessagingSchemas...) {
 		if seen[name] {
@@ -102,8 +115,9 @@ func New(cfg Config) (http.Handler, error) {
 	return c.routes(), nil
 }
 
-// routes returns the handler: the pages under BasePath, every POST behind
-// the read-only switch and the CSRF checks.
+// routes returns the handler: the pages under BasePath, every request
+// behind the authentication and with the security headers, every POST
+// behind the read-only switch, the CSRF checks and the role.
 func (c *console) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -118,14 +132,36 @@ func (c *console) routes() http.Handler {
 	mux.HandleFunc("POST /outbox/{schema}/dead/{row}/replay", c.replay)
 	var h http.Handler = mux
 	h = c.guardPost(h)
+	h = c.authenticate(h)
+	h = securityHeaders(h)
 	if c.cfg.BasePath != "" {
 		h = http.StripPrefix(c.cfg.BasePath, h)
 	}
 	return h
 }
 
-// guardPost refuses every POST of a read-only console, and every POST that
-// comes from another origin or without a valid CSRF token.
+// contentSecurityPolicy allows the console's own styles and images, no
+// script, no plugin, no framing, and forms only to itself.
+const contentSecurityPolicy = "default-src 'self'; style-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// securityHeaders sets the security headers on every response: pages,
+// static files, redirects and errors (authentication's included).
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("Cross-Origin-Opener-Policy", "same-origin")
+		h.Set("Cross-Origin-Resource-Policy", "same-origin")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// guardPost refuses every POST of a read-only console, every POST that
+// comes from another origin or without a valid CSRF token, and every POST
+// of a user who is not an operator.
 func (c *console) guardPost(next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -134,6 +170,10 @@ func (c *console) guardPost(next http.Handler) http.Handler {
 	checked := cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := c.csrf.check(r); err != nil {
 			c.fail(w, r, http.StatusForbidden, err)
+			return
+		}
+		if who := whoOf(r); !who.MayAct() {
+			c.fail(w, r, http.StatusForbidden, fmt.Errorf("%s is a %s: only an operator may retry, abort, terminate, restart or replay", who.Name, who.Role))
 			return
 		}
 		next.ServeHTTP(w, r)

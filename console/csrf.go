@@ -27,8 +27,10 @@ type csrf struct {
 }
 
 // token returns the form token of the request's browser, setting its nonce
-// cookie when it has none.
-func (c *csrf) token(w http.ResponseWriter, r *http.Request) (string, error) {
+// cookie when it has none: HttpOnly, SameSite=Strict, and Secure when
+// secure (the page was served over TLS, or to a trusted proxy that was
+// reached over HTTPS).
+func (c *csrf) token(w http.ResponseWriter, r *http.Request, secure bool) (string, error) {
 	nonce := ""
 	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) == 32 {
 		nonce = ck.Value
@@ -40,7 +42,7 @@ func (c *csrf) token(w http.ResponseWriter, r *http.Request) (string, error) {
 		nonce = hex.EncodeToString(b)
 		http.SetCookie(w, &http.Cookie{
 			Name: csrfCookie, Value: nonce, Path: c.path, HttpOnly: true, SameSite: http.SameSiteStrictMode,
-			Secure: r.TLS != nil,
+			Secure: secure,
 		})
 	}
 	return c.sign(nonce), nil

@@ -69,20 +69,35 @@ func (c *console) funcs() template.FuncMap {
 
 // page is what every template gets.
 type page struct {
-	Title        string
-	Nav          string
-	Schema       string
+	Title  string
+	Nav    string
+	Schema string
+	// AllowActions is whether the page offers actions: the console allows
+	// them and the user is an operator.
 	AllowActions bool
-	CSRF         string
-	Flash        string
-	Data         any
+	// ReadOnly is whether the console allows no action at all.
+	ReadOnly bool
+	// Auth is whether the console authenticates; Who is the user (none on
+	// a page that refuses an unauthenticated request).
+	Auth bool
+	Who  identity
+	// Actor is who the actions are recorded as, without authentication.
+	Actor string
+	CSRF  string
+	Flash string
+	Data  any
 }
 
 // render writes template name with data.
 func (c *console) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	p := page{Title: title, Nav: name, Schema: c.cfg.Schema, AllowActions: c.cfg.AllowActions, Data: data, Flash: r.URL.Query().Get("flash")}
-	if c.cfg.AllowActions {
-		tok, err := c.csrf.token(w, r)
+	who := whoOf(r)
+	p := page{Title: title, Nav: name, Schema: c.cfg.Schema, AllowActions: c.cfg.AllowActions && who.MayAct(), ReadOnly: !c.cfg.AllowActions,
+		Auth: c.auth.on(), Who: who, Data: data, Flash: r.URL.Query().Get("flash")}
+	if !p.Auth && p.AllowActions {
+		p.Actor = strings.TrimSpace(c.cfg.Actor(r))
+	}
+	if p.AllowActions {
+		tok, err := c.csrf.token(w, r, r.TLS != nil || c.auth.forwardedHTTPS(r))
 		if err != nil {
 			http.Error(w, "generate CSRF token: "+err.Error(), http.StatusInternalServerError)
 			return
@@ -97,8 +112,6 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Frame-Options", "DENY")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'none'; form-action 'self'; frame-ancestors 'none'")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
