@@ -19,3 +19,24 @@ SELECT pg_create_logical_replication_slot(@slot::text, 'pgoutput');
 -- name: OutboxLogDropSlot :exec
 -- Drops log mode's replication slot.
 SELECT pg_drop_replication_slot(@slot::text);
+
+-- name: OutboxLogInProgress :one
+-- How many of the transactions @xids (their 32-bit ids, as a logical
+-- replication stream gives them) a new snapshot does not show yet: a commit
+-- is streamed once its record is flushed, before the transaction is visible
+-- to other sessions (with synchronous replication, until the standby
+-- confirmed it). Each id is widened to the 64-bit id nearest the
+-- snapshot's xmax (the ids of streamed transactions are recent); a
+-- transaction at or past xmax, or in the snapshot's list of running ones,
+-- is not visible yet.
+SELECT count(*)::integer AS in_progress
+FROM (SELECT pg_current_snapshot() AS snap) AS s,
+    LATERAL (SELECT pg_snapshot_xmax(s.snap)::text::bigint AS xmax) AS m,
+    unnest(@xids::bigint[]) AS x,
+    LATERAL (SELECT ((m.xmax >> 32) << 32) | x AS wide) AS w
+WHERE NOT pg_visible_in_snapshot(
+    greatest(CASE
+        WHEN w.wide - m.xmax > 2147483648 THEN w.wide - 4294967296
+        WHEN m.xmax - w.wide > 2147483648 THEN w.wide + 4294967296
+        ELSE w.wide END, 0)::text::xid8,
+    s.snap);

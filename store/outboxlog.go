@@ -44,6 +44,39 @@ func walLevelAdvice(level string) error {
 		"and restart PostgreSQL; or keep the polling relay (Relay.Mode = orchestrator.RelayModePoll, participant.RelayModePoll)", level)
 }
 
+// OutboxLogAwaitVisible implements driver.Executor: it asks a new
+// snapshot whether any of xids is still in progress, at once and then
+// after a short, doubling pause (1 ms to 50 ms), until none is.
+func (s *executor) OutboxLogAwaitVisible(ctx context.Context, xids []uint32) error {
+	if len(xids) == 0 {
+		return nil
+	}
+	db, err := s.pooled()
+	if err != nil {
+		return err
+	}
+	ids := make([]int64, len(xids))
+	for i, x := range xids {
+		ids[i] = int64(x)
+	}
+	pause := time.Millisecond
+	for {
+		n, err := s.queries.OutboxLogInProgress(ctx, db, ids)
+		if err != nil {
+			return fmt.Errorf("check that %d streamed transactions are visible in schema %q: %w", len(xids), s.schema, err)
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+	}
+}
+
 // OutboxLogStatus implements driver.Executor.
 func (s *executor) OutboxLogStatus(ctx context.Context, slot, publication string) (driver.LogStatus, error) {
 	if s.pool == nil {
@@ -197,8 +230,10 @@ type outboxLog struct {
 	schema, slot string
 	types        *pgtype.Map
 	rels         map[uint32]*pglogrepl.RelationMessage
-	// inTx: a transaction's BEGIN was read and not its COMMIT.
+	// inTx: a transaction's BEGIN was read and not its COMMIT; xid is
+	// its id.
 	inTx       bool
+	xid        uint32
 	confirmed  pglogrepl.LSN
 	lastStatus time.Time
 }
@@ -304,7 +339,7 @@ func (l *outboxLog) decode(data []byte, b *driver.LogBatch) (bool, error) {
 	case *pglogrepl.RelationMessage:
 		l.rels[m.RelationID] = m
 	case *pglogrepl.BeginMessage:
-		l.inTx = true
+		l.inTx, l.xid = true, m.Xid
 	case *pglogrepl.CommitMessage:
 		l.inTx = false
 		b.Through = uint64(m.TransactionEndLSN)
@@ -321,6 +356,9 @@ func (l *outboxLog) decode(data []byte, b *driver.LogBatch) (bool, error) {
 			return false, err
 		}
 		b.Rows = append(b.Rows, row)
+		if n := len(b.Xids); n == 0 || b.Xids[n-1] != l.xid {
+			b.Xids = append(b.Xids, l.xid)
+		}
 	}
 	return false, nil
 }

@@ -147,6 +147,15 @@ func (r *Relay) streamLog(ctx context.Context) error {
 			return err
 		}
 		if len(b.Rows) > 0 {
+			// A commit is streamed before its transaction is visible: its
+			// rows could be taken for deleted, or not be deleted when
+			// settled.
+			if err := r.db.OutboxLogAwaitVisible(ctx, b.Xids); err != nil {
+				if ctx.Err() != nil {
+					return flush()
+				}
+				return err
+			}
 			settled, err := r.publishLog(ctx, lg, b.Rows)
 			done.Published = append(done.Published, settled.Published...)
 			done.Dead = append(done.Dead, settled.Dead...)

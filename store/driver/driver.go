@@ -288,6 +288,10 @@ type Executor interface {
 	// the logical replication slot (pgoutput) unless they exist, and
 	// reports whether it created the slot.
 	OutboxLogSetup(ctx context.Context, slot, publication string) (bool, error)
+	// OutboxLogAwaitVisible waits until the committed transactions xids
+	// (LogBatch.Xids) are visible to new snapshots, polling, or until ctx
+	// ends: before that, their rows can be neither found nor deleted.
+	OutboxLogAwaitVisible(ctx context.Context, xids []uint32) error
 	// OutboxLogStatus returns the state of the set-up and of the slot.
 	OutboxLogStatus(ctx context.Context, slot, publication string) (LogStatus, error)
 

@@ -392,6 +392,12 @@ type DeliveryEnd struct {
 // the slot may be confirmed once all of them are published.
 type LogBatch struct {
 	Rows []OutboxRow
+	// Xids are the transactions (their 32-bit ids) whose rows Rows holds,
+	// in commit order. A commit is streamed before the transaction is
+	// visible to other sessions (the committer may still wait for a
+	// synchronous standby): OutboxLogAwaitVisible waits for them before the
+	// rows are looked up or settled.
+	Xids []uint32
 	// Through is the log position that may be confirmed once every row of
 	// Rows is published: the end of the last transaction completed in the
 	// batch, or, when the reader is idle (no transaction open, no row

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -305,4 +306,112 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// StandbyOptions configures StartStandby.
+type StandbyOptions struct {
+	// Dir and Port are as PostgresOptions's. Defaults: a new directory, a
+	// free port.
+	Dir  string
+	Port int
+	// Name is the standby's application_name, by which the primary's
+	// synchronous_standby_names names it. Defaults to "standby".
+	Name string
+	// Settings are more server settings of the standby.
+	Settings map[string]string
+}
+
+// StartStandby makes a streaming standby of p with pg_basebackup -R (a base
+// backup, standby.signal and primary_conninfo naming o.Name), starts it and
+// waits until it accepts connections and streams from p. A primary with
+// synchronous_standby_names naming o.Name waits for it at every commit.
+func (p *Postgres) StartStandby(ctx context.Context, o StandbyOptions) (*Postgres, error) {
+	var err error
+	if o.Port == 0 {
+		if o.Port, err = FreePort(); err != nil {
+			return nil, err
+		}
+	}
+	if o.Name == "" {
+		o.Name = "standby"
+	}
+	if o.Dir, err = serverDir(o.Dir, "sagabox-postgres-standby-"); err != nil {
+		return nil, err
+	}
+	s := &Postgres{dir: o.Dir, data: filepath.Join(o.Dir, "data"), log: filepath.Join(o.Dir, "postgres.log"), port: o.Port, bin: p.bin}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("servers: %w", err)
+	}
+	if err := chown(o.Dir, "postgres"); err != nil {
+		return nil, fmt.Errorf("servers: %w", err)
+	}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", p.port, o.Name)
+	cmd, err := asUser(exec.CommandContext(ctx, filepath.Join(p.bin, "pg_basebackup"),
+		"-D", s.data, "-d", conninfo, "-X", "stream", "-R", "--no-sync"), "postgres")
+	if err != nil {
+		return nil, err
+	}
+	if err := run(cmd); err != nil {
+		return nil, fmt.Errorf("servers: pg_basebackup from port %d: %w", p.port, err)
+	}
+	settings := map[string]string{
+		"port": fmt.Sprint(o.Port), "unix_socket_directories": "'" + o.Dir + "'",
+		"primary_conninfo": "'" + conninfo + "'", "hot_standby": "on",
+	}
+	for k, v := range o.Settings {
+		settings[k] = v
+	}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var conf strings.Builder
+	conf.WriteString("\n# servers.StartStandby\n")
+	for _, k := range keys {
+		fmt.Fprintf(&conf, "%s = %s\n", k, settings[k])
+	}
+	f, err := os.OpenFile(filepath.Join(s.data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("servers: %w", err)
+	}
+	_, err = f.WriteString(conf.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("servers: write the standby's postgresql.conf: %w", err)
+	}
+	if err := s.Start(ctx); err != nil {
+		_ = os.RemoveAll(s.dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Promote promotes a standby to a primary (pg_ctl promote) and waits until
+// it accepts writes.
+func (p *Postgres) Promote(ctx context.Context) error {
+	cmd, err := asUser(exec.CommandContext(ctx, filepath.Join(p.bin, "pg_ctl"), "promote", "-D", p.data, "-w", "-t", "60"), "postgres")
+	if err != nil {
+		return err
+	}
+	if err := run(cmd); err != nil {
+		return fmt.Errorf("servers: promote PostgreSQL on port %d: %w", p.port, err)
+	}
+	return nil
+}
+
+// Kill kills the postmaster with SIGKILL, as a machine that dies would;
+// its server processes notice their postmaster's death and exit. Start
+// runs crash recovery.
+func (p *Postgres) Kill() error {
+	pid := p.PID()
+	if pid == 0 {
+		return nil
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("servers: kill PostgreSQL %d: %w", pid, err)
+	}
+	return waitGone(pid, time.Minute)
 }

@@ -29,6 +29,35 @@ func (q *Queries) OutboxLogDropSlot(ctx context.Context, db DBTX, slot string) e
 	return err
 }
 
+const outboxLogInProgress = `-- name: OutboxLogInProgress :one
+SELECT count(*)::integer AS in_progress
+FROM (SELECT pg_current_snapshot() AS snap) AS s,
+    LATERAL (SELECT pg_snapshot_xmax(s.snap)::text::bigint AS xmax) AS m,
+    unnest($1::bigint[]) AS x,
+    LATERAL (SELECT ((m.xmax >> 32) << 32) | x AS wide) AS w
+WHERE NOT pg_visible_in_snapshot(
+    greatest(CASE
+        WHEN w.wide - m.xmax > 2147483648 THEN w.wide - 4294967296
+        WHEN m.xmax - w.wide > 2147483648 THEN w.wide + 4294967296
+        ELSE w.wide END, 0)::text::xid8,
+    s.snap)
+`
+
+// How many of the transactions @xids (their 32-bit ids, as a logical
+// replication stream gives them) a new snapshot does not show yet: a commit
+// is streamed once its record is flushed, before the transaction is visible
+// to other sessions (with synchronous replication, until the standby
+// confirmed it). Each id is widened to the 64-bit id nearest the
+// snapshot's xmax (the ids of streamed transactions are recent); a
+// transaction at or past xmax, or in the snapshot's list of running ones,
+// is not visible yet.
+func (q *Queries) OutboxLogInProgress(ctx context.Context, db DBTX, xids []int64) (int32, error) {
+	row := db.QueryRow(ctx, outboxLogInProgress, xids)
+	var in_progress int32
+	err := row.Scan(&in_progress)
+	return in_progress, err
+}
+
 const outboxLogStatus = `-- name: OutboxLogStatus :one
 SELECT current_setting('wal_level')::text AS wal_level,
     EXISTS (SELECT 1 FROM pg_catalog.pg_publication p WHERE p.pubname = $1::text) AS publication_exists,
