@@ -6,33 +6,15 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 )
-
-// syncBuffer is a buffer the command writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestUIServesTheConsoleReadOnly runs `sagabox ui` on a migrated schema: it
 // prints its address, serves the pages, refuses a POST without
@@ -42,7 +24,7 @@ func TestUIServesTheConsoleReadOnly(t *testing.T) {
 	db := dbtest.Store(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- cli.Run(ctx, []string{"--database-url", dbtest.URL(), "--schema", db.Store.Schema(), "ui", "--addr", "127.0.0.1:0"}, &stdout, &stderr)
