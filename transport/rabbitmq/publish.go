@@ -240,7 +240,7 @@ func (b *Broker) sessionOver(sess *session) bool {
 // publishBatch publishes req on pc and replies. It returns false when pc is
 // no longer usable (closed, or confirms outstanding after a timeout).
 func (b *Broker) publishBatch(pc *pubChannel, req *pubRequest) (healthy bool) {
-	bt := b.newBatch(pc, req)
+	bt := b.newPubBatch(pc, req)
 	defer func() { req.result <- pubResult{failed: bt.failed} }()
 	if bt.cancelledBeforeSending() {
 		return true
@@ -250,9 +250,9 @@ func (b *Broker) publishBatch(pc *pubChannel, req *pubRequest) (healthy bool) {
 	return sent && settled
 }
 
-// batch is a pubRequest on its way through a publisher channel: which
+// pubBatch is a pubRequest on its way through a publisher channel: which
 // messages the broker returned, and the verdict on each.
-type batch struct {
+type pubBatch struct {
 	b   *Broker
 	pc  *pubChannel
 	req *pubRequest
@@ -263,8 +263,8 @@ type batch struct {
 	failed   map[int]error // by pubItem.idx: the reply
 }
 
-func (b *Broker) newBatch(pc *pubChannel, req *pubRequest) *batch {
-	bt := &batch{b: b, pc: pc, req: req, byID: make(map[string][]int, len(req.items)),
+func (b *Broker) newPubBatch(pc *pubChannel, req *pubRequest) *pubBatch {
+	bt := &pubBatch{b: b, pc: pc, req: req, byID: make(map[string][]int, len(req.items)),
 		returned: make(map[int]error), failed: make(map[int]error)}
 	for i, it := range req.items {
 		bt.byID[it.msg.MessageId] = append(bt.byID[it.msg.MessageId], i)
@@ -274,7 +274,7 @@ func (b *Broker) newBatch(pc *pubChannel, req *pubRequest) *batch {
 
 // cancelledBeforeSending fails every message if the caller gave up before
 // the batch reached the channel.
-func (bt *batch) cancelledBeforeSending() bool {
+func (bt *pubBatch) cancelledBeforeSending() bool {
 	select {
 	case <-bt.req.cancel:
 		for _, it := range bt.req.items {
@@ -289,7 +289,7 @@ func (bt *batch) cancelledBeforeSending() bool {
 // send publishes the messages in order and returns their deferred
 // confirms (nil for those not sent). If the channel refuses one, it and the
 // rest fail and sent is false: the channel is no longer usable.
-func (bt *batch) send() (confirms []*amqp.DeferredConfirmation, sent bool) {
+func (bt *pubBatch) send() (confirms []*amqp.DeferredConfirmation, sent bool) {
 	confirms = make([]*amqp.DeferredConfirmation, len(bt.req.items))
 	for i, it := range bt.req.items {
 		// A return may come back while we are still sending: take it now
@@ -310,7 +310,7 @@ func (bt *batch) send() (confirms []*amqp.DeferredConfirmation, sent bool) {
 // awaitConfirms waits, until the request's deadline, for the confirm of
 // each message sent and records its verdict. It returns false when the
 // channel is no longer usable: it closed, or confirms are outstanding.
-func (bt *batch) awaitConfirms(confirms []*amqp.DeferredConfirmation) (healthy bool) {
+func (bt *pubBatch) awaitConfirms(confirms []*amqp.DeferredConfirmation) (healthy bool) {
 	timer := time.NewTimer(time.Until(bt.req.deadline))
 	defer timer.Stop()
 	healthy = true
@@ -331,7 +331,7 @@ func (bt *batch) awaitConfirms(confirms []*amqp.DeferredConfirmation) (healthy b
 
 // awaitConfirm waits for dc, taking returns meanwhile, and says why it gave
 // up instead: the deadline passed or the caller cancelled.
-func (bt *batch) awaitConfirm(dc *amqp.DeferredConfirmation, deadline <-chan time.Time) (giveUp error) {
+func (bt *pubBatch) awaitConfirm(dc *amqp.DeferredConfirmation, deadline <-chan time.Time) (giveUp error) {
 	for {
 		select {
 		case <-dc.Done():
@@ -349,7 +349,7 @@ func (bt *batch) awaitConfirm(dc *amqp.DeferredConfirmation, deadline <-chan tim
 // settle records the verdict on the message at position i, whose confirm
 // is dc unless the wait gave up, and reports whether the channel is still
 // usable.
-func (bt *batch) settle(i int, dc *amqp.DeferredConfirmation, giveUp error) (healthy bool) {
+func (bt *pubBatch) settle(i int, dc *amqp.DeferredConfirmation, giveUp error) (healthy bool) {
 	it := bt.req.items[i]
 	switch {
 	case giveUp != nil:
@@ -369,7 +369,7 @@ func (bt *batch) settle(i int, dc *amqp.DeferredConfirmation, giveUp error) (hea
 
 // takeWaitingReturns takes the returns the broker has sent so far, without
 // waiting for more.
-func (bt *batch) takeWaitingReturns() {
+func (bt *pubBatch) takeWaitingReturns() {
 	for {
 		select {
 		case r, ok := <-bt.pc.returns:
@@ -382,7 +382,7 @@ func (bt *batch) takeWaitingReturns() {
 
 // takeReturn records a return received from the channel (ok false: the
 // channel closed its returns).
-func (bt *batch) takeReturn(r amqp.Return, ok bool) {
+func (bt *pubBatch) takeReturn(r amqp.Return, ok bool) {
 	if !ok {
 		bt.pc.returns = nil
 		return
