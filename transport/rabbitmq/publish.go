@@ -263,6 +263,7 @@ type pubBatch struct {
 	failed   map[int]error // by pubItem.idx: the reply
 }
 
+// newPubBatch starts the batch of req on pc, its messages indexed by id.
 func (b *Broker) newPubBatch(pc *pubChannel, req *pubRequest) *pubBatch {
 	bt := &pubBatch{b: b, pc: pc, req: req, byID: make(map[string][]int, len(req.items)),
 		returned: make(map[int]error), failed: make(map[int]error)}
