@@ -44,6 +44,23 @@ func (c *console) actorOf(r *http.Request) (string, error) {
 	return actor, nil
 }
 
+// reasonAndActor returns why and by whom the request's action is taken.
+// When either is missing it answers the request with the error (400 for
+// the reason, 403 for the actor) and ok is false.
+func (c *console) reasonAndActor(w http.ResponseWriter, r *http.Request) (reason, actor string, ok bool) {
+	reason, err := reasonOf(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return "", "", false
+	}
+	actor, err = c.actorOf(r)
+	if err != nil {
+		c.fail(w, r, http.StatusForbidden, err)
+		return "", "", false
+	}
+	return reason, actor, true
+}
+
 // sagaAction records an operator request (retry, abort, terminate, or
 // restart from the step in the form's "from") for a saga, which a running
 // orchestrator of the schema applies, and waits up to ActionWait for it to
@@ -61,14 +78,8 @@ func (c *console) sagaAction(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, fmt.Errorf("unknown action %q: want retry, abort, terminate or restart", action))
 		return
 	}
-	reason, err := reasonOf(r)
-	if err != nil {
-		c.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
-	actor, err := c.actorOf(r)
-	if err != nil {
-		c.fail(w, r, http.StatusForbidden, err)
+	reason, actor, ok := c.reasonAndActor(w, r)
+	if !ok {
 		return
 	}
 	var restart *orchestrator.RestartOpts
@@ -153,14 +164,8 @@ func (c *console) replay(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not an outbox row id", r.PathValue("row")))
 		return
 	}
-	reason, err := reasonOf(r)
-	if err != nil {
-		c.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
-	actor, err := c.actorOf(r)
-	if err != nil {
-		c.fail(w, r, http.StatusForbidden, err)
+	reason, actor, ok := c.reasonAndActor(w, r)
+	if !ok {
 		return
 	}
 	n, err := st.RetryDeadRows(r.Context(), []int64{row})

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/console"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -135,14 +136,14 @@ func TestConsoleAuthInBrowser(t *testing.T) {
 	defer cancel()
 	require.NoError(t, broker.Declare(declare, transport.QueueSpec{Name: "blackhole", Commands: []string{Hold.Name()}}))
 	orch := w.orchestrator(broker)
-	run(t, orch.Run)
-	run(t, w.participant(broker).Run)
+	testkit.Run(t, orch.Run)
+	testkit.Run(t, w.participant(broker).Run)
 	held := map[string]*orchestrator.Started{}
 	for _, name := range []string{"basic", "proxy", "untouched"} {
 		held[name] = w.start(orch, holding(), Order{ID: name}, "order-"+name)
 	}
 	for _, st := range held {
-		waitFor(t, 60*time.Second, "saga "+st.ID.String()+" to wait on its hold step", func() bool {
+		testkit.WaitFor(t, 60*time.Second, "saga "+st.ID.String()+" to wait on its hold step", func() bool {
 			s, err := orch.Get(context.Background(), st.ID)
 			require.NoError(t, err)
 			return s.CurrentStep == 1

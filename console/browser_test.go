@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/console"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -85,7 +86,7 @@ func eval[T any](t *testing.T, tab context.Context, expr string, opts ...chromed
 // being replaced answers with an error, which only means: not yet).
 func waitJS(t *testing.T, tab context.Context, what, expr string) {
 	t.Helper()
-	waitFor(t, 60*time.Second, what, func() bool {
+	testkit.WaitFor(t, 60*time.Second, what, func() bool {
 		ctx, cancel := context.WithTimeout(tab, 10*time.Second)
 		defer cancel()
 		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("document.readyState === 'complete' && ("+expr+")"))
@@ -144,8 +145,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	defer cancel()
 	require.NoError(t, broker.Declare(declare, transport.QueueSpec{Name: "blackhole", Commands: []string{Hold.Name()}}))
 	orch := w.orchestrator(broker)
-	run(t, orch.Run)
-	run(t, w.participant(broker).Run)
+	testkit.Run(t, orch.Run)
+	testkit.Run(t, w.participant(broker).Run)
 
 	shipped := w.start(orch, checkout(), Order{ID: "o-1", Amount: 10, Address: "1 Main St"}, "order-1")
 	returned := w.start(orch, checkout(), Order{ID: "o-2", Amount: 20, Address: nowhere}, "order-2")
@@ -154,7 +155,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	waitStatus(t, orch, shipped, saga.StatusCompleted)
 	waitStatus(t, orch, returned, saga.StatusCompensated)
 	for _, st := range []*orchestrator.Started{held, heldToo} {
-		waitFor(t, 60*time.Second, "saga "+st.ID.String()+" to wait on its hold step", func() bool {
+		testkit.WaitFor(t, 60*time.Second, "saga "+st.ID.String()+" to wait on its hold step", func() bool {
 			s, err := orch.Get(context.Background(), st.ID)
 			require.NoError(t, err)
 			return s.CurrentStep == 1

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -155,36 +156,10 @@ func (w *world) start(c *orchestrator.Client, def *saga.Definition[Order], o Ord
 	return st
 }
 
-// run runs fn until the test ends; it must then return nil.
-func run(t *testing.T, fn func(ctx context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
-
 // waitStatus waits until saga id has status.
 func waitStatus(t *testing.T, c *orchestrator.Client, st *orchestrator.Started, status saga.Status) {
 	t.Helper()
-	waitFor(t, 60*time.Second, fmt.Sprintf("saga %s to be %s", st.ID, status), func() bool {
+	testkit.WaitFor(t, 60*time.Second, fmt.Sprintf("saga %s to be %s", st.ID, status), func() bool {
 		s, err := c.Get(context.Background(), st.ID)
 		require.NoError(t, err)
 		return s.Status == status

@@ -3,9 +3,7 @@ package console_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/sagabox/sagabox/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
-}
+func TestMain(m *testing.M) { testkit.WrapTestMain(m) }

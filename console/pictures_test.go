@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/console"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
@@ -150,17 +151,17 @@ func TestSagaPicturesInBrowser(t *testing.T) {
 		return saga.None{}, nil
 	})
 	participant.HandleCompensation(svc, CancelShip, undo)
-	run(t, orch.Run)
-	run(t, svc.Run)
+	testkit.Run(t, orch.Run)
+	testkit.Run(t, svc.Run)
 
 	compensated := w.start(orch, shop(), Order{ID: "o-1", Address: nowhere}, "o-1")
 	waiting := w.start(orch, shop(), Order{ID: "o-2", Address: "1 Main St"}, "o-2")
-	waitFor(t, 60*time.Second, "reserve's second attempt of o-1", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "reserve's second attempt of o-1", func() bool {
 		return sent(t, orch, compensated, "reserve", 2)
 	})
 	releaseOnce.Do(func() { close(release) })
 	for _, st := range []*orchestrator.Started{compensated, waiting} {
-		waitFor(t, 60*time.Second, "saga "+st.ID.String()+" to wait for its payment", func() bool {
+		testkit.WaitFor(t, 60*time.Second, "saga "+st.ID.String()+" to wait for its payment", func() bool {
 			s, err := orch.Get(context.Background(), st.ID)
 			require.NoError(t, err)
 			require.Equal(t, saga.StatusRunning, s.Status, s.LastError)
@@ -219,7 +220,7 @@ func TestSagaPicturesInBrowser(t *testing.T) {
 	}))
 	t.Cleanup(bad.Close)
 	do(t, tab, chromedp.Navigate(bad.URL))
-	waitFor(t, 30*time.Second, "the control page's policy violation", func() bool { return len(violations()) > 0 })
+	testkit.WaitFor(t, 30*time.Second, "the control page's policy violation", func() bool { return len(violations()) > 0 })
 	mu.Lock()
 	logged = nil
 	mu.Unlock()

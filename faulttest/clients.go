@@ -83,34 +83,35 @@ func (n *node) start() error {
 // kill closes the client's broker connection and cancels it, as a process
 // that dies does, and waits for it to return.
 func (n *node) kill() {
-	n.mu.Lock()
-	if n.cancel == nil {
-		n.mu.Unlock()
-		return
+	if b, cancel, done, ok := n.take(); ok {
+		_ = b.Close()
+		cancel()
+		<-done
 	}
-	n.killed = true
-	b, cancel, done := n.broker, n.cancel, n.done
-	n.cancel = nil
-	n.mu.Unlock()
-	_ = b.Close()
-	cancel()
-	<-done
 }
 
 // stop cancels the client and waits for it, then closes its connection.
 func (n *node) stop() {
+	if b, cancel, done, ok := n.take(); ok {
+		cancel()
+		<-done
+		_ = b.Close()
+	}
+}
+
+// take marks the running client as stopped by the run and hands over what
+// ends it: its broker, the cancel of its Run and the channel closed when Run
+// returns. ok is false when no client runs.
+func (n *node) take() (b transport.Broker, cancel context.CancelFunc, done <-chan struct{}, ok bool) {
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.cancel == nil {
-		n.mu.Unlock()
-		return
+		return nil, nil, nil, false
 	}
 	n.killed = true
-	b, cancel, done := n.broker, n.cancel, n.done
+	b, cancel, done = n.broker, n.cancel, n.done
 	n.cancel = nil
-	n.mu.Unlock()
-	cancel()
-	<-done
-	_ = b.Close()
+	return b, cancel, done, true
 }
 
 // restart kills the client and starts a new one, unless the run is over.

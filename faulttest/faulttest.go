@@ -782,13 +782,9 @@ func (r *run[In]) drain(ctx context.Context) error {
 	for time.Now().Before(deadline) {
 		backlog := int64(0)
 		for _, schema := range r.schemas() {
-			st, err := store.New(r.s.Pool, schema)
+			_, stats, err := r.outbox(ctx, schema)
 			if err != nil {
-				return fmt.Errorf("faulttest: %w", err)
-			}
-			stats, err := st.OutboxStats(ctx)
-			if err != nil {
-				return fmt.Errorf("faulttest: read outbox of %s: %w", schema, err)
+				return err
 			}
 			backlog += stats.Backlog
 		}
@@ -808,6 +804,19 @@ func (r *run[In]) drain(ctx context.Context) error {
 	// they are now, before the clients stop.
 	r.stalled = r.connections(ctx)
 	return nil
+}
+
+// outbox returns the store of schema and its outbox's statistics.
+func (r *run[In]) outbox(ctx context.Context, schema string) (*store.Store, store.OutboxStats, error) {
+	st, err := store.New(r.s.Pool, schema)
+	if err != nil {
+		return nil, store.OutboxStats{}, fmt.Errorf("faulttest: %w", err)
+	}
+	stats, err := st.OutboxStats(ctx)
+	if err != nil {
+		return nil, store.OutboxStats{}, fmt.Errorf("faulttest: read outbox of %s: %w", schema, err)
+	}
+	return st, stats, nil
 }
 
 func (r *run[In]) violate(v Violation) {
@@ -853,13 +862,9 @@ func (r *run[In]) check(ctx context.Context) error {
 		}
 	}
 	for _, schema := range r.schemas() {
-		st, err := store.New(r.s.Pool, schema)
+		st, stats, err := r.outbox(ctx, schema)
 		if err != nil {
-			return fmt.Errorf("faulttest: %w", err)
-		}
-		stats, err := st.OutboxStats(ctx)
-		if err != nil {
-			return fmt.Errorf("faulttest: read outbox of %s: %w", schema, err)
+			return err
 		}
 		if stats.Backlog > 0 || stats.Dead > 0 {
 			rows, sagaID := r.unpublished(ctx, schema)

@@ -341,12 +341,7 @@ func (c *Client) keysFree(ctx context.Context, t driver.Tx, name string, recs []
 // with the reason in its history.
 func (c *Client) admitOne(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time) (_ transition, err error) {
 	ctx, span := c.sagaSpan(ctx, "saga admitted", rec)
-	defer func() {
-		if err != nil {
-			telemetry.Fail(span, err)
-		}
-		span.End()
-	}()
+	defer endSpan(span, &err)
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
 		return transition{}, err // not claimed: ClaimQueuedSagas filters on known versions

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -41,7 +42,7 @@ func TestGuaranteeAdmissionLimitQueuesStartsAndAdmitsThemInOrder(t *testing.T) {
 	e := newEnv(t)
 	def := holdSaga()
 	e.blackhole(Hold.Name())
-	run(t, e.inventory(false).Run)
+	testkit.Run(t, e.inventory(false).Run)
 	meter := telemetrytest.NewMeter(t)
 	cfg := e.orchConfig(def)
 	cfg.Admission.PerDefinition = map[string]int{"hold": 2}
@@ -64,7 +65,7 @@ func TestGuaranteeAdmissionLimitQueuesStartsAndAdmitsThemInOrder(t *testing.T) {
 			return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga WHERE saga_type = 'hold' AND current_step = 1 AND status = 'running'`) == n
 		}
 	}
-	waitFor(t, time.Minute, "the two running sagas to wait on the hold", holding(2))
+	testkit.WaitFor(t, time.Minute, "the two running sagas to wait on the hold", holding(2))
 
 	q, err := c.Get(ctx, ids[2])
 	require.NoError(t, err)
@@ -112,7 +113,7 @@ func TestGuaranteeAdmissionLimitQueuesStartsAndAdmitsThemInOrder(t *testing.T) {
 	_, err = c.Abort(ctx, ids[1], "test", "make room")
 	require.NoError(t, err)
 	waitStatus(t, c, ids[3], saga.StatusRunning, time.Minute)
-	waitFor(t, time.Minute, "the admitted sagas to wait on the hold", holding(2))
+	testkit.WaitFor(t, time.Minute, "the admitted sagas to wait on the hold", holding(2))
 	require.Positive(t, meter.Collect(t).Count(telemetry.MetricAdmissionWait, telemetry.AttrSagaType.String("hold")))
 	require.Zero(t, e.errs.n.Load(), "errors logged: last %v", e.errs.last.Load())
 }
@@ -125,7 +126,7 @@ func TestGuaranteeConcurrencyKeyRunsOneSagaPerKey(t *testing.T) {
 	e := newEnv(t)
 	def := holdSaga()
 	e.blackhole(Hold.Name())
-	run(t, e.inventory(false).Run)
+	testkit.Run(t, e.inventory(false).Run)
 	cfg := e.orchConfig(def)
 	cfg.Admission.MaxRunning = -1
 	c := e.runOrchestrator(cfg)
@@ -199,7 +200,7 @@ func TestEventForAQueuedSagaIsKeptUntilItGetsThere(t *testing.T) {
 	t.Parallel()
 	e := newEventEnv(t)
 	def := paidOrderSaga(time.Hour)
-	run(t, e.inventory(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
 	cfg := e.orchConfig(def)
 	cfg.Admission.PerDefinition = map[string]int{"paid-order": 1}
 	c := e.runOrchestrator(cfg)
@@ -211,7 +212,7 @@ func TestEventForAQueuedSagaIsKeptUntilItGetsThere(t *testing.T) {
 	sent := e.send(c, orchestrator.SagaRef{ID: second.ID}, "evt-2", "ref-2", false)
 	require.Equal(t, orchestrator.EventKept, sent.Outcome, "kept for the queued saga")
 
-	waitFor(t, time.Minute, "the first saga to wait for its payment", func() bool {
+	testkit.WaitFor(t, time.Minute, "the first saga to wait for its payment", func() bool {
 		s, err := c.Get(ctx, first.ID)
 		require.NoError(t, err)
 		return s.CurrentStep == 1

@@ -118,15 +118,7 @@ func Await[D any](ctx context.Context, c *Client, def *saga.Definition[D], id uu
 // StartKeyReuseFinished, a key may have named several sagas over time;
 // GetByKey returns the one it names now, the newest.
 func (c *Client) GetByKey(ctx context.Context, sagaType, startKey string) (*Saga, error) {
-	rec, err := c.db.SagaGetByStartKey(ctx, nil, sagaType, startKey)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: %w", err)
-	}
-	s, err := sagaFromRecord(&rec)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: %w", err)
-	}
-	return s, nil
+	return sagaRead(c.db.SagaGetByStartKey(ctx, nil, sagaType, startKey))
 }
 
 // waiters wakes the callers of Wait when this Client ends their saga. Each

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -20,8 +21,8 @@ func TestAwaitReturnsTheOutcome(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	def := orderSaga(1, time.Minute, 1)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -74,15 +75,15 @@ func TestAwaitSeesSagasOtherProcessesEnd(t *testing.T) {
 	e := newEnv(t)
 	def := orderSaga(1, time.Minute, 1)
 	e.blackhole(Ship.Name()) // shipping never answers
-	run(t, e.inventory(false).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	cfg := e.orchConfig(def)
 	cfg.Broker = nil
 	reader := e.newOrchestrator(cfg)
 
 	st := e.start(c, def, Order{ID: "stuck", Qty: 1, Amount: 10, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "the saga to reach ship", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga to reach ship", func() bool {
 		s, err := c.Get(context.Background(), st.ID)
 		require.NoError(t, err)
 		return s.Steps[2].Status == saga.StepRunning

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -24,8 +25,8 @@ func TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	def := orderSaga(1, time.Minute, 1)
-	run(t, e.inventory(false).Run) // shipping comes later
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run) // shipping comes later
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 	// The shipping queue exists, so that the command is published (and
@@ -36,7 +37,7 @@ func TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga(t *testing.T) {
 	require.NoError(t, e.broker.Declare(dctx, transport.QueueSpec{Name: "shipping", Commands: []string{Ship.Name()}}))
 
 	st := e.start(c, def, Order{ID: "stale", Qty: 1, Amount: 10, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "the saga to wait on shipping, its command published", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga to wait on shipping, its command published", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
 		return s.CurrentStep == 2 &&
@@ -58,8 +59,8 @@ func TestReplyToASagaChangedElsewhereIsAppliedToTheStoredSaga(t *testing.T) {
 
 	shipping, err := newShipping(e)
 	require.NoError(t, err)
-	run(t, shipping.Run)
-	waitFor(t, 30*time.Second, "the shipping reply to be received", func() bool {
+	testkit.Run(t, shipping.Run)
+	testkit.WaitFor(t, 30*time.Second, "the shipping reply to be received", func() bool {
 		return e.count(`SELECT count(*) FROM %[1]s.sagabox_inbox WHERE saga_id = $1 AND step = 'ship'`, st.ID) == 1
 	})
 	got, err := c.Get(ctx, st.ID)
@@ -104,8 +105,8 @@ func TestEventKeptWhileAReplyIsAppliedIsNotLost(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, orchestrator.EventKept, sent.Outcome)
 
-	run(t, e.inventory(true).Run)
-	waitFor(t, 30*time.Second, "the reply to wait for the sender's lock on the saga", func() bool {
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.WaitFor(t, 30*time.Second, "the reply to wait for the sender's lock on the saga", func() bool {
 		var n int
 		require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, e.orch.Schema()).Scan(&n))

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -23,22 +24,22 @@ func TestCancelStepWaitingForRetry(t *testing.T) {
 	def := orderSaga(1, 10*time.Second, 3)
 	clock := newFakeClock()
 	e.blackhole(Charge.Name()) // the charge is never answered
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(false).Run) // refunds only
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(false).Run) // refunds only
 	cfg := e.orchConfig(def)
 	cfg.Clock = clock.Now
 	c := e.runOrchestrator(cfg)
 	ctx := context.Background()
 
 	st := e.start(c, def, Order{ID: "cancel", Qty: 1, Amount: 10, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "the charge to be published", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the charge to be published", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
 		return s.Steps[1].Status == saga.StepRunning &&
 			e.count(`SELECT count(*) FROM %[1]s.sagabox_outbox WHERE saga_id = $1 AND type = 'payment.charge' AND published_at IS NULL`, st.ID) == 0
 	})
 	clock.Advance(time.Minute)
-	waitFor(t, 30*time.Second, "the charge to wait for its retry", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the charge to wait for its retry", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
 		return s.Steps[1].Status == saga.StepWaitingRetry
@@ -68,8 +69,8 @@ func TestTerminateWithdrawsUnsentCommands(t *testing.T) {
 	def := orderSaga(1, time.Minute, 1)
 	// No queue takes the shipping command: it stays in the outbox,
 	// published again and again.
-	run(t, e.inventory(false).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 
@@ -77,7 +78,7 @@ func TestTerminateWithdrawsUnsentCommands(t *testing.T) {
 	stuck := e.start(c, def, Order{ID: "w-1", Qty: 1, Amount: 10, Address: "nowhere"}, nil)
 	other := e.start(c, def, Order{ID: "w-2", Qty: 1, Amount: 10, Address: "nowhere"}, nil)
 	for _, id := range []uuid.UUID{stuck.ID, other.ID} {
-		waitFor(t, 30*time.Second, "the shipping command to be refused by the broker", func() bool {
+		testkit.WaitFor(t, 30*time.Second, "the shipping command to be refused by the broker", func() bool {
 			return e.count(`SELECT count(*) FROM %[1]s.sagabox_outbox WHERE saga_id = $1 AND type = $2 AND publish_attempts > 0 AND published_at IS NULL`, id, Ship.Name()) == 1
 		})
 	}
@@ -99,14 +100,14 @@ func TestTerminateStopsAtOnce(t *testing.T) {
 	e := newEnv(t)
 	def := orderSaga(1, time.Minute, 1)
 	e.blackhole(Ship.Name()) // shipping never answers
-	run(t, e.inventory(false).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 
 	key := &orchestrator.StartOpts{StartKey: "t-1", StartKeyPolicy: orchestrator.StartKeyReuseFinished}
 	st := e.start(c, def, Order{ID: "t-1", Qty: 1, Amount: 10, Address: "here"}, key)
-	waitFor(t, 30*time.Second, "the saga to wait on shipping", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga to wait on shipping", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
 		return s.CurrentStep == 2

@@ -1,18 +1,17 @@
 package orchestrator_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"os/exec"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -66,24 +65,6 @@ func runChildOrchestrator() int {
 	return 0
 }
 
-// syncBuffer is a bytes.Buffer safe for the child's output goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestGuaranteeCrashedOrchestratorRecovers: an orchestrator process killed
 // (SIGKILL) while sagas are in flight loses nothing: a new orchestrator on
 // the same schema finishes every saga, with consistent business state.
@@ -98,8 +79,8 @@ func TestGuaranteeCrashedOrchestratorRecovers(t *testing.T) {
 	ship, err := newShipping(e)
 	require.NoError(t, err)
 	require.NoError(t, e.broker.Declare(ctx, ship.QueueSpec()))
-	run(t, e.inventory(false).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run)
+	testkit.Run(t, e.payment(true).Run)
 	starter := e.newOrchestrator(e.orchConfig(def))
 	// The successor must declare the reply queue through the test's broker
 	// (so that cleanup deletes it): declare it now, before the child.
@@ -108,7 +89,7 @@ func TestGuaranteeCrashedOrchestratorRecovers(t *testing.T) {
 	os_ := orders("k", 60, 7)
 	ids := e.startAll(starter, def, os_)
 
-	out := &syncBuffer{}
+	out := &testkit.Buffer{}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childSchemaEnv+"="+e.orch.Schema(), childNamespaceEnv+"="+e.ns)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -121,7 +102,7 @@ func TestGuaranteeCrashedOrchestratorRecovers(t *testing.T) {
 		}
 	})
 	// Kill it once a third of the sagas reached shipping (or ended).
-	waitFor(t, time.Minute, "sagas to progress in the child", func() bool {
+	testkit.WaitFor(t, time.Minute, "sagas to progress in the child", func() bool {
 		return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga WHERE current_step = 2 OR status <> 'running'`) >= len(os_)/3
 	})
 	require.NoError(t, cmd.Process.Kill())
@@ -136,7 +117,7 @@ func TestGuaranteeCrashedOrchestratorRecovers(t *testing.T) {
 	cfg := e.orchConfig(def)
 	cfg.Relay = childRelay
 	c := e.runOrchestrator(cfg)
-	run(t, ship.Run)
+	testkit.Run(t, ship.Run)
 	e.waitSettled(len(os_), time.Minute)
 	for i, id := range ids {
 		s, err := c.Get(context.Background(), id)

@@ -4,33 +4,15 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
-
-// lockedBuffer is a log destination shared by the client's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // An orchestrator records the shapes of its definitions when it starts, so
 // that a client without them (the CLI's, the console's) reads them; one
@@ -45,7 +27,7 @@ func TestRunRecordsDefinitionShapes(t *testing.T) {
 	reader, err := orchestrator.NewClient(orchestrator.Config{Pool: e.pool, Schema: e.orch.Schema(), Service: "reader"})
 	require.NoError(t, err)
 	var defs []orchestrator.RecordedDefinition
-	waitFor(t, 30*time.Second, "the orchestrator to record its definitions", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the orchestrator to record its definitions", func() bool {
 		defs, err = reader.Definitions(ctx)
 		require.NoError(t, err)
 		return len(defs) == 2
@@ -80,12 +62,12 @@ func TestRunRecordsDefinitionShapes(t *testing.T) {
 		saga.Step("reserve", saga.Invoke(Reserve, func(o *Order) ReserveReq { return ReserveReq{OrderID: o.ID, Qty: o.Qty} }, nil),
 			saga.Compensate(Release, ref), saga.WithTimeout[Order](time.Minute)),
 	)
-	logs := &lockedBuffer{}
+	logs := &testkit.Buffer{}
 	cfg := e.orchConfig(changed)
 	cfg.Service = "orders-2"
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	e.runOrchestrator(cfg)
-	waitFor(t, 30*time.Second, "the changed shape to be recorded", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the changed shape to be recorded", func() bool {
 		d, err := reader.Definition(ctx, "order", 1)
 		require.NoError(t, err)
 		return d.Shape.Nodes[0].Name == "check"

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
@@ -70,12 +71,12 @@ func TestGuaranteeOutsideEventInSendersTransaction(t *testing.T) {
 	t.Parallel()
 	e := newEventEnv(t)
 	def := paidOrderSaga(time.Hour)
-	run(t, e.inventory(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 
 	st := e.start(c, def, Order{ID: "o-1", Qty: 1, Address: "here"}, &orchestrator.StartOpts{StartKey: "o-1"})
-	waitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
 		return s.Steps[1].Status == saga.StepWaitingEvent
@@ -146,7 +147,7 @@ func TestOutsideEventEarlyIsKept(t *testing.T) {
 	require.Equal(t, orchestrator.EventIgnored, other.Outcome)
 	require.NoError(t, tx.Commit(ctx))
 
-	run(t, e.inventory(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
 	out, err := orchestrator.Await(ctx, c, def, early.ID, nil)
 	require.NoError(t, err)
 	require.Equal(t, saga.StatusCompleted, out.Status, out.LastError)
@@ -186,14 +187,14 @@ func TestOutsideEventAsMessage(t *testing.T) {
 	t.Parallel()
 	e := newEventEnv(t)
 	def := paidOrderSaga(time.Hour)
-	run(t, e.inventory(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
 	pay := e.payment(true) // publishes the provider's confirmation
-	run(t, pay.Run)
+	testkit.Run(t, pay.Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 
 	st := e.start(c, def, Order{ID: "m-1", Qty: 1, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
 		s, err := c.Get(ctx, st.ID)
 		require.NoError(t, err)
 		return s.Steps[1].Status == saga.StepWaitingEvent
@@ -213,7 +214,7 @@ func TestOutsideEventAsMessage(t *testing.T) {
 	require.Equal(t, saga.StatusCompleted, out.Status, out.LastError)
 	require.Equal(t, "via-broker", out.Data.ChargeID)
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_event WHERE saga_id = $1 AND status = 'consumed'`, st.ID))
-	waitFor(t, 30*time.Second, "the second event to be recorded", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the second event to be recorded", func() bool {
 		return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_event WHERE saga_id = $1 AND status = 'ignored'`, st.ID) == 1
 	})
 }

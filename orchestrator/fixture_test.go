@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -195,20 +196,8 @@ func (e *env) newOrchestrator(cfg orchestrator.Config) *orchestrator.Client {
 func (e *env) runOrchestrator(cfg orchestrator.Config) *orchestrator.Client {
 	e.t.Helper()
 	c := e.newOrchestrator(cfg)
-	run(e.t, c.Run)
+	testkit.Run(e.t, c.Run)
 	return c
-}
-
-// run runs fn until the test ends; it must then return nil.
-func run(t *testing.T, fn func(ctx context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
 }
 
 // participantConfig is the configuration of the tests' participants.
@@ -320,20 +309,6 @@ func (e *env) start(c *orchestrator.Client, def *saga.Definition[Order], o Order
 	return st
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
-
 // count runs a count query with the schema names substituted (%[1]s
 // orchestrator, %[2]s inventory, %[3]s payment).
 func (e *env) count(sql string, args ...any) int {
@@ -348,7 +323,7 @@ func (e *env) count(sql string, args ...any) int {
 // exist.
 func (e *env) waitSettled(n int, timeout time.Duration) {
 	e.t.Helper()
-	waitFor(e.t, timeout, fmt.Sprintf("%d sagas to settle", n), func() bool {
+	testkit.WaitFor(e.t, timeout, fmt.Sprintf("%d sagas to settle", n), func() bool {
 		return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga WHERE status NOT IN ('running', 'compensating')`) == n
 	})
 }
@@ -357,7 +332,7 @@ func (e *env) waitSettled(n int, timeout time.Duration) {
 func waitStatus(t *testing.T, c *orchestrator.Client, id uuid.UUID, status saga.Status, timeout time.Duration) *orchestrator.Saga {
 	t.Helper()
 	var s *orchestrator.Saga
-	waitFor(t, timeout, fmt.Sprintf("saga %s to be %s", id, status), func() bool {
+	testkit.WaitFor(t, timeout, fmt.Sprintf("saga %s to be %s", id, status), func() bool {
 		var err error
 		s, err = c.Get(context.Background(), id)
 		require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -50,12 +51,12 @@ func reservedSagas(t *testing.T, e *env, n int) (*gatedBroker, []uuid.UUID) {
 	cfg.SweepInterval = time.Hour
 	c := e.runOrchestrator(cfg)
 	e.blackhole(Charge.Name())
-	run(t, e.inventory(false).Run)
+	testkit.Run(t, e.inventory(false).Run)
 	ids := make([]uuid.UUID, n)
 	for i := range ids {
 		ids[i] = e.start(c, def, Order{ID: uuid.NewString(), Qty: 1, Amount: 10, Address: "here"}, nil).ID
 	}
-	waitFor(t, 30*time.Second, "the replies to wait in the reply queue", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the replies to wait in the reply queue", func() bool {
 		return amqptest.QueueLength(t, e.broker.QueueName(orchestratorQueue.Name)) == n
 	})
 	return gate, ids
@@ -74,7 +75,7 @@ func TestRepliesArrivingTogetherShareATransaction(t *testing.T) {
 
 	rts.Start()
 	close(gate.open)
-	waitFor(t, 30*time.Second, "every saga to reach its charge", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every saga to reach its charge", func() bool {
 		return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga WHERE current_step = 1`) == n
 	})
 	rts.Stop()
@@ -110,23 +111,20 @@ func TestBatchAppliesOneReplyPerSaga(t *testing.T) {
 
 	var mu sync.Mutex
 	var got []*transport.Delivery
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- e.broker.Subscribe(ctx, orchestratorQueue, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+	stop := testkit.Run(t, func(ctx context.Context) error {
+		return e.broker.Subscribe(ctx, orchestratorQueue, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, d)
 			return transport.Ack()
 		}), nil)
-	}()
-	waitFor(t, 30*time.Second, "the three replies", func() bool {
+	})
+	testkit.WaitFor(t, 30*time.Second, "the three replies", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) == 3
 	})
-	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 
 	repeated := *got[0]
 	second := *got[1]

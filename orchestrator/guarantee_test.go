@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -51,8 +52,8 @@ func TestGuaranteeAtomicStart(t *testing.T) {
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM %[1]s.sagabox_saga_history WHERE saga_id = $1 AND event = 'started'`, kept.ID))
 
 	// Run everything: only the committed saga reaches the participants.
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	e.runOrchestrator(e.orchConfig(def))
 	s := waitStatus(t, c, kept.ID, saga.StatusCompleted, 30*time.Second)
 	require.False(t, s.FinishedAt.IsZero())
@@ -108,8 +109,8 @@ func TestGuaranteeConcurrentSagasReachTerminalState(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	def := orderSaga(1, time.Minute, 1)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 
 	os := orders("o", 200, 42)
@@ -142,8 +143,8 @@ func TestGuaranteeDeadlineCompensatesTimedOutStep(t *testing.T) {
 	e := newEnv(t)
 	def := orderSaga(1, 10*time.Second, 2)
 	e.blackhole(Charge.Name())
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(false).Run) // refunds only: charges go to the black hole
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(false).Run) // refunds only: charges go to the black hole
 	clock := newFakeClock()
 	cfg := e.orchConfig(def)
 	cfg.Clock = clock.Now
@@ -157,19 +158,19 @@ func TestGuaranteeDeadlineCompensatesTimedOutStep(t *testing.T) {
 			return s.CurrentStep == 1 && s.Steps[1].Status == saga.StepRunning && s.Steps[1].Attempt == attempt
 		}
 	}
-	waitFor(t, 30*time.Second, "charge attempt 1 sent", charging(1))
+	testkit.WaitFor(t, 30*time.Second, "charge attempt 1 sent", charging(1))
 
 	clock.Advance(9 * time.Second) // not yet due
 	_, err := c.Get(context.Background(), st.ID)
 	require.NoError(t, err)
 	clock.Advance(2 * time.Second) // attempt 1 times out; retry after 1s backoff
-	waitFor(t, 30*time.Second, "charge waiting for its retry", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "charge waiting for its retry", func() bool {
 		s, err := c.Get(context.Background(), st.ID)
 		require.NoError(t, err)
 		return s.Steps[1].Status == saga.StepWaitingRetry
 	})
 	clock.Advance(time.Second)
-	waitFor(t, 30*time.Second, "charge attempt 2 sent", charging(2))
+	testkit.WaitFor(t, 30*time.Second, "charge attempt 2 sent", charging(2))
 	clock.Advance(11 * time.Second) // attempt 2 times out: compensate
 	s := waitStatus(t, c, st.ID, saga.StatusCompensated, 30*time.Second)
 	require.Equal(t, saga.StepCompensated, s.Steps[0].Status)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -84,7 +85,7 @@ func TestGuaranteeAtomicStartLocalStepRejectionUndoesItsWrites(t *testing.T) {
 func TestSagaStartedByALocalStepIsPublishedAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	run(t, e.inventory(false).Run)
+	testkit.Run(t, e.inventory(false).Run)
 	child := saga.MustNew("child", 1,
 		saga.Step("reserve", saga.Invoke(Reserve, func(o *Order) ReserveReq { return ReserveReq{OrderID: o.ID, Qty: 1} }, nil)))
 	var c *orchestrator.Client

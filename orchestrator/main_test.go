@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/sagabox/sagabox/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -18,5 +18,5 @@ func TestMain(m *testing.M) {
 		// saga and exit.
 		os.Exit(runChildStarter())
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+	testkit.WrapTestMain(m)
 }

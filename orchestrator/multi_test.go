@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -41,8 +42,8 @@ func TestGuaranteeTwoOrchestratorsOneDatabase(t *testing.T) {
 	e := newEnv(t)
 	def, hold := orderSaga(1, time.Minute, 1), holdSaga()
 	e.blackhole(Hold.Name())
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	clock := newFakeClock()
 	cfg := e.orchConfig(def, hold)
 	cfg.Clock = clock.Now
@@ -71,7 +72,7 @@ func TestGuaranteeTwoOrchestratorsOneDatabase(t *testing.T) {
 		late[i] = Order{ID: fmt.Sprintf("late-%02d", i), Qty: 1}
 	}
 	lateIDs := e.startAll(a, hold, late)
-	waitFor(t, time.Minute, "hold commands sent", func() bool {
+	testkit.WaitFor(t, time.Minute, "hold commands sent", func() bool {
 		return e.count(`SELECT count(*) FROM %[1]s.sagabox_saga WHERE saga_type = 'hold' AND current_step = 1`) == len(late)
 	})
 	clock.Advance(11 * time.Second)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -69,11 +70,11 @@ func TestNotifyWakesTheRelayOfAnotherProcess(t *testing.T) {
 	cfg := e.orchConfig(def)
 	cfg.Relay = orchestrator.RelayConfig{Listen: true, PollInterval: time.Hour}
 	c := e.runOrchestrator(cfg)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	// The relay's listener is in place once its LISTEN is the last
 	// statement of a connection.
-	waitFor(t, 30*time.Second, "the relay to LISTEN", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the relay to LISTEN", func() bool {
 		var n int
 		err := e.pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' || $1 || '%'`, e.orch.Schema()).Scan(&n)

@@ -21,15 +21,7 @@ import (
 
 // Get returns the saga id, or an error wrapping ErrNotFound.
 func (c *Client) Get(ctx context.Context, id uuid.UUID) (*Saga, error) {
-	rec, err := c.db.SagaGet(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: %w", err)
-	}
-	s, err := sagaFromRecord(&rec)
-	if err != nil {
-		return nil, fmt.Errorf("orchestrator: %w", err)
-	}
-	return s, nil
+	return sagaRead(c.db.SagaGet(ctx, id))
 }
 
 // History returns the history of saga id, oldest first: every decision of
@@ -288,12 +280,7 @@ func operatorActionOf(op *driver.Operation) (operatorAction, error) {
 func (c *Client) operate(ctx context.Context, id uuid.UUID, act operatorAction) (_ *Saga, err error) {
 	kind, actor := act.kind, act.actor
 	ctx, span := c.startOperation(ctx, id, kind, actor)
-	defer func() {
-		if err != nil {
-			telemetry.Fail(span, err)
-		}
-		span.End()
-	}()
+	defer endSpan(span, &err)
 	if err := checkActor(actor); err != nil {
 		return nil, fmt.Errorf("orchestrator: %s saga %s: %w", kind, id, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -25,8 +26,8 @@ func TestUnknownDefinitionVersionIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	v1, v2 := orderSaga(1, time.Minute, 1), orderSaga(2, time.Minute, 1)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	// A newer deployment started a v2 saga; the running orchestrator has v1 only.
 	newer := e.newOrchestrator(e.orchConfig(v1, v2))
 	c := e.runOrchestrator(e.orchConfig(v1))
@@ -62,8 +63,8 @@ func TestOperatorRetryAndAbort(t *testing.T) {
 	e := newEnv(t)
 	def := orderSaga(1, time.Minute, 1)
 	e.blackhole(Ship.Name()) // shipping never answers
-	run(t, e.inventory(false).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(def))
 	ctx := context.Background()
 
@@ -87,7 +88,7 @@ func TestOperatorRetryAndAbort(t *testing.T) {
 
 	// Abort: the saga waits on shipping.
 	stuck := e.start(c, def, Order{ID: "abort", Qty: 1, Amount: 10, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "saga to wait on shipping", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "saga to wait on shipping", func() bool {
 		s, err := c.Get(ctx, stuck.ID)
 		require.NoError(t, err)
 		return s.CurrentStep == 2

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
 	"github.com/sagabox/sagabox/message"
@@ -44,8 +45,8 @@ func TestBrokerOutageLongerThanTheTimeoutCompensatesNothing(t *testing.T) {
 	const timeout = 5 * time.Second
 	def := orderSaga(1, timeout, 1)
 	c := e.runOrchestrator(e.orchConfig(def))
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 
 	const n = 30
 	orders := make([]Order, n)
@@ -56,7 +57,7 @@ func TestBrokerOutageLongerThanTheTimeoutCompensatesNothing(t *testing.T) {
 	}
 	// Kill the broker once the first sagas have made progress, while the
 	// others are still on their way.
-	waitFor(t, time.Minute, "a first reservation", func() bool {
+	testkit.WaitFor(t, time.Minute, "a first reservation", func() bool {
 		return e.count(`SELECT count(*) FROM %[2]s.reservations`) > 0
 	})
 	require.NoError(t, node.Kill())
@@ -102,8 +103,8 @@ func TestCommandsHeldInTheOutboxDoNotTimeOut(t *testing.T) {
 	cfg := e.orchConfig(def)
 	cfg.Broker = stalled
 	c := e.runOrchestrator(cfg)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 
 	const n = 10
 	started := make([]*orchestrator.Started, n)

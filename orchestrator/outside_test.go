@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/saga"
@@ -77,7 +78,7 @@ func TestGuaranteeNoDoubleEffectOutsideCallSagaCompletesAcrossACrash(t *testing.
 
 	def := orderSaga(1, time.Minute, 1)
 	c := e.runOrchestrator(e.orchConfig(def))
-	run(t, e.inventory(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
 	ctxA, stopA := context.WithCancel(context.Background())
 	doneA := make(chan error, 1)
 	a := payment(true)
@@ -92,7 +93,7 @@ func TestGuaranteeNoDoubleEffectOutsideCallSagaCompletesAcrossACrash(t *testing.
 	stopA()
 	require.NoError(t, <-doneA)
 
-	run(t, payment(false).Run)
+	testkit.Run(t, payment(false).Run)
 	waitStatus(t, c, st.ID, saga.StatusCompleted, 60*time.Second)
 
 	key := participant.IdempotencyKey(st.ID, 0, "charge", message.PhaseAction)

@@ -1,7 +1,6 @@
 package orchestrator_test
 
 import (
-	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
 )
@@ -34,29 +34,23 @@ func TestOrchestratorPoolTooSmallIsReportedAtStart(t *testing.T) {
 	need := cfg.ConnsNeeded()
 
 	logs := runLogged(t, cfg, int32(need-1))
-	waitFor(t, 10*time.Second, "the warning", func() bool { return strings.Contains(logs.String(), "conns_needed=") })
+	testkit.WaitFor(t, 10*time.Second, "the warning", func() bool { return strings.Contains(logs.String(), "conns_needed=") })
 	require.Contains(t, logs.String(), "is smaller than the 9 this client can use at once")
 
 	logs = runLogged(t, cfg, int32(need))
-	waitFor(t, 10*time.Second, "the relay to start", func() bool { return strings.Contains(logs.String(), "relay started") })
+	testkit.WaitFor(t, 10*time.Second, "the relay to start", func() bool { return strings.Contains(logs.String(), "relay started") })
 	require.NotContains(t, logs.String(), "conns_needed=", "a pool of ConnsNeeded connections is large enough")
 }
 
 // runLogged runs an orchestrator for cfg on a pool of size connections of
 // the same database until the test ends, and returns its log.
-func runLogged(t *testing.T, cfg orchestrator.Config, size int32) *syncBuffer {
+func runLogged(t *testing.T, cfg orchestrator.Config, size int32) *testkit.Buffer {
 	t.Helper()
 	cfg.Pool = dbtest.PoolWith(t, func(c *pgxpool.Config) { c.MaxConns = size })
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	c, err := orchestrator.NewClient(cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	testkit.Run(t, c.Run)
 	return logs
 }

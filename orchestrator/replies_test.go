@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -45,13 +46,13 @@ func TestGuaranteeNoDoubleEffectDuplicateAndStaleReplies(t *testing.T) {
 	require.NoError(t, e.broker.Publish(ctx, first, first))
 
 	s := waitStatus(t, c, started.ID, saga.StatusRunning, 10*time.Second)
-	waitFor(t, 10*time.Second, "the reply to move the saga to charge", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the reply to move the saga to charge", func() bool {
 		var err error
 		s, err = c.Get(ctx, started.ID)
 		require.NoError(t, err)
 		return s.CurrentStep == 1
 	})
-	waitFor(t, 10*time.Second, "the duplicate to be counted", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the duplicate to be counted", func() bool {
 		return e.count(`SELECT coalesce(sum(duplicates), 0)::int FROM %[1]s.sagabox_inbox WHERE message_id = $1`, first.MessageID) == 1
 	})
 
@@ -59,7 +60,7 @@ func TestGuaranteeNoDoubleEffectDuplicateAndStaleReplies(t *testing.T) {
 	// a re-sent command, say) must not be applied.
 	stale := reply(uuid.Must(uuid.NewV7()), `{"reservation_id":"r-stale"}`)
 	require.NoError(t, e.broker.Publish(ctx, stale))
-	waitFor(t, 10*time.Second, "the stale reply to be recorded", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the stale reply to be recorded", func() bool {
 		hist, err := c.History(ctx, started.ID)
 		require.NoError(t, err)
 		for _, h := range hist {
@@ -100,7 +101,7 @@ func TestGuaranteePoisonInputReplyRetriesAreBounded(t *testing.T) {
 		),
 		saga.LocalStep("book", func(context.Context, *Order) error { return errors.New("ledger unavailable") }),
 	)
-	run(t, e.inventory(false).Run)
+	testkit.Run(t, e.inventory(false).Run)
 	cfg := e.orchConfig(def)
 	cfg.ReplyRetry = saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3}
 	ctx := context.Background()
@@ -141,8 +142,8 @@ func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
 		),
 	)
 	healthy := orderSaga(1, 30*time.Second, 1)
-	run(t, e.inventory(false).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(false).Run)
+	testkit.Run(t, e.payment(true).Run)
 	e.blackhole(Ship.Name())
 	cfg := e.orchConfig(boomOnApply, boomOnDeadline, healthy)
 	cfg.ReplyRetry = saga.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3}
@@ -156,7 +157,7 @@ func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
 	s := requireReplyGivenUp(t, c, dead, onApply.ID, "saga definition code panicked: runtime error: invalid memory address or nil pointer dereference")
 	require.Contains(t, s.LastError, "panicked")
 
-	waitFor(t, 30*time.Second, "the panicking deadline to be recorded", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the panicking deadline to be recorded", func() bool {
 		h, err := c.History(ctx, onDeadline.ID)
 		require.NoError(t, err)
 		return h[len(h)-1].Event == orchestrator.HistoryDeadlineFailed
@@ -171,7 +172,7 @@ func TestGuaranteePoisonInputDefinitionPanicsAreBounded(t *testing.T) {
 	// blackhole: the saga runs up to it).
 	o := Order{ID: "healthy", Qty: 1, Amount: 10, Address: "here"}
 	ok := e.start(c, healthy, o, nil)
-	waitFor(t, 30*time.Second, "the healthy saga to reach its ship step", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the healthy saga to reach its ship step", func() bool {
 		s, err := c.Get(ctx, ok.ID)
 		require.NoError(t, err)
 		return s.CurrentStep == 2

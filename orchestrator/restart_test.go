@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store/driver"
@@ -24,8 +25,8 @@ func TestRestartFromAStep(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	v1, v2 := orderSaga(1, time.Minute, 1), orderSaga(2, time.Minute, 1)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 	c := e.runOrchestrator(e.orchConfig(v1, v2))
 	ctx := context.Background()
 
@@ -87,7 +88,7 @@ func TestRestartFromAStep(t *testing.T) {
 	bad, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: declined.ID, Action: "restart", Actor: "bob", Reason: "again", Params: params})
 	require.NoError(t, err)
 	c.Wake()
-	waitFor(t, 30*time.Second, "the refused request to be marked", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the refused request to be marked", func() bool {
 		op, err := e.orch.OperationGet(ctx, bad.ID)
 		require.NoError(t, err)
 		return !op.Pending()

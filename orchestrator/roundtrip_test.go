@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -61,8 +62,8 @@ func countRoundTrips(t *testing.T, cache, max int) (replies []int) {
 	cfg.SweepInterval = time.Hour
 	cfg.SagaCache = cache
 	c := e.runOrchestrator(cfg)
-	run(t, e.inventory(true).Run)
-	run(t, e.payment(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
+	testkit.Run(t, e.payment(true).Run)
 
 	// The first saga warms the connections' statement caches.
 	warm := e.start(c, def, Order{ID: "warm", Qty: 1, Amount: 10, Address: "here"}, nil)

@@ -89,6 +89,19 @@ func sagaFromRecord(rec *driver.SagaRecord) (*Saga, error) {
 	return s, nil
 }
 
+// sagaRead returns the saga of a record the driver read, or the error of
+// the read or of the record, for a public read (Get, GetByKey).
+func sagaRead(rec driver.SagaRecord, err error) (*Saga, error) {
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	s, err := sagaFromRecord(&rec)
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	return s, nil
+}
+
 // applyToRecord writes inst into rec, the row it came from (or a new one).
 func applyToRecord(rec *driver.SagaRecord, inst *saga.Instance, now time.Time) error {
 	steps, err := json.Marshal(inst.Steps)

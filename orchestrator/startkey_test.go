@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
 )
@@ -182,7 +183,7 @@ func TestStartKeyReuseFinished(t *testing.T) {
 		}
 		lost <- st
 	}()
-	waitFor(t, 30*time.Second, "the second start to wait for the first", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the second start to wait for the first", func() bool {
 		var n int
 		require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1::text || '%'`, e.orch.Schema()).Scan(&n))

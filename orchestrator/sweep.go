@@ -192,12 +192,7 @@ func (c *Client) countResends(ctx context.Context, tr transition, cause telemetr
 // none of its steps' writes behind.
 func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time) (_ transition, err error) {
 	ctx, span := c.sagaSpan(ctx, "saga deadline", rec)
-	defer func() {
-		if err != nil {
-			telemetry.Fail(span, err)
-		}
-		span.End()
-	}()
+	defer endSpan(span, &err)
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
 	if err != nil {
 		return transition{}, err // not claimed: ClaimDueSagas filters on known definitions
@@ -273,6 +268,15 @@ func (c *Client) sagaSpan(ctx context.Context, name string, rec driver.SagaRecor
 	ctx = telemetry.ExtractParent(ctx, rec.TraceParent, rec.TraceState)
 	return c.tel.Tracer().Start(ctx, name+" "+rec.Type, trace.WithAttributes(
 		telemetry.AttrSagaType.String(rec.Type), telemetry.AttrSagaID.String(rec.ID.String()), telemetry.AttrSchema.String(c.cfg.Schema)))
+}
+
+// endSpan ends span, failed with *err if that is not nil: defer it with
+// the address of the function's named error result.
+func endSpan(span trace.Span, err *error) {
+	if *err != nil {
+		telemetry.Fail(span, *err)
+	}
+	span.End()
 }
 
 // coreScope returns the context in which the saga core runs runner's

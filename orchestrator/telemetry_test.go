@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -51,7 +52,7 @@ func TestTelemetrySagaIsOneTraceAndMetricsCount(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), amqptest.Timeout)
 		require.NoError(t, e.broker.Declare(ctx, p.QueueSpec()))
 		cancel()
-		run(t, p.Run)
+		testkit.Run(t, p.Run)
 	}
 	c := e.runOrchestrator(cfg)
 
@@ -108,7 +109,7 @@ func TestTelemetrySagaIsOneTraceAndMetricsCount(t *testing.T) {
 	inv := telemetry.AttrSchema.String(e.inv.Schema())
 	pay := telemetry.AttrSchema.String(e.pay.Schema())
 	var m telemetrytest.Snapshot
-	waitFor(t, 30*time.Second, "every outbox published", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every outbox published", func() bool {
 		m = meter.Collect(t)
 		for _, schema := range []attribute.KeyValue{orch, inv, pay} {
 			if v, ok := m.Gauge(telemetry.MetricOutboxBacklog, schema); !ok || v != 0 {
@@ -172,7 +173,7 @@ func TestTelemetryCountersStartAtZeroAndSagaGauges(t *testing.T) {
 
 	// Nothing happened yet: every counter is there, at zero.
 	var m telemetrytest.Snapshot
-	waitFor(t, 30*time.Second, "the gauges reported", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the gauges reported", func() bool {
 		m = meter.Collect(t)
 		_, ok := m.Gauge(telemetry.MetricOperatorPending, orch)
 		return ok
@@ -200,7 +201,7 @@ func TestTelemetryCountersStartAtZeroAndSagaGauges(t *testing.T) {
 	}))
 	_, err := e.orch.OperationRequest(ctx, driver.NewOperation{SagaID: other.ID, Action: "retry", Actor: "alice", Reason: "pending", Params: nil})
 	require.NoError(t, err)
-	waitFor(t, 30*time.Second, "the running saga counted", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the running saga counted", func() bool {
 		m = meter.Collect(t)
 		v, _ := m.Gauge(telemetry.MetricSagasOpen, orch, order, telemetry.AttrStatus.String("running"))
 		return v == 1
@@ -234,7 +235,7 @@ type spanSet []sdktrace.ReadOnlySpan
 func waitTrace(t *testing.T, rec *tracetest.SpanRecorder, id uuid.UUID, n int) spanSet {
 	t.Helper()
 	var out spanSet
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d spans in the trace of saga %s", n, id), func() bool {
+	testkit.WaitFor(t, 30*time.Second, fmt.Sprintf("%d spans in the trace of saga %s", n, id), func() bool {
 		ended := rec.Ended()
 		var tid trace.TraceID
 		for _, s := range ended {
@@ -361,7 +362,7 @@ func attr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
 func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 	t.Parallel()
 	const secret = "s3cr3t-pw"
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	pool, err := pgxpool.New(context.Background(), "postgres://u:"+secret+"@127.0.0.1:1/x?connect_timeout=5")
 	require.NoError(t, err)
@@ -415,20 +416,20 @@ func TestTelemetryDeadlineJoinsTheSagaTrace(t *testing.T) {
 	c := e.runOrchestrator(cfg)
 
 	st := e.start(c, def, Order{ID: "slow", Qty: 1, Amount: 10, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "reserve sent", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "reserve sent", func() bool {
 		s, err := c.Get(context.Background(), st.ID)
 		require.NoError(t, err)
 		return s.Steps[0].Status == saga.StepRunning
 	})
 	clock.Advance(11 * time.Second) // reserve times out: compensate it
-	waitFor(t, 30*time.Second, "the reserve step's own compensation", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the reserve step's own compensation", func() bool {
 		s, err := c.Get(context.Background(), st.ID)
 		require.NoError(t, err)
 		return s.Status == saga.StatusCompensating
 	})
 
 	var start, deadline sdktrace.ReadOnlySpan
-	waitFor(t, 30*time.Second, "the deadline span", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the deadline span", func() bool {
 		for _, s := range rec.Ended() {
 			switch s.Name() {
 			case "start saga order":
@@ -442,7 +443,7 @@ func TestTelemetryDeadlineJoinsTheSagaTrace(t *testing.T) {
 	require.Equal(t, start.SpanContext().TraceID(), deadline.SpanContext().TraceID(), "one trace per saga")
 	require.Equal(t, start.SpanContext().SpanID(), deadline.Parent().SpanID())
 	sends := 0
-	waitFor(t, 30*time.Second, "the compensation's send span", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the compensation's send span", func() bool {
 		sends = 0
 		for _, s := range rec.Ended() {
 			if s.Name() == "send compensation inventory.release" && s.Parent().SpanID() == deadline.SpanContext().SpanID() {
@@ -461,12 +462,12 @@ func TestTelemetryOutsideEventJoinsTheSagaTrace(t *testing.T) {
 	e := newEventEnv(t)
 	tp, rec := telemetrytest.NewTracer(t)
 	def := paidOrderSaga(time.Hour)
-	run(t, e.inventory(true).Run)
+	testkit.Run(t, e.inventory(true).Run)
 	cfg := e.orchConfig(def)
 	cfg.TracerProvider = tp
 	c := e.runOrchestrator(cfg)
 	st := e.start(c, def, Order{ID: "traced", Qty: 1, Address: "here"}, nil)
-	waitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga to wait for the payment", func() bool {
 		s, err := c.Get(context.Background(), st.ID)
 		require.NoError(t, err)
 		return s.Steps[1].Status == saga.StepWaitingEvent
@@ -474,7 +475,7 @@ func TestTelemetryOutsideEventJoinsTheSagaTrace(t *testing.T) {
 	e.send(c, orchestrator.SagaRef{ID: st.ID}, "evt-1", "pay-1", false)
 
 	var start, event sdktrace.ReadOnlySpan
-	waitFor(t, 30*time.Second, "the event's span", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the event's span", func() bool {
 		for _, s := range rec.Ended() {
 			switch s.Name() {
 			case "start saga paid-order":
@@ -486,7 +487,7 @@ func TestTelemetryOutsideEventJoinsTheSagaTrace(t *testing.T) {
 		return start != nil && event != nil
 	})
 	require.Equal(t, start.SpanContext().TraceID(), event.SpanContext().TraceID(), "one trace per saga")
-	waitFor(t, 30*time.Second, "the ship command's send span in the saga's trace", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the ship command's send span in the saga's trace", func() bool {
 		for _, s := range rec.Ended() {
 			if s.Name() == "send command shipping.ship" {
 				return s.SpanContext().TraceID() == start.SpanContext().TraceID()

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
@@ -150,7 +151,7 @@ func TestGuaranteePoisonInputRetryingMessageDoesNotStallQueue(t *testing.T) {
 
 	bad := reserve(uuid.New(), "bad", 1)
 	e.publish(bad)
-	eventually(t, func() bool { return attempts(bad.MessageID) >= 1 }, "the failing message's first attempt")
+	testkit.WaitFor(t, waitFor, "the failing message's first attempt", func() bool { return attempts(bad.MessageID) >= 1 })
 	for range 2 {
 		good := reserve(uuid.New(), "good", 1)
 		e.publish(good)

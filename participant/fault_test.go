@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
@@ -76,21 +77,21 @@ func TestGuaranteeNoLostMessageParticipantSurvivesRestarts(t *testing.T) {
 		return k
 	}
 
-	eventually(t, func() bool { return answered() >= 10 }, "first commands answered")
+	testkit.WaitFor(t, waitFor, "first commands answered", func() bool { return answered() >= 10 })
 	amqptest.RestartBroker(t)
-	eventually(t, func() bool { return answered() >= 30 }, "commands answered after the RabbitMQ restart")
+	testkit.WaitFor(t, waitFor, "commands answered after the RabbitMQ restart", func() bool { return answered() >= 30 })
 	restartPostgres(t)
-	eventually(t, func() bool { return answered() == n }, "every command answered after the PostgreSQL restart")
+	testkit.WaitFor(t, waitFor, "every command answered after the PostgreSQL restart", func() bool { return answered() == n })
 
 	for _, m := range msgs {
 		requireSuccess(t, e.replies.wait(t, m.MessageID))
 	}
 	// The pool may still hold connections that died with the restart.
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "database reachable again", func() bool {
 		var qty int
 		err := e.store.Pool.QueryRow(context.Background(), "SELECT qty FROM "+e.table("stock")+" WHERE sku = 'stream'").Scan(&qty)
 		return err == nil
-	}, "database reachable again")
+	})
 	require.Equal(t, 1000-n, e.stock("stream"), "every command applied exactly once")
 	for _, m := range msgs {
 		require.Equal(t, 1, e.outboxReplies(m.MessageID), "one reply to %s", m.MessageID)

@@ -1,14 +1,11 @@
 package participant
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -162,15 +159,14 @@ func HandleEvent[E any](c *Client, eventType string, fn EventFunc[E]) {
 	if fn == nil {
 		panic("participant: HandleEvent: fn is nil")
 	}
+	// An event outside sagas has the same contract as one a saga waits for:
+	// a name and a payload type, decoded strictly.
+	contract := saga.NewEventType[E](eventType)
 	c.register(&handler{
 		kind: message.KindEvent,
 		typ:  eventType,
 		decode: func(payload []byte) (any, error) {
-			var e E
-			if err := decodeStrict(payload, &e); err != nil {
-				return nil, fmt.Errorf("%w: decode %s event: %w", saga.ErrInvalidPayload, eventType, err)
-			}
-			return e, nil
+			return contract.Decode(payload)
 		},
 		call: func(ctx context.Context, tx pgx.Tx, env *message.Envelope, data any, attempt int) ([]byte, error) {
 			return nil, fn(ctx, tx, &Request[E]{Envelope: *env, Data: as[E](data), DeliveryAttempt: attempt})
@@ -192,27 +188,6 @@ func NewEvent(eventType string, data any) (message.Message, error) {
 		Envelope: message.Envelope{Type: eventType, Kind: message.KindEvent, RoutingKey: eventType},
 		Payload:  b,
 	}, nil
-}
-
-// decodeStrict decodes exactly one JSON value into v, refusing unknown
-// fields and trailing data.
-func decodeStrict(payload []byte, v any) error {
-	if !utf8.Valid(payload) {
-		// encoding/json would replace invalid UTF-8 in strings silently.
-		return errors.New("payload is not valid UTF-8")
-	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("empty payload")
-		}
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the JSON value")
-	}
-	return nil
 }
 
 // as returns v as a T, or T's zero value when v is nil (an interface-typed

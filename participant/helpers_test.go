@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -26,10 +27,9 @@ import (
 )
 
 const (
-	waitFor   = 30 * time.Second
-	pollEvery = 20 * time.Millisecond
-	service   = "inventory"
-	orch      = "orch" // the queue replies go to
+	waitFor = 30 * time.Second
+	service = "inventory"
+	orch    = "orch" // the queue replies go to
 )
 
 // The contracts of the test participant: an inventory with a stock counter.
@@ -148,19 +148,10 @@ func (e *env) config(b transport.Broker) participant.Config {
 // queue first, so that messages published right away are routed.
 func (e *env) start(c *participant.Client, b transport.Broker) (stop func() error) {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(e.t, b.Declare(ctx, c.QueueSpec()))
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			err = <-done
-		})
-		return err
-	}
+	require.NoError(e.t, b.Declare(context.Background(), c.QueueSpec()))
+	stop = testkit.Run(e.t, c.Run)
+	// Tests crash a client's broker or database on purpose: how Run ends is
+	// for a test to check through stop, not for the end of every test.
 	e.t.Cleanup(func() { _ = stop() })
 	return stop
 }
@@ -251,11 +242,9 @@ type sink struct {
 func newSink(t *testing.T, b transport.Broker, spec transport.QueueSpec) *sink {
 	t.Helper()
 	s := &sink{byCorr: map[string][]message.Message{}, byID: map[uuid.UUID]int{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(t, b.Declare(ctx, spec))
-	done := make(chan error, 1)
-	go func() {
-		done <- b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+	require.NoError(t, b.Declare(context.Background(), spec))
+	testkit.Run(t, func(ctx context.Context) error {
+		return b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.byID[d.MessageID]++
@@ -264,10 +253,6 @@ func newSink(t *testing.T, b transport.Broker, spec transport.QueueSpec) *sink {
 			}
 			return transport.Ack()
 		}), &transport.SubscribeOpts{Concurrency: 1, Prefetch: 50})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
 	})
 	return s
 }
@@ -276,7 +261,7 @@ func newSink(t *testing.T, b transport.Broker, spec transport.QueueSpec) *sink {
 func (s *sink) wait(t *testing.T, id uuid.UUID) message.Message {
 	t.Helper()
 	var got message.Message
-	require.Eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "the reply to message "+id.String(), func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if ms := s.byCorr[id.String()]; len(ms) > 0 {
@@ -284,7 +269,7 @@ func (s *sink) wait(t *testing.T, id uuid.UUID) message.Message {
 			return true
 		}
 		return false
-	}, waitFor, pollEvery, "no reply to message %s", id)
+	})
 	return got
 }
 
@@ -317,11 +302,6 @@ func requireFailure(t *testing.T, m message.Message, code string) saga.Failure {
 	require.NoError(t, err)
 	require.Equal(t, code, f.Code, "failure: %+v", f)
 	return f
-}
-
-func eventually(t *testing.T, cond func() bool, msg string, args ...any) {
-	t.Helper()
-	require.Eventually(t, cond, waitFor, pollEvery, append([]any{msg}, args...)...)
 }
 
 // barrier returns the barrier marks of saga id by phase: their outcomes.

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/participant"
 )
 
@@ -40,7 +41,7 @@ func TestGuaranteeNoDoubleEffectHandlerCannotEndTheDeliveryTransaction(t *testin
 	comp := release(sagaID, "isolated", 4)
 	e.publish(comp, comp) // and a duplicate
 	requireSuccess(t, e.replies.wait(t, comp.MessageID))
-	eventually(t, func() bool { return e.duplicates(comp.MessageID) == 1 }, "the duplicate is counted")
+	testkit.WaitFor(t, waitFor, "the duplicate is counted", func() bool { return e.duplicates(comp.MessageID) == 1 })
 	require.Equal(t, 10, e.stock("isolated"), "compensated once")
 	require.Equal(t, 1, e.outboxReplies(comp.MessageID), "one reply, written with the effect")
 }

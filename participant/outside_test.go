@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -223,7 +224,7 @@ func TestGuaranteeNoDoubleEffectOutsideCallDuplicate(t *testing.T) {
 	require.Equal(t, "done", state)
 
 	e.publish(cmd)
-	eventually(t, func() bool { return e.duplicates(cmd.MessageID) == 1 }, "the duplicate counted")
+	testkit.WaitFor(t, waitFor, "the duplicate counted", func() bool { return e.duplicates(cmd.MessageID) == 1 })
 	again := resend(cmd)
 	e.publish(again)
 	reply := e.replies.wait(t, again.MessageID)
@@ -328,7 +329,7 @@ func TestOutsideCallRetriedRejectedDeadLettered(t *testing.T) {
 
 	requireFailure(t, e.replies.wait(t, msgs[broken].MessageID), saga.CodeDeadLettered)
 	require.Equal(t, 3, p.callsOf(actionKey(broken)), "MaxAttempts calls")
-	eventually(t, func() bool { return amqptest.QueueLength(t, e.broker.DeadLetterQueueName(service)) == 1 }, "the broken charge dead-lettered")
+	testkit.WaitFor(t, waitFor, "the broken charge dead-lettered", func() bool { return amqptest.QueueLength(t, e.broker.DeadLetterQueueName(service)) == 1 })
 	state, _ := e.inboxState(msgs[broken].MessageID)
 	require.Equal(t, "done", state)
 	require.Equal(t, driver.BarrierRejected, e.barrier(broken)[message.PhaseAction])
@@ -371,10 +372,10 @@ func TestGuaranteeCompensationRaceOutsideCall(t *testing.T) {
 		t.Fatal("the charge never reached the provider")
 	}
 	e.publish(comp)
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "the compensation to wait for the action", func() bool {
 		a, err := e.store.AttemptGet(context.Background(), comp.MessageID)
 		return err == nil && a.Attempts >= 2
-	}, "the compensation to wait for the action")
+	})
 	require.Equal(t, 0, p.callsOf(compensationKey(id)), "no refund before the charge is recorded")
 	release.Do(func() { close(p.hold) })
 
@@ -476,11 +477,11 @@ func TestOutsideCallConcurrentCopyCountsAsDuplicate(t *testing.T) {
 		t.Fatal("the charge never reached the provider")
 	}
 	e.publish(cmd) // the same message again, while the first call is held
-	eventually(t, func() bool { return p.callsOf(actionKey(id)) == 2 }, "the copy to call too")
+	testkit.WaitFor(t, waitFor, "the copy to call too", func() bool { return p.callsOf(actionKey(id)) == 2 })
 	requireSuccess(t, e.replies.wait(t, cmd.MessageID))
 	release.Do(func() { close(p.hold) })
 
-	eventually(t, func() bool { return e.duplicates(cmd.MessageID) == 1 }, "the held copy counted as a duplicate")
+	testkit.WaitFor(t, waitFor, "the held copy counted as a duplicate", func() bool { return e.duplicates(cmd.MessageID) == 1 })
 	require.Equal(t, 1, p.effects("charge"), "charged once")
 	require.Equal(t, 1, e.ledger(actionKey(id)), "recorded once")
 	state, _ := e.inboxState(cmd.MessageID)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/participant"
@@ -42,8 +43,9 @@ func TestGuaranteeNoDoubleEffectDuplicateCommands(t *testing.T) {
 	}
 	e.publish(batch...)
 
-	eventually(t, func() bool { return e.duplicates(twice.MessageID) == 1 && e.duplicates(five.MessageID) == 4 },
-		"duplicates counted: want 1 and 4, have %d and %d", e.duplicates(twice.MessageID), e.duplicates(five.MessageID))
+	testkit.WaitFor(t, waitFor, "1 and 4 duplicates counted", func() bool {
+		return e.duplicates(twice.MessageID) == 1 && e.duplicates(five.MessageID) == 4
+	})
 	r1, r2 := e.replies.wait(t, twice.MessageID), e.replies.wait(t, five.MessageID)
 	requireSuccess(t, r1)
 	requireSuccess(t, r2)
@@ -104,7 +106,7 @@ func TestGuaranteeNoDoubleEffectCrashBetweenCommitAndAck(t *testing.T) {
 	require.Equal(t, 0, e.duplicates(cmd.MessageID))
 
 	e.newClient(nil, nil)
-	eventually(t, func() bool { return e.duplicates(cmd.MessageID) == 1 }, "the redelivery is deduplicated")
+	testkit.WaitFor(t, waitFor, "the redelivery is deduplicated", func() bool { return e.duplicates(cmd.MessageID) == 1 })
 	requireSuccess(t, e.replies.wait(t, cmd.MessageID))
 	require.Equal(t, 7, e.stock("crash"), "effect applied once")
 	require.Equal(t, 1, e.outboxReplies(cmd.MessageID))
@@ -349,7 +351,7 @@ func TestGuaranteeNoDoubleEffectEvents(t *testing.T) {
 	}
 	e.publish(ev, ev, ev)
 
-	eventually(t, func() bool { return e.duplicates(ev.MessageID) == 2 }, "duplicates counted")
+	testkit.WaitFor(t, waitFor, "duplicates counted", func() bool { return e.duplicates(ev.MessageID) == 2 })
 	out := audit.wait(t, ev.MessageID)
 	require.Equal(t, message.KindEvent, out.Kind)
 	require.JSONEq(t, `{"order_id":"o-1"}`, string(out.Payload))

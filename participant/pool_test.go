@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/participant"
 )
@@ -19,7 +20,7 @@ func TestPoolTooSmallIsReportedAtStart(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.PoolWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 3 })
 	e := newEnvOnPool(t, pool)
-	var logs syncBuffer
+	var logs testkit.Buffer
 	b := e.newBroker()
 	cfg := e.config(b)
 	cfg.Workers = 4
@@ -29,20 +30,20 @@ func TestPoolTooSmallIsReportedAtStart(t *testing.T) {
 	require.NoError(t, err)
 	inventory(e, c)
 	stop := e.start(c, b)
-	eventually(t, func() bool { return bytes.Contains([]byte(logs.String()), []byte("conns_needed=")) }, "the warning")
+	testkit.WaitFor(t, waitFor, "the warning", func() bool { return bytes.Contains([]byte(logs.String()), []byte("conns_needed=")) })
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), "the connection pool (3 connections) is smaller than the 7 this client can use at once")
 	require.Contains(t, logs.String(), "pool_max_conns=3")
 
 	// A pool of the right size gets no warning.
-	var quiet syncBuffer
+	var quiet testkit.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&quiet, nil))
 	cfg.Pool = dbtest.Pool(t) // 8 connections
 	c, err = participant.NewClient(cfg)
 	require.NoError(t, err)
 	inventory(e, c)
 	stop = e.start(c, b)
-	eventually(t, func() bool { return bytes.Contains([]byte(quiet.String()), []byte("relay started")) }, "the client to start")
+	testkit.WaitFor(t, waitFor, "the client to start", func() bool { return bytes.Contains([]byte(quiet.String()), []byte("relay started")) })
 	require.NoError(t, stop())
 	require.NotContains(t, quiet.String(), "conns_needed=")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
 	"github.com/sagabox/sagabox/participant"
 	"github.com/sagabox/sagabox/store"
@@ -42,7 +43,7 @@ func TestRunWaitsForTheDatabase(t *testing.T) {
 	b := e.newBroker()
 	cfg := e.config(b)
 	cfg.Pool, cfg.Schema = pool, "inv"
-	var logs syncBuffer
+	var logs testkit.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	c, err := participant.NewClient(cfg)
 	require.NoError(t, err)
@@ -57,7 +58,7 @@ func TestRunWaitsForTheDatabase(t *testing.T) {
 	require.NoError(t, b.Declare(ctx, c.QueueSpec()))
 	go func() { runErr <- c.Run(runCtx) }()
 
-	eventually(t, func() bool { return strings.Contains(logs.String(), "check the schema: not reachable yet; retrying") }, "the client to report the wait")
+	testkit.WaitFor(t, waitFor, "the client to report the wait", func() bool { return strings.Contains(logs.String(), "check the schema: not reachable yet; retrying") })
 	select {
 	case err := <-runErr:
 		t.Fatalf("Run returned while the database was down: %v", err)

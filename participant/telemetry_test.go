@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
@@ -80,10 +81,10 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 	requireSuccess(t, e.replies.wait(t, flaky.MessageID))
 	schema := telemetry.AttrSchema.String(e.store.Schema())
 	var m telemetrytest.Snapshot
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "duplicates counted", func() bool {
 		m = meter.Collect(t)
 		return m.Sum(telemetry.MetricInboxDuplicates, schema) >= dups
-	}, "duplicates counted")
+	})
 	require.Equal(t, 3, e.duplicates(cmd.MessageID), "the inbox saw the duplicates too")
 	require.EqualValues(t, dups, m.Sum(telemetry.MetricInboxDuplicates, schema, telemetry.AttrMessageType.String(Reserve.Name())))
 	outcome := func(o telemetry.Outcome) int64 {
@@ -103,7 +104,7 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 	// Spans: four deliveries of cmd, children of the sender's span, one new
 	// and three duplicates.
 	var processed []sdktrace.ReadOnlySpan
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "four consumer spans", func() bool {
 		processed = processed[:0]
 		for _, s := range rec.Ended() {
 			if s.Parent().SpanID() == sender.SpanContext().SpanID() {
@@ -111,7 +112,7 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 			}
 		}
 		return len(processed) == dups+1
-	}, "four consumer spans")
+	})
 	var applied sdktrace.ReadOnlySpan
 	inbox := map[string]int{}
 	for _, s := range processed {
@@ -136,7 +137,7 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 	replySC := spanContextOf(reply.TraceParent)
 	require.Equal(t, sender.SpanContext().TraceID(), replySC.TraceID())
 	var send sdktrace.ReadOnlySpan
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "the reply's producer span", func() bool {
 		for _, s := range rec.Ended() {
 			if s.SpanContext().SpanID() == replySC.SpanID() {
 				send = s
@@ -144,7 +145,7 @@ func TestTelemetryDuplicatesDeadLettersRetriesAndSpans(t *testing.T) {
 			}
 		}
 		return false
-	}, "the reply's producer span")
+	})
 	require.Equal(t, "send reply-success inventory.reserve", send.Name())
 	require.Equal(t, trace.SpanKindProducer, send.SpanKind())
 	require.Equal(t, applied.SpanContext().SpanID(), send.Parent().SpanID())
@@ -188,7 +189,7 @@ func TestTelemetryOutboxBacklogFollowsBrokerOutage(t *testing.T) {
 		}
 		return v
 	}
-	eventually(t, func() bool { return backlog(meter.Collect(t)) == 0 }, "backlog gauge reported once the participant runs")
+	testkit.WaitFor(t, waitFor, "backlog gauge reported once the participant runs", func() bool { return backlog(meter.Collect(t)) == 0 })
 
 	amqpProxy.Cut()
 	const n = 5
@@ -203,10 +204,10 @@ func TestTelemetryOutboxBacklogFollowsBrokerOutage(t *testing.T) {
 	c.Wake()
 
 	var m telemetrytest.Snapshot
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, fmt.Sprintf("backlog of %d and failed publishes while the broker is unreachable", n), func() bool {
 		m = meter.Collect(t)
 		return backlog(m) == n && m.Sum(telemetry.MetricRelayPublishErrors, schema) > 0
-	}, "backlog of %d and failed publishes while the broker is unreachable", n)
+	})
 	age, ok := m.Gauge(telemetry.MetricOutboxOldestAge, schema)
 	require.True(t, ok)
 	require.Positive(t, age)
@@ -214,14 +215,14 @@ func TestTelemetryOutboxBacklogFollowsBrokerOutage(t *testing.T) {
 	require.Empty(t, events.all())
 
 	amqpProxy.Restore()
-	eventually(t, func() bool {
+	testkit.WaitFor(t, waitFor, "backlog drained once the broker is back", func() bool {
 		m = meter.Collect(t)
 		return backlog(m) == 0
-	}, "backlog drained once the broker is back")
+	})
 	age, _ = m.Gauge(telemetry.MetricOutboxOldestAge, schema)
 	require.Zero(t, age)
 	require.EqualValues(t, n, m.Sum(telemetry.MetricRelayPublished, schema))
-	eventually(t, func() bool { return len(events.all()) == n }, "%d events delivered", n)
+	testkit.WaitFor(t, waitFor, fmt.Sprintf("%d events delivered", n), func() bool { return len(events.all()) == n })
 
 	// Stopped, the participant no longer reports its gauges.
 	require.NoError(t, stop())
@@ -237,7 +238,7 @@ func TestTelemetryOutboxBacklogFollowsBrokerOutage(t *testing.T) {
 func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 	t.Parallel()
 	const secret = "s3cr3t-pw"
-	logs := &syncBuffer{}
+	logs := &testkit.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
@@ -294,7 +295,7 @@ func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 
 	waitLog := func(what string) {
 		t.Helper()
-		eventually(t, func() bool { return strings.Contains(logs.String(), what) }, "log %q", what)
+		testkit.WaitFor(t, waitFor, fmt.Sprintf("log %q", what), func() bool { return strings.Contains(logs.String(), what) })
 	}
 	pgProxy.Cut()
 	during := reserve(uuid.New(), "apple", 1)
@@ -313,24 +314,6 @@ func TestTelemetryNoPasswordInLogsOrErrors(t *testing.T) {
 	out := logs.String()
 	require.NotContains(t, out, secret)
 	require.Contains(t, out, "***", "the broker's URL is logged redacted")
-}
-
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // amqpHost returns the host:port of the test broker.

@@ -3,9 +3,7 @@ package saga_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/sagabox/sagabox/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { testkit.WrapTestMain(m) }

@@ -180,7 +180,7 @@ func (s *executor) ReplyReceive(ctx context.Context, t driver.Tx, envs []*messag
 		}
 		out[i].Fresh = r.Fresh
 		if r.ID.Valid {
-			rec := receivedSaga(r)
+			rec := sagaRecord(receivedSaga(r))
 			out[i].Saga = &rec
 		}
 	}
@@ -214,32 +214,26 @@ func receiptColumns(envs []*message.Envelope) *dbsqlc.SagaReceiveParams {
 	return p
 }
 
-func receivedSaga(r *dbsqlc.SagaReceiveRow) driver.SagaRecord {
-	rec := driver.SagaRecord{
-		ID: r.ID.UUID, Type: deref(r.SagaType), Version: int(r.Version.Int32), Status: deref(r.Status),
-		StartKey: deref(r.StartKey), Data: r.Data, Steps: r.Steps, CurrentStep: int(r.CurrentStep.Int32),
-		Run: int(r.Run.Int32), Phase: deref(r.Phase), Revision: r.Revision.Int64, Attempts: int(r.Attempts.Int32), LastError: deref(r.LastError),
-		TraceParent: deref(r.Traceparent), TraceState: deref(r.Tracestate),
+// receivedSaga is the saga of a receipt as a row of its table, for the one
+// mapper, sagaRecord. SagaReceive left-joins the sagas it locks to the
+// inbox rows, so sqlc types the saga's columns as nullable; a receipt with
+// a saga (r.ID.Valid) has all of them that the table has.
+func receivedSaga(r *dbsqlc.SagaReceiveRow) *dbsqlc.SagaboxSaga {
+	return &dbsqlc.SagaboxSaga{
+		ID: r.ID.UUID, SagaType: deref(r.SagaType), Version: r.Version.Int32, Status: deref(r.Status),
+		StartKey: r.StartKey, Data: r.Data, Steps: r.Steps, CurrentStep: r.CurrentStep.Int32, Phase: deref(r.Phase),
+		Revision: r.Revision.Int64, Deadline: r.Deadline, Attempts: r.Attempts.Int32, LastError: deref(r.LastError),
+		CreatedAt: derefTime(r.CreatedAt), UpdatedAt: derefTime(r.UpdatedAt), FinishedAt: r.FinishedAt,
+		Traceparent: deref(r.Traceparent), Tracestate: deref(r.Tracestate), ConcurrencyKey: r.ConcurrencyKey,
+		AdmittedAt: r.AdmittedAt, StartDataHash: r.StartDataHash, StartKeyReleased: r.StartKeyReleased.Bool, Run: r.Run.Int32,
 	}
-	if r.Deadline != nil {
-		rec.Deadline = r.Deadline.UTC()
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
 	}
-	if r.CreatedAt != nil {
-		rec.CreatedAt = *r.CreatedAt
-	}
-	if r.UpdatedAt != nil {
-		rec.UpdatedAt = *r.UpdatedAt
-	}
-	if r.FinishedAt != nil {
-		rec.FinishedAt = *r.FinishedAt
-	}
-	if r.ConcurrencyKey != nil {
-		rec.ConcurrencyKey = *r.ConcurrencyKey
-	}
-	if r.AdmittedAt != nil {
-		rec.AdmittedAt = *r.AdmittedAt
-	}
-	return rec
+	return *t
 }
 
 func deref(s *string) string {

@@ -114,7 +114,8 @@ func TestReceiveReplies(t *testing.T) {
 	t.Parallel()
 	s := dbtest.Store(t)
 	ctx := context.Background()
-	rec := newSaga("", time.Time{})
+	rec := newSaga("order-1", time.Now().Add(time.Hour))
+	rec.ConcurrencyKey, rec.StartDataHash = "customer-1", []byte{1}
 	require.True(t, start(t, s, rec, time.Now()))
 	known := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: rec.ID, Step: "reserve"}
 	unknown := &message.Envelope{MessageID: uuid.New(), Type: "inventory.reserve", Kind: message.KindReplySuccess, SagaID: uuid.New(), Step: "reserve"}
@@ -131,6 +132,9 @@ func TestReceiveReplies(t *testing.T) {
 	require.NotNil(t, r[0].Saga)
 	require.Equal(t, rec.ID, r[0].Saga.ID)
 	require.Equal(t, int64(1), r[0].Saga.Revision)
+	read, err := s.SagaGet(ctx, rec.ID)
+	require.NoError(t, err)
+	require.Equal(t, read, *r[0].Saga, "a received saga reads as SagaGet reads it")
 	require.True(t, r[1].Fresh)
 	require.Nil(t, r[1].Saga, "no such saga here")
 	r = receive(known)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/examples/checkout/orders"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
 	"github.com/sagabox/sagabox/saga"
@@ -256,10 +257,8 @@ func TestCLIOnCheckoutDatabase(t *testing.T) {
 	require.Equal(t, exitPending, code, stderr)
 	require.Contains(t, stderr, "no orchestrator applied it")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- orch.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	stop := testkit.Run(t, orch.Run)
+	defer func() { require.NoError(t, stop()) }()
 
 	// The compensated saga cannot be aborted: refused at once, exit 4.
 	code, _, stderr = sagabox(t, append([]string{"saga", "abort", compensated, "--reason", "test"}, db...)...)

@@ -12,15 +12,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
@@ -29,7 +28,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+	testkit.WrapTestMain(m)
 }
 
 // services are the example's services: each has a schema and a queue.
@@ -173,24 +172,6 @@ func TestCheckoutUnreachableServices(t *testing.T) {
 	})
 }
 
-// lockedBuffer collects a process's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // The services run as separate processes; inventory is killed with SIGKILL
 // while sagas are in flight and started again. Every saga still ends, as
 // planned, and the invariants hold.
@@ -205,8 +186,8 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	webhook := freeAddr(t)
 	common := append(isolated(t), "-run-id", runID, "-orders", "40", "-fail-rate", "0.3",
 		"-webhook-addr", webhook, "-webhook-url", "http://"+webhook+"/webhooks/payment")
-	start := func(service string) (*exec.Cmd, *lockedBuffer) {
-		var buf lockedBuffer
+	start := func(service string) (*exec.Cmd, *testkit.Buffer) {
+		var buf testkit.Buffer
 		cmd := exec.Command(bin, append(append([]string{}, common...), "-service", service)...)
 		cmd.Stdout, cmd.Stderr = &buf, &buf
 		require.NoError(t, cmd.Start())
@@ -223,7 +204,7 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 	start("shipping")
 	start("loyalty")
 
-	var ordersOut lockedBuffer
+	var ordersOut testkit.Buffer
 	orders := exec.Command(bin, append(append([]string{}, common...), "-service", "orders")...)
 	orders.Stdout, orders.Stderr = &ordersOut, &ordersOut
 	require.NoError(t, orders.Start())
@@ -258,7 +239,7 @@ func TestCheckoutSurvivesKilledParticipant(t *testing.T) {
 
 // notifyWriter copies writes to buf and reports each write on ch.
 type notifyWriter struct {
-	buf *lockedBuffer
+	buf *testkit.Buffer
 	ch  chan struct{}
 }
 
@@ -275,7 +256,7 @@ func (w notifyWriter) Write(p []byte) (int, error) {
 // (-trace) and Prometheus metrics while it runs (-metrics-addr).
 func TestCheckoutShowsTraceAndMetrics(t *testing.T) {
 	t.Parallel()
-	var out lockedBuffer
+	var out testkit.Buffer
 	w := notifyWriter{buf: &out, ch: make(chan struct{}, 1)}
 	args := append(isolated(t), "-orders", "80", "-fail-rate", "0", "-trace", "-metrics-addr", "127.0.0.1:0")
 	done := make(chan int, 1)
@@ -327,7 +308,7 @@ func TestCheckoutSurvivesDatabaseRestart(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	var out, errOut lockedBuffer
+	var out, errOut testkit.Buffer
 	// The payment confirmations wait out the restart too (the webhook
 	// fails meanwhile and the provider calls again): a wait long enough for
 	// that, so that only the planned ones time out.
@@ -392,7 +373,7 @@ func TestCheckoutFurtherOrdersInstance(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out lockedBuffer
+	var out testkit.Buffer
 	args := append(isolated(t), "-service", "orders", "-place=false", "-orders", "5", "-webhook-addr", "127.0.0.1:0")
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &out, io.Discard) }()
@@ -418,7 +399,7 @@ func TestCheckoutInLogRelayMode(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pg.Close()) })
 
-	var out, errOut lockedBuffer
+	var out, errOut testkit.Buffer
 	args := append([]string{"-database-url", pg.URL(), "-orders", "30", "-fail-rate", "0.3", "-run-id", "logmode", "-relay-mode", "log"}, isolatedQueues(t)...)
 	code := run(ctx, args, &out, &errOut)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())

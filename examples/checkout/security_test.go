@@ -17,6 +17,7 @@ import (
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/inventory"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/secrettest"
@@ -256,9 +257,9 @@ func runUnderRoles(t *testing.T, owner *pgxpool.Pool, baseURL string, common []s
 	participants, stop := context.WithCancel(ctx)
 	defer stop()
 	var running sync.WaitGroup
-	logs := map[string]*lockedBuffer{}
+	logs := map[string]*testkit.Buffer{}
 	for _, svc := range services[1:] {
-		var buf lockedBuffer
+		var buf testkit.Buffer
 		logs[svc] = &buf
 		done := make(chan int, 1)
 		running.Add(1)
@@ -278,7 +279,7 @@ func runUnderRoles(t *testing.T, owner *pgxpool.Pool, baseURL string, common []s
 		require.Eventually(t, func() bool { return strings.Contains(buf.String(), "service running") },
 			time.Minute, 20*time.Millisecond, "%s did not start:\n%s", svc, buf.String())
 	}
-	var ordersOut lockedBuffer
+	var ordersOut testkit.Buffer
 	code = run(ctx, append(args("orders"), "-audit-database-url", baseURL), &ordersOut, &ordersOut)
 	require.Equal(t, 0, code, ordersOut.String())
 	s := parseSummary(t, ordersOut.String())
@@ -341,19 +342,17 @@ func TestPasswordsNeverInTheExamplesOutput(t *testing.T) {
 	} {
 		pool, err := pgxpool.New(ctx, dbURL)
 		require.NoError(t, err)
-		var logs lockedBuffer
+		var logs testkit.Buffer
 		b := amqptest.NewBroker(t, rabbitmq.Config{})
 		c, err := participant.NewClient(participant.Config{Pool: pool, Broker: b, Schema: "shop_inventory", Service: "inventory",
 			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 		require.NoError(t, err)
 		inventory.New("shop_inventory").Register(c)
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		require.Eventually(t, func() bool { return strings.Count(logs.String(), "not reachable yet") >= 2 },
-			time.Minute, 20*time.Millisecond, "the client logs its failed attempts:\n%s", logs.String())
-		stop()
-		require.NoError(t, <-done)
+		stop := testkit.Run(t, c.Run)
+		testkit.WaitFor(t, time.Minute, "the client to log two failed attempts", func() bool {
+			return strings.Count(logs.String(), "not reachable yet") >= 2
+		})
+		require.NoError(t, stop())
 		pool.Close()
 		require.Contains(t, logs.String(), "user=app database=shop")
 		secrettest.NoLeak(t, logs.String(), pw, "the client's log")

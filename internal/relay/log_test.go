@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
@@ -435,12 +436,9 @@ func TestGuaranteeNoLostMessageLogRelayCrashBeforeConfirm(t *testing.T) {
 		}
 		return false
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := testkit.Run(t, r.Run)
 	<-crashed
-	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 	seen, _ := snk.snapshot()
 	require.Less(t, len(seen), len(ids), "the dropped batch did not arrive")
 
@@ -573,13 +571,7 @@ func TestLogRelayKeepsPublishedRowsMarked(t *testing.T) {
 	ids := writeCommitted(t, s, events("k", 0, 30))
 	r, err := New(s.Executor, b, Options{Mode: ModeLog, BatchSize: 10}, Schema{KeepPublished: true}, amqptest.Logger(t))
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	testkit.Run(t, r.Run)
 	snk.waitDistinct(t, len(ids))
 	waitBacklogZero(t, s)
 	var marked int

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/message"
@@ -42,11 +43,9 @@ func newSink(t *testing.T, b transport.Broker) *sink {
 	t.Helper()
 	s := &sink{seen: map[uuid.UUID]int{}, order: map[string][]int{}, cond: make(chan struct{}, 1)}
 	spec := transport.QueueSpec{Name: "sink", Events: []string{"test.#"}}
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(t, b.Declare(ctx, spec))
-	done := make(chan error, 1)
-	go func() {
-		done <- b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+	require.NoError(t, b.Declare(context.Background(), spec))
+	testkit.Run(t, func(ctx context.Context) error {
+		return b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
 			var p payload
 			if err := json.Unmarshal(d.Payload, &p); err != nil {
 				return transport.DeadLetter(err.Error())
@@ -63,10 +62,6 @@ func newSink(t *testing.T, b transport.Broker) *sink {
 			}
 			return transport.Ack()
 		}), &transport.SubscribeOpts{Concurrency: 1, Prefetch: 200})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
 	})
 	return s
 }
@@ -169,20 +164,8 @@ func runRelay(t *testing.T, cfg testConfig) (*Relay, func()) {
 	if cfg.SettleDelay > 0 {
 		r.settleDelay = cfg.SettleDelay
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		require.NoError(t, <-done)
-	}
-	t.Cleanup(stop)
-	return r, stop
+	stop := testkit.Run(t, r.Run)
+	return r, func() { require.NoError(t, stop()) }
 }
 
 func waitBacklogZero(t *testing.T, s *dbtest.DB) {
@@ -264,12 +247,9 @@ func testNoLostMessageRelayCrashBetweenPublishAndMark(t *testing.T, mode Mode, s
 		once.Do(func() { close(crashed) })
 		return true
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := testkit.Run(t, r.Run)
 	<-crashed
-	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 
 	st, err := s.OutboxStats(context.Background())
 	require.NoError(t, err)
@@ -425,25 +405,7 @@ func TestUnconfirmedMessageRetriedWithoutAWakeUp(t *testing.T) {
 	ctx := context.Background()
 	spec := transport.QueueSpec{Name: "late", Events: []string{"late.#"}}
 	require.NoError(t, b.Declare(ctx, spec))
-	got := make(chan uuid.UUID, 1)
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- b.Subscribe(sctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
-			got <- d.MessageID
-			return transport.Ack()
-		}), nil)
-	}()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
-	select {
-	case id := <-got:
-		require.Equal(t, msgs[0].MessageID, id)
-	case <-time.After(waitFor):
-		t.Fatalf("the refused message was not published again within %s", waitFor)
-	}
+	require.Equal(t, msgs[0].MessageID, firstDelivered(t, b, spec, "the refused message"))
 }
 
 // Messages that trickle in, one at a time, cost one claim each: the claim
@@ -634,24 +596,31 @@ func TestUnroutableReplyIsGivenUpAndCanBeRetried(t *testing.T) {
 	n, err := s.Store.RetryDeadRows(ctx, []int64{dead[0].ID})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+	require.Equal(t, reply.MessageID, firstDelivered(t, b, spec, "the retried reply"))
+}
+
+// firstDelivered subscribes to spec until a message arrives and returns its
+// id, failing the test if what (the message awaited) is not published
+// within waitFor.
+func firstDelivered(t *testing.T, b transport.Broker, spec transport.QueueSpec, what string) uuid.UUID {
+	t.Helper()
 	got := make(chan uuid.UUID, 1)
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- b.Subscribe(sctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
-			got <- d.MessageID
+	stop := testkit.Run(t, func(ctx context.Context) error {
+		return b.Subscribe(ctx, spec, transport.HandlerFunc(func(_ context.Context, d *transport.Delivery) transport.Outcome {
+			select {
+			case got <- d.MessageID:
+			default: // the test reads only the first
+			}
 			return transport.Ack()
 		}), nil)
-	}()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	})
+	defer func() { require.NoError(t, stop()) }()
 	select {
 	case id := <-got:
-		require.Equal(t, reply.MessageID, id)
+		return id
 	case <-time.After(waitFor):
-		t.Fatal("the retried reply was not published")
+		t.Fatalf("%s was not published within %s", what, waitFor)
+		return uuid.Nil
 	}
 }
 

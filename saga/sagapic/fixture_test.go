@@ -5,15 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/saga/sagatest"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 // The shop saga has a step of every kind: a command with retries, a
 // parallel group of two commands (one without a compensation), a wait for

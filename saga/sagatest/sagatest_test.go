@@ -7,15 +7,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/saga/sagatest"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 type Booking struct {
 	Guest  string `json:"guest"`

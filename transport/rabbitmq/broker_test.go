@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/message"
@@ -38,18 +39,8 @@ func testCtx(t *testing.T) context.Context {
 
 // runSubscriber runs Subscribe until the test ends and checks it returns nil.
 func runSubscriber(t *testing.T, b transport.Subscriber, spec transport.QueueSpec, h transport.Handler, opts *transport.SubscribeOpts) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Subscribe(ctx, spec, h, opts) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(wait):
-			t.Error("Subscribe did not return after cancel")
-		}
-	})
+	t.Helper()
+	testkit.Run(t, func(ctx context.Context) error { return b.Subscribe(ctx, spec, h, opts) })
 }
 
 // idSet collects distinct message ids and signals every change.

@@ -121,87 +121,24 @@ func setString(h amqp.Table, k, v string) {
 // receiver decodes it once, strictly, into the type it expects, and treats a
 // body that is not that JSON as poison.
 func DecodeDelivery(d amqp.Delivery) (*transport.Delivery, error) {
-	if len(d.Body) == 0 {
-		return nil, errors.New("body is empty")
+	id, err := checkProperties(d)
+	if err != nil {
+		return nil, err
 	}
-	if d.ContentType == "" {
-		return nil, fmt.Errorf("content_type is missing (want %s)", ContentType)
+	h := &headerReader{t: d.Headers}
+	env, err := h.envelope(d, id)
+	if err != nil {
+		return nil, err
 	}
-	if mt, _, err := mime.ParseMediaType(d.ContentType); err != nil || mt != ContentType {
-		return nil, fmt.Errorf("content_type %s is not %s", quote(d.ContentType), ContentType)
+	retries, err := h.retries()
+	if err != nil {
+		return nil, err
 	}
-	if d.MessageId == "" {
-		return nil, errors.New("message_id is missing")
+	if env.CreatedAt, err = h.createdAt(d.Timestamp); err != nil {
+		return nil, err
 	}
-	id, err := uuid.Parse(d.MessageId)
-	if err != nil || id == uuid.Nil {
-		return nil, fmt.Errorf("message_id %s is not a UUID", quote(d.MessageId))
-	}
-	if strings.TrimSpace(d.Type) == "" {
-		return nil, errors.New("type is missing")
-	}
-
-	h := headerReader{t: d.Headers}
-	version, ok := h.int(HeaderVersion)
-	if !ok && h.err == nil {
-		return nil, fmt.Errorf("header %s is missing: not a sagabox envelope", HeaderVersion)
-	}
-	if h.err == nil && (version < 1 || version > message.Version) {
-		return nil, fmt.Errorf("envelope version %d is not supported (this receiver reads 1..%d)", version, message.Version)
-	}
-	env := message.Envelope{
-		Version:       version,
-		MessageID:     id,
-		Type:          d.Type,
-		RoutingKey:    d.RoutingKey,
-		ReplyTo:       d.ReplyTo,
-		CorrelationID: d.CorrelationId,
-	}
-	kind, _ := h.string(HeaderKind)
-	env.Kind = message.Kind(kind)
-	if s, ok := h.string(HeaderSagaID); ok {
-		sid, err := uuid.Parse(s)
-		if err != nil {
-			return nil, fmt.Errorf("header %s %s is not a UUID", HeaderSagaID, quote(s))
-		}
-		env.SagaID = sid
-	}
-	env.SagaType, _ = h.string(HeaderSagaType)
-	env.Step, _ = h.string(HeaderStep)
-	env.StepIndex, _ = h.int(HeaderStepIndex)
-	env.Attempt, _ = h.int(HeaderAttempt)
-	env.Run, _ = h.int(HeaderRun)
-	env.TraceParent, _ = h.string(HeaderTraceParent)
-	env.TraceState, _ = h.string(HeaderTraceState)
-	if rk, ok := h.string(HeaderRoutingKey); ok {
-		env.RoutingKey = rk
-	}
-	retries, _ := h.int(HeaderRetries)
-	if retries < 0 {
-		return nil, fmt.Errorf("header %s %d is negative", HeaderRetries, retries)
-	}
-	if s, ok := h.string(HeaderCreatedAt); ok {
-		t, err := time.Parse(time.RFC3339Nano, s)
-		if err != nil {
-			return nil, fmt.Errorf("header %s %s is not an RFC 3339 time", HeaderCreatedAt, quote(s))
-		}
-		env.CreatedAt = t.UTC()
-	} else if !d.Timestamp.IsZero() {
-		env.CreatedAt = d.Timestamp.UTC()
-	}
-	for k := range d.Headers {
-		user, found := strings.CutPrefix(k, HeaderUserPrefix)
-		if !found {
-			continue
-		}
-		if user == "" || strings.HasPrefix(user, message.ReservedHeaderPrefix) {
-			return nil, fmt.Errorf("header %s: user header key is empty or reserved", quote(k))
-		}
-		v, _ := h.string(k)
-		if env.Headers == nil {
-			env.Headers = make(map[string]string)
-		}
-		env.Headers[user] = v
+	if env.Headers, err = h.userHeaders(); err != nil {
+		return nil, err
 	}
 	if h.err != nil {
 		return nil, h.err
@@ -214,6 +151,128 @@ func DecodeDelivery(d amqp.Delivery) (*transport.Delivery, error) {
 		Redelivered: d.Redelivered || retries > 0,
 		Retries:     retries,
 	}, nil
+}
+
+// checkProperties checks the body and the AMQP properties every sagabox
+// message has (content type, message id, type) and returns the message id.
+func checkProperties(d amqp.Delivery) (uuid.UUID, error) {
+	if len(d.Body) == 0 {
+		return uuid.Nil, errors.New("body is empty")
+	}
+	if d.ContentType == "" {
+		return uuid.Nil, fmt.Errorf("content_type is missing (want %s)", ContentType)
+	}
+	if mt, _, err := mime.ParseMediaType(d.ContentType); err != nil || mt != ContentType {
+		return uuid.Nil, fmt.Errorf("content_type %s is not %s", quote(d.ContentType), ContentType)
+	}
+	if d.MessageId == "" {
+		return uuid.Nil, errors.New("message_id is missing")
+	}
+	id, err := uuid.Parse(d.MessageId)
+	if err != nil || id == uuid.Nil {
+		return uuid.Nil, fmt.Errorf("message_id %s is not a UUID", quote(d.MessageId))
+	}
+	if strings.TrimSpace(d.Type) == "" {
+		return uuid.Nil, errors.New("type is missing")
+	}
+	return id, nil
+}
+
+// envelope reads the envelope of message id from d's properties and
+// sagabox's headers: its version, checked, the saga fields, the trace
+// context, and the first routing key of a message back from a retry queue.
+// The creation time and the user headers are read on their own.
+func (h *headerReader) envelope(d amqp.Delivery, id uuid.UUID) (message.Envelope, error) {
+	version, err := h.version()
+	if err != nil {
+		return message.Envelope{}, err
+	}
+	env := message.Envelope{
+		Version:       version,
+		MessageID:     id,
+		Type:          d.Type,
+		RoutingKey:    d.RoutingKey,
+		ReplyTo:       d.ReplyTo,
+		CorrelationID: d.CorrelationId,
+	}
+	kind, _ := h.string(HeaderKind)
+	env.Kind = message.Kind(kind)
+	if env.SagaID, err = h.uuid(HeaderSagaID); err != nil {
+		return message.Envelope{}, err
+	}
+	env.SagaType, _ = h.string(HeaderSagaType)
+	env.Step, _ = h.string(HeaderStep)
+	env.StepIndex, _ = h.int(HeaderStepIndex)
+	env.Attempt, _ = h.int(HeaderAttempt)
+	env.Run, _ = h.int(HeaderRun)
+	env.TraceParent, _ = h.string(HeaderTraceParent)
+	env.TraceState, _ = h.string(HeaderTraceState)
+	if rk, ok := h.string(HeaderRoutingKey); ok {
+		env.RoutingKey = rk
+	}
+	return env, nil
+}
+
+// version reads the envelope version, which must be there and one this
+// receiver reads. A version of the wrong type is left to h.err.
+func (h *headerReader) version() (int, error) {
+	version, ok := h.int(HeaderVersion)
+	switch {
+	case h.err != nil:
+		return version, nil
+	case !ok:
+		return 0, fmt.Errorf("header %s is missing: not a sagabox envelope", HeaderVersion)
+	case version < 1 || version > message.Version:
+		return 0, fmt.Errorf("envelope version %d is not supported (this receiver reads 1..%d)", version, message.Version)
+	}
+	return version, nil
+}
+
+// retries reads how many delayed retries a message back from a retry queue
+// had (0 for any other message).
+func (h *headerReader) retries() (int, error) {
+	retries, _ := h.int(HeaderRetries)
+	if retries < 0 {
+		return 0, fmt.Errorf("header %s %d is negative", HeaderRetries, retries)
+	}
+	return retries, nil
+}
+
+// createdAt reads the message's creation time, in UTC: the header, to the
+// nanosecond, or else the AMQP timestamp (whole seconds), if any.
+func (h *headerReader) createdAt(timestamp time.Time) (time.Time, error) {
+	if s, ok := h.string(HeaderCreatedAt); ok {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("header %s %s is not an RFC 3339 time", HeaderCreatedAt, quote(s))
+		}
+		return t.UTC(), nil
+	}
+	if !timestamp.IsZero() {
+		return timestamp.UTC(), nil
+	}
+	return time.Time{}, nil
+}
+
+// userHeaders reads the user headers (Envelope.Headers), nil if there are
+// none.
+func (h *headerReader) userHeaders() (map[string]string, error) {
+	var out map[string]string
+	for k := range h.t {
+		user, found := strings.CutPrefix(k, HeaderUserPrefix)
+		if !found {
+			continue
+		}
+		if user == "" || strings.HasPrefix(user, message.ReservedHeaderPrefix) {
+			return nil, fmt.Errorf("header %s: user header key is empty or reserved", quote(k))
+		}
+		v, _ := h.string(k)
+		if out == nil {
+			out = make(map[string]string)
+		}
+		out[user] = v
+	}
+	return out, nil
 }
 
 // headerReader reads typed header values, remembering the first type error.
@@ -235,6 +294,20 @@ func (h *headerReader) string(k string) (string, bool) {
 	}
 	h.fail(k, v, "a string")
 	return "", false
+}
+
+// uuid reads the UUID in header k (uuid.Nil if there is none). A value
+// that is not a UUID is an error of its own, returned at once.
+func (h *headerReader) uuid(k string) (uuid.UUID, error) {
+	s, ok := h.string(k)
+	if !ok {
+		return uuid.Nil, nil
+	}
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("header %s %s is not a UUID", k, quote(s))
+	}
+	return id, nil
 }
 
 func (h *headerReader) int(k string) (int, bool) {

@@ -218,7 +218,7 @@ func (b *Broker) servePublisher(sess *session, pc *pubChannel) (reopen bool) {
 			if !ok {
 				return !b.sessionOver(sess)
 			}
-			b.log.Warn("rabbitmq return for a message no longer awaited", "message_id", r.MessageId, "reply_code", r.ReplyCode, "reply_text", r.ReplyText)
+			b.logStrayReturn(r)
 		case closeErr := <-pc.closed:
 			b.log.Debug("rabbitmq publish channel closed", "err", closeErr)
 			return !b.sessionOver(sess)
@@ -240,105 +240,165 @@ func (b *Broker) sessionOver(sess *session) bool {
 // publishBatch publishes req on pc and replies. It returns false when pc is
 // no longer usable (closed, or confirms outstanding after a timeout).
 func (b *Broker) publishBatch(pc *pubChannel, req *pubRequest) (healthy bool) {
-	failed := make(map[int]error)
-	defer func() { req.result <- pubResult{failed: failed} }()
+	bt := b.newPubBatch(pc, req)
+	defer func() { req.result <- pubResult{failed: bt.failed} }()
+	if bt.cancelledBeforeSending() {
+		return true
+	}
+	confirms, sent := bt.send()
+	settled := bt.awaitConfirms(confirms)
+	return sent && settled
+}
 
+// pubBatch is a pubRequest on its way through a publisher channel: which
+// messages the broker returned, and the verdict on each.
+type pubBatch struct {
+	b   *Broker
+	pc  *pubChannel
+	req *pubRequest
+	// byID holds the positions in req.items of the message ids not returned
+	// yet, for correlating returns; a batch may hold the same id twice.
+	byID     map[string][]int
+	returned map[int]error // by position in req.items: unroutable
+	failed   map[int]error // by pubItem.idx: the reply
+}
+
+// newPubBatch starts the batch of req on pc, its messages indexed by id.
+func (b *Broker) newPubBatch(pc *pubChannel, req *pubRequest) *pubBatch {
+	bt := &pubBatch{b: b, pc: pc, req: req, byID: make(map[string][]int, len(req.items)),
+		returned: make(map[int]error), failed: make(map[int]error)}
+	for i, it := range req.items {
+		bt.byID[it.msg.MessageId] = append(bt.byID[it.msg.MessageId], i)
+	}
+	return bt
+}
+
+// cancelledBeforeSending fails every message if the caller gave up before
+// the batch reached the channel.
+func (bt *pubBatch) cancelledBeforeSending() bool {
 	select {
-	case <-req.cancel:
-		for _, it := range req.items {
-			failed[it.idx] = errors.New("rabbitmq: publish cancelled before sending")
+	case <-bt.req.cancel:
+		for _, it := range bt.req.items {
+			bt.failed[it.idx] = errors.New("rabbitmq: publish cancelled before sending")
 		}
 		return true
 	default:
+		return false
 	}
+}
 
-	// Message ids of this batch, for correlating returns; a batch may hold
-	// the same id twice.
-	byID := make(map[string][]int, len(req.items))
-	for i, it := range req.items {
-		byID[it.msg.MessageId] = append(byID[it.msg.MessageId], i)
-	}
-	returned := make(map[int]error)
-	onReturn := func(r amqp.Return) {
-		pos := byID[r.MessageId]
-		if len(pos) == 0 {
-			b.log.Warn("rabbitmq return for a message no longer awaited", "message_id", r.MessageId, "reply_code", r.ReplyCode, "reply_text", r.ReplyText)
-			return
-		}
-		byID[r.MessageId] = pos[1:]
-		returned[pos[0]] = fmt.Errorf("%w: message %s to exchange %s with routing key %q: %s (no queue is bound for it)",
-			ErrUnroutable, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyText)
-	}
-
-	healthy = true
-	dcs := make([]*amqp.DeferredConfirmation, len(req.items))
-	for i, it := range req.items {
+// send publishes the messages in order and returns their deferred
+// confirms (nil for those not sent). If the channel refuses one, it and the
+// rest fail and sent is false: the channel is no longer usable.
+func (bt *pubBatch) send() (confirms []*amqp.DeferredConfirmation, sent bool) {
+	confirms = make([]*amqp.DeferredConfirmation, len(bt.req.items))
+	for i, it := range bt.req.items {
 		// A return may come back while we are still sending: take it now
 		// so the connection's reader is never stalled by us.
-		for drained := false; !drained; {
-			select {
-			case r, ok := <-pc.returns:
-				if ok {
-					onReturn(r)
-				} else {
-					pc.returns = nil
-				}
-			default:
-				drained = true
-			}
-		}
-		dc, err := pc.ch.PublishWithDeferredConfirm(it.exchange, it.key, true, false, it.msg)
+		bt.takeWaitingReturns()
+		dc, err := bt.pc.ch.PublishWithDeferredConfirm(it.exchange, it.key, true, false, it.msg)
 		if err != nil {
-			healthy = false
-			for _, rest := range req.items[i:] {
-				failed[rest.idx] = fmt.Errorf("rabbitmq: publish message %s: %w", rest.msg.MessageId, err)
+			for _, rest := range bt.req.items[i:] {
+				bt.failed[rest.idx] = fmt.Errorf("rabbitmq: publish message %s: %w", rest.msg.MessageId, err)
 			}
-			break
+			return confirms, false
 		}
-		dcs[i] = dc
+		confirms[i] = dc
 	}
+	return confirms, true
+}
 
-	timer := time.NewTimer(time.Until(req.deadline))
+// awaitConfirms waits, until the request's deadline, for the confirm of
+// each message sent and records its verdict. It returns false when the
+// channel is no longer usable: it closed, or confirms are outstanding.
+func (bt *pubBatch) awaitConfirms(confirms []*amqp.DeferredConfirmation) (healthy bool) {
+	timer := time.NewTimer(time.Until(bt.req.deadline))
 	defer timer.Stop()
+	healthy = true
 	var giveUp error
-	for i, dc := range dcs {
+	for i, dc := range confirms {
 		if dc == nil {
 			continue
 		}
-		for giveUp == nil {
-			select {
-			case <-dc.Done():
-			case r, ok := <-pc.returns:
-				if ok {
-					onReturn(r)
-				} else {
-					pc.returns = nil
-				}
-				continue
-			case <-timer.C:
-				giveUp = errors.New("rabbitmq: no confirm from the broker before the deadline (Config.ConfirmTimeout or ctx)")
-				continue
-			case <-req.cancel:
-				giveUp = errors.New("rabbitmq: publish cancelled before the broker confirmed")
-				continue
-			}
-			break
+		if giveUp == nil {
+			giveUp = bt.awaitConfirm(dc, timer.C)
 		}
-		it := req.items[i]
-		switch {
-		case giveUp != nil:
+		if !bt.settle(i, dc, giveUp) {
 			healthy = false
-			failed[it.idx] = giveUp
-		case returned[i] != nil:
-			failed[it.idx] = returned[i]
-		case !dc.Acked():
-			if pc.ch.IsClosed() {
-				healthy = false
-				failed[it.idx] = fmt.Errorf("rabbitmq: message %s: channel closed before the broker confirmed", it.msg.MessageId)
-			} else {
-				failed[it.idx] = fmt.Errorf("%w: message %s", ErrNacked, it.msg.MessageId)
-			}
 		}
 	}
 	return healthy
+}
+
+// awaitConfirm waits for dc, taking returns meanwhile, and says why it gave
+// up instead: the deadline passed or the caller cancelled.
+func (bt *pubBatch) awaitConfirm(dc *amqp.DeferredConfirmation, deadline <-chan time.Time) (giveUp error) {
+	for {
+		select {
+		case <-dc.Done():
+			return nil
+		case r, ok := <-bt.pc.returns:
+			bt.takeReturn(r, ok)
+		case <-deadline:
+			return errors.New("rabbitmq: no confirm from the broker before the deadline (Config.ConfirmTimeout or ctx)")
+		case <-bt.req.cancel:
+			return errors.New("rabbitmq: publish cancelled before the broker confirmed")
+		}
+	}
+}
+
+// settle records the verdict on the message at position i, whose confirm
+// is dc unless the wait gave up, and reports whether the channel is still
+// usable.
+func (bt *pubBatch) settle(i int, dc *amqp.DeferredConfirmation, giveUp error) (healthy bool) {
+	it := bt.req.items[i]
+	switch {
+	case giveUp != nil:
+		bt.failed[it.idx] = giveUp
+		return false
+	case bt.returned[i] != nil:
+		bt.failed[it.idx] = bt.returned[i]
+	case !dc.Acked():
+		if bt.pc.ch.IsClosed() {
+			bt.failed[it.idx] = fmt.Errorf("rabbitmq: message %s: channel closed before the broker confirmed", it.msg.MessageId)
+			return false
+		}
+		bt.failed[it.idx] = fmt.Errorf("%w: message %s", ErrNacked, it.msg.MessageId)
+	}
+	return true
+}
+
+// takeWaitingReturns takes the returns the broker has sent so far, without
+// waiting for more.
+func (bt *pubBatch) takeWaitingReturns() {
+	for {
+		select {
+		case r, ok := <-bt.pc.returns:
+			bt.takeReturn(r, ok)
+		default:
+			return
+		}
+	}
+}
+
+// takeReturn records a return received from the channel (ok false: the
+// channel closed its returns).
+func (bt *pubBatch) takeReturn(r amqp.Return, ok bool) {
+	if !ok {
+		bt.pc.returns = nil
+		return
+	}
+	pos := bt.byID[r.MessageId]
+	if len(pos) == 0 {
+		bt.b.logStrayReturn(r)
+		return
+	}
+	bt.byID[r.MessageId] = pos[1:]
+	bt.returned[pos[0]] = fmt.Errorf("%w: message %s to exchange %s with routing key %q: %s (no queue is bound for it)",
+		ErrUnroutable, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyText)
+}
+
+// logStrayReturn logs a return of a message whose batch was answered.
+func (b *Broker) logStrayReturn(r amqp.Return) {
+	b.log.Warn("rabbitmq return for a message no longer awaited", "message_id", r.MessageId, "reply_code", r.ReplyCode, "reply_text", r.ReplyText)
 }

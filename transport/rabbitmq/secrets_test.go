@@ -1,40 +1,21 @@
 package rabbitmq_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/secrettest"
 	"github.com/sagabox/sagabox/internal/testkit/servers"
 	"github.com/sagabox/sagabox/transport/rabbitmq"
 )
-
-// logBuffer collects a broker's log lines while the test reads them.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // Random passwords (every printable ASCII character, escaped in the URL as
 // net/url escapes it) never appear in the errors of New and DialAdmin
@@ -82,7 +63,7 @@ func TestPasswordsNeverInErrorsOrLogs(t *testing.T) {
 	pw := secrettest.Password(r, secrettest.ASCII)
 	_, err = node.Ctl(ctx, "change_password", "guest", pw)
 	require.NoError(t, err)
-	var logs logBuffer
+	var logs testkit.Buffer
 	cfg := amqptest.Config(t)
 	cfg.URL = secrettest.URL("amqp", "guest", pw, host, "/", "")
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

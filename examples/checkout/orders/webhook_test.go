@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/examples/checkout/contract"
 	"github.com/sagabox/sagabox/examples/checkout/orders"
@@ -19,10 +18,6 @@ import (
 	"github.com/sagabox/sagabox/saga"
 	"github.com/sagabox/sagabox/store"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
-}
 
 // The payment webhook sends the provider's confirmation to the order's saga
 // and records it on the order in one transaction: a confirmation that

@@ -11,6 +11,7 @@ package amqptest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -282,13 +283,18 @@ func Next(t testing.TB, ds <-chan amqp.Delivery, timeout time.Duration) amqp.Del
 	}
 }
 
-// QueueLength returns the number of ready messages in queue.
+// QueueLength returns the number of ready messages in queue, and -1 when
+// the queue does not exist (yet).
 func QueueLength(t testing.TB, queue string) int {
 	t.Helper()
 	ch, err := Dial(t).Channel()
 	require.NoError(t, err)
 	defer func() { _ = ch.Close() }()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+		return -1 // not declared yet: a client's Run declares it when it starts
+	}
 	require.NoError(t, err)
 	return q.Messages
 }

@@ -8,9 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
+	"github.com/sagabox/sagabox/internal/testkit"
 )
 
 // asSagaboxEnv, when set, makes this test binary the sagabox command: the
@@ -30,5 +29,5 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+	testkit.WrapTestMain(m)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/view"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -102,13 +103,7 @@ func TestGraphAndTimelineOfRecordedDefinitions(t *testing.T) {
 		StopTimeout: 10 * time.Second, Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	testkit.Run(t, c.Run)
 
 	// The definitions, as the orchestrator recorded them.
 	var list view.DefinitionList

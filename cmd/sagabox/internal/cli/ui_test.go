@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,26 +17,9 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sagabox/sagabox/cmd/sagabox/internal/cli"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 )
-
-// syncBuffer is a buffer the command writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startUI runs `sagabox ui` with args (on a free port of 127.0.0.1) on
 // schema until the test ends, and returns its base URL and the mode its
@@ -45,7 +27,7 @@ func (s *syncBuffer) String() string {
 func startUI(t *testing.T, schema string, args ...string) (base, mode string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- cli.Run(ctx, append([]string{"--database-url", dbtest.URL(), "--schema", schema, "ui", "--addr", "127.0.0.1:0"}, args...), &stdout, &stderr)

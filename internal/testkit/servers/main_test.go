@@ -1,0 +1,9 @@
+package servers_test
+
+import (
+	"testing"
+
+	"github.com/sagabox/sagabox/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.WrapTestMain(m) }
