@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.WrapTestMain(m) }
 
 func TestDrainContextOutlivesParentUntilTimeout(t *testing.T) {
 	t.Parallel()

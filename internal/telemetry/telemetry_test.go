@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-	"go.uber.org/goleak"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
@@ -18,7 +18,7 @@ import (
 	"github.com/sagabox/sagabox/transport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.WrapTestMain(m) }
 
 func command() message.Message {
 	return message.Message{Envelope: message.Envelope{
