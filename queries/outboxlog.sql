@@ -40,3 +40,26 @@ WHERE NOT pg_visible_in_snapshot(
         WHEN m.xmax - w.wide > 2147483648 THEN w.wide + 4294967296
         ELSE w.wide END, 0)::text::xid8,
     s.snap);
+
+-- name: OutboxLogSlotCreated :exec
+-- Records that the slot was (re)created now: the outbox rows written
+-- before it, up to the last one now, are owed from the table.
+INSERT INTO /* TEMPLATE: schema */sagabox_outbox_log (slot, catch_up_through)
+VALUES (@slot::text, coalesce((SELECT max(id) FROM /* TEMPLATE: schema */sagabox_outbox), 0))
+ON CONFLICT (slot) DO UPDATE
+SET created_at = now(), catch_up_through = EXCLUDED.catch_up_through, caught_up_at = NULL;
+
+-- name: OutboxLogOwed :one
+-- How many rows written before the slot was created are still unpublished;
+-- when none is (or none was owed), the slot is marked caught up.
+WITH owed AS (
+    SELECT count(o.id)::bigint AS n
+    FROM /* TEMPLATE: schema */sagabox_outbox_log l
+    JOIN /* TEMPLATE: schema */sagabox_outbox o ON o.id <= l.catch_up_through AND o.published_at IS NULL
+    WHERE l.slot = @slot::text AND l.caught_up_at IS NULL
+), done AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox_log
+    SET caught_up_at = now()
+    WHERE slot = @slot::text AND caught_up_at IS NULL AND (SELECT n FROM owed) = 0
+)
+SELECT n FROM owed;

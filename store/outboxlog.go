@@ -128,7 +128,30 @@ func (s *executor) OutboxLogSetup(ctx context.Context, slot, publication string)
 	if err != nil {
 		return false, fmt.Errorf("create replication slot %q: %w", slot, err)
 	}
+	// The slot streams what commits from now on: the rows already written
+	// are owed from the table (OutboxLogOwed). Recorded after the slot
+	// exists, so that every row committed before it is counted; without the
+	// record, the slot goes again, for the next set-up to make both.
+	if err := s.queries.OutboxLogSlotCreated(ctx, s.db(s.pool), slot); err != nil {
+		if derr := s.queries.OutboxLogDropSlot(context.WithoutCancel(ctx), s.db(s.pool), slot); derr != nil {
+			return false, fmt.Errorf("record replication slot %q: %w (and dropping it failed: %w: drop it with `sagabox relay drop-log` before the next set-up)", slot, err, derr)
+		}
+		return false, fmt.Errorf("record replication slot %q: %w", slot, err)
+	}
 	return true, nil
+}
+
+// OutboxLogOwed implements driver.Executor.
+func (s *executor) OutboxLogOwed(ctx context.Context, slot string) (int64, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.queries.OutboxLogOwed(ctx, db, slot)
+	if err != nil {
+		return 0, fmt.Errorf("count the rows replication slot %q does not stream in schema %q: %w", slot, s.schema, err)
+	}
+	return n, nil
 }
 
 // outboxLogDrop drops the slot (refused while a reader holds it) and the
@@ -175,8 +198,10 @@ func (s *executor) OutboxLogOpen(ctx context.Context, slot, publication string) 
 	switch {
 	case st.WALLevel != "logical":
 		return nil, walLevelAdvice(st.WALLevel)
-	case !st.PublicationExists || !st.SlotExists:
-		return nil, fmt.Errorf("relay log mode: the publication %q or the replication slot %q of schema %q does not exist: run `sagabox relay setup-log --schema %s` first", publication, slot, s.schema, s.schema)
+	case !st.PublicationExists:
+		return nil, fmt.Errorf("relay log mode: the publication %q of schema %q does not exist: run `sagabox relay setup-log --schema %s` first", publication, s.schema, s.schema)
+	case !st.SlotExists:
+		return nil, fmt.Errorf("relay log mode: the replication slot %q of schema %q: %w", slot, s.schema, driver.ErrLogSlotMissing)
 	case st.Active:
 		return nil, fmt.Errorf("open replication slot %q: %w (backend PID %d)", slot, driver.ErrLogSlotBusy, st.ActivePID)
 	}

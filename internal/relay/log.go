@@ -54,9 +54,11 @@ func (r *Relay) Check(ctx context.Context) error {
 	switch {
 	case st.WALLevel != "logical":
 		return fmt.Errorf("relay: Relay.Mode is %q but the server has wal_level = %s: set wal_level = logical (ALTER SYSTEM SET wal_level = logical, or in postgresql.conf) and restart PostgreSQL, or use Relay.Mode = %q", ModeLog, st.WALLevel, ModePoll)
-	case !st.PublicationExists || !st.SlotExists:
-		return fmt.Errorf("relay: Relay.Mode is %q but the publication %q or the replication slot %q does not exist: run `sagabox relay setup-log --schema %s`", ModeLog, r.opts.Publication, r.opts.Slot, r.db.Schema())
+	case !st.PublicationExists:
+		return fmt.Errorf("relay: Relay.Mode is %q but the publication %q does not exist: run `sagabox relay setup-log --schema %s`", ModeLog, r.opts.Publication, r.db.Schema())
 	}
+	// A publication without its slot (a promoted standby, a slot dropped by
+	// an operator): the relay creates the slot again (runLog).
 	return nil
 }
 
@@ -69,9 +71,23 @@ func (r *Relay) runLog(ctx context.Context) error {
 		if ctx.Err() != nil || errors.Is(err, errCrashed) {
 			break
 		}
-		wait := r.opts.PollInterval
+		var wait time.Duration
 		switch {
+		case errors.Is(err, driver.ErrLogSlotMissing):
+			// Failover (a promoted standby has no slot) or an operator
+			// dropped it: create it again; the rows written before it are
+			// owed from the table (catchUp).
+			created, serr := r.db.OutboxLogSetup(ctx, r.opts.Slot, r.opts.Publication)
+			if serr == nil {
+				r.log.Warn("relay created its replication slot again (gone: a failover, or dropped by an operator); the rows written before it are published from the table",
+					"slot", r.opts.Slot, "created", created)
+				continue
+			}
+			failures++
+			wait = backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
+			r.log.Warn("relay's replication slot is gone and could not be created again; retrying", "slot", r.opts.Slot, "err", serr, "retry_in", wait)
 		case errors.Is(err, driver.ErrLogSlotBusy):
+			wait = r.opts.PollInterval
 			if !standby {
 				r.log.Info("relay standing by: another reader holds the replication slot", "slot", r.opts.Slot, "err", err)
 				standby = true
@@ -110,6 +126,9 @@ func sleepFor(ctx context.Context, d time.Duration) bool {
 // batch of rows, an idle stream or settleDelay, so that a trickle of small
 // batches costs one statement per batch of rows, not per read.
 func (r *Relay) streamLog(ctx context.Context) error {
+	if err := r.catchUp(ctx); err != nil {
+		return err
+	}
 	lg, err := r.db.OutboxLogOpen(ctx, r.opts.Slot, r.opts.Publication)
 	if err != nil {
 		return err
@@ -178,6 +197,55 @@ func (r *Relay) streamLog(ctx context.Context) error {
 			if err := flush(); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// catchUp publishes, by claims as the polling relay does, the rows the slot
+// does not stream: those written before it was created
+// (driver.Executor.OutboxLogOwed). Claims may take newer rows too, which
+// the slot streams again: duplicates, which receivers' inboxes absorb, never
+// a loss. It returns once nothing is owed, or with the error of a claim or
+// of the count; the next stream starts it again.
+func (r *Relay) catchUp(ctx context.Context) error {
+	owed, err := r.db.OutboxLogOwed(ctx, r.opts.Slot)
+	if err != nil || owed == 0 {
+		return err
+	}
+	r.log.Warn("relay publishing, from the table, the rows its replication slot does not stream (written before the slot was created: a failover, a dropped slot, a switch to log mode)",
+		"rows", owed, "slot", r.opts.Slot)
+	failures := 0
+	for {
+		rows, err := r.claim(ctx, r.opts.BatchSize, driver.OutboxSettle{})
+		if err != nil {
+			return err
+		}
+		if len(rows) > 0 {
+			settled, perr := r.publish(ctx, rows)
+			if errors.Is(perr, errCrashed) {
+				return perr
+			}
+			// Recorded at once, so that the count below sees it.
+			if _, err := r.claim(ctx, 0, settled); err != nil {
+				return err
+			}
+			if perr != nil {
+				failures++
+				wait := backoff(DefaultMinBackoff, DefaultMaxBackoff, failures)
+				r.log.Warn("relay batch not confirmed; backing off", "err", perr, "retry_in", wait, "failures", failures)
+				if !sleepFor(ctx, wait) {
+					return ctx.Err()
+				}
+			} else {
+				failures = 0
+			}
+		} else if !sleepFor(ctx, r.opts.PollInterval) {
+			// Rows owed but none claimable: they wait out a retry delay,
+			// or another relay's lease.
+			return ctx.Err()
+		}
+		if owed, err = r.db.OutboxLogOwed(ctx, r.opts.Slot); err != nil || owed == 0 {
+			return err
 		}
 	}
 }

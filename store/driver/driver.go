@@ -288,6 +288,11 @@ type Executor interface {
 	// the logical replication slot (pgoutput) unless they exist, and
 	// reports whether it created the slot.
 	OutboxLogSetup(ctx context.Context, slot, publication string) (bool, error)
+	// OutboxLogOwed returns how many rows written before slot was created
+	// (by OutboxLogSetup) are still unpublished: the slot does not stream
+	// them, so a relay publishes them by claims first. Once none is, the
+	// slot is recorded as caught up and it returns 0 from then on.
+	OutboxLogOwed(ctx context.Context, slot string) (int64, error)
 	// OutboxLogAwaitVisible waits until the committed transactions xids
 	// (LogBatch.Xids) are visible to new snapshots, polling, or until ctx
 	// ends: before that, their rows can be neither found nor deleted.
@@ -367,6 +372,12 @@ type OutboxLog interface {
 // ErrLogSlotBusy is the error OutboxLogOpen wraps when another reader holds
 // the replication slot: the caller stands by.
 var ErrLogSlotBusy = errors.New("the replication slot is in use by another reader")
+
+// ErrLogSlotMissing is the error OutboxLogOpen wraps when the publication
+// exists but the replication slot does not: a promoted standby has none
+// (slots are not replicated), or an operator dropped it. The caller creates
+// it again (OutboxLogSetup) and publishes what it owes (OutboxLogOwed).
+var ErrLogSlotMissing = errors.New("the replication slot does not exist")
 
 // LogNames returns the replication slot and the publication of schema's
 // outbox in log mode: both "sagabox_<schema>" (cut to PostgreSQL's 63

@@ -317,7 +317,10 @@ type StandbyOptions struct {
 	// Name is the standby's application_name, by which the primary's
 	// synchronous_standby_names names it. Defaults to "standby".
 	Name string
-	// Settings are more server settings of the standby.
+	// Settings are more server settings of the standby. Its own
+	// synchronous_standby_names is empty unless set here (the base backup
+	// copies the primary's): once promoted, it commits without waiting for
+	// a standby of its own, as Patroni sets it when no other standby runs.
 	Settings map[string]string
 }
 
@@ -356,7 +359,7 @@ func (p *Postgres) StartStandby(ctx context.Context, o StandbyOptions) (*Postgre
 	}
 	settings := map[string]string{
 		"port": fmt.Sprint(o.Port), "unix_socket_directories": "'" + o.Dir + "'",
-		"primary_conninfo": "'" + conninfo + "'", "hot_standby": "on",
+		"primary_conninfo": "'" + conninfo + "'", "hot_standby": "on", "synchronous_standby_names": "''",
 	}
 	for k, v := range o.Settings {
 		settings[k] = v

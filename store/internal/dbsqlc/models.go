@@ -124,6 +124,13 @@ type SagaboxOutboxDeadV struct {
 	DeadAt          *time.Time
 }
 
+type SagaboxOutboxLog struct {
+	Slot           string
+	CreatedAt      time.Time
+	CatchUpThrough int64
+	CaughtUpAt     *time.Time
+}
+
 type SagaboxOutboxV struct {
 	ID              int64
 	MessageID       uuid.UUID

@@ -58,6 +58,43 @@ func (q *Queries) OutboxLogInProgress(ctx context.Context, db DBTX, xids []int64
 	return in_progress, err
 }
 
+const outboxLogOwed = `-- name: OutboxLogOwed :one
+WITH owed AS (
+    SELECT count(o.id)::bigint AS n
+    FROM /* TEMPLATE: schema */sagabox_outbox_log l
+    JOIN /* TEMPLATE: schema */sagabox_outbox o ON o.id <= l.catch_up_through AND o.published_at IS NULL
+    WHERE l.slot = $1::text AND l.caught_up_at IS NULL
+), done AS (
+    UPDATE /* TEMPLATE: schema */sagabox_outbox_log
+    SET caught_up_at = now()
+    WHERE slot = $1::text AND caught_up_at IS NULL AND (SELECT n FROM owed) = 0
+)
+SELECT n FROM owed
+`
+
+// How many rows written before the slot was created are still unpublished;
+// when none is (or none was owed), the slot is marked caught up.
+func (q *Queries) OutboxLogOwed(ctx context.Context, db DBTX, slot string) (int64, error) {
+	row := db.QueryRow(ctx, outboxLogOwed, slot)
+	var n int64
+	err := row.Scan(&n)
+	return n, err
+}
+
+const outboxLogSlotCreated = `-- name: OutboxLogSlotCreated :exec
+INSERT INTO /* TEMPLATE: schema */sagabox_outbox_log (slot, catch_up_through)
+VALUES ($1::text, coalesce((SELECT max(id) FROM /* TEMPLATE: schema */sagabox_outbox), 0))
+ON CONFLICT (slot) DO UPDATE
+SET created_at = now(), catch_up_through = EXCLUDED.catch_up_through, caught_up_at = NULL
+`
+
+// Records that the slot was (re)created now: the outbox rows written
+// before it, up to the last one now, are owed from the table.
+func (q *Queries) OutboxLogSlotCreated(ctx context.Context, db DBTX, slot string) error {
+	_, err := db.Exec(ctx, outboxLogSlotCreated, slot)
+	return err
+}
+
 const outboxLogStatus = `-- name: OutboxLogStatus :one
 SELECT current_setting('wal_level')::text AS wal_level,
     EXISTS (SELECT 1 FROM pg_catalog.pg_publication p WHERE p.pubname = $1::text) AS publication_exists,

@@ -1,0 +1,1 @@
+DROP TABLE /* TEMPLATE: schema */sagabox_outbox_log;
