@@ -13,6 +13,11 @@
 //	sagatest.ExpectCompensation(s, release)
 //	sagatest.ReplySuccess(s, release, saga.None{})
 //	s.RequireStatus(saga.StatusCompensated)
+//
+// Messages are published as soon as the saga emits them, unless the test
+// holds them back (HoldPublishing): that is how a scenario plays a broker
+// outage, or a command no queue takes, and a step's schedule-to-start
+// timeout (saga.WithScheduleToStartTimeout).
 package sagatest
 
 import (
