@@ -100,3 +100,51 @@ func TestConsoleOutboxPages(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, code, "%s: %s", q, body)
 	}
 }
+
+// Sagas waiting past their deadline for a command still in the outbox get
+// a notice on the sagas and outbox pages, and the outbox page lists the
+// commands waiting, by type, with the relay's last error.
+func TestConsoleNoticesSagasWaitingForUnpublishedCommands(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	h, err := console.New(console.Config{Pool: w.pool, Schema: w.orch.Store.Schema(), MessagingSchemas: []string{w.svc.Store.Schema()}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := client(t)
+	for _, page := range []string{"/sagas", "/outbox"} {
+		code, body := get(t, c, srv.URL+page)
+		require.Equal(t, http.StatusOK, code, body)
+		require.NotContains(t, body, `id="held"`, "nothing waits: no notice on %s", page)
+	}
+
+	// Two sagas have waited ten minutes for loyalty.award, which no queue
+	// takes; the relay recorded why.
+	orch := pgx.Identifier{w.orch.Store.Schema()}.Sanitize()
+	ctx := context.Background()
+	_, err = w.pool.Exec(ctx, `
+		WITH s AS (
+			INSERT INTO `+orch+`.sagabox_saga (id, saga_type, version, status, data, steps, phase, current_step, created_at, updated_at)
+			SELECT gen_random_uuid(), 'checkout', 1, 'running', '{}', '[]', 'action', 0, now() - interval '10 minutes', now() - interval '10 minutes'
+			FROM generate_series(1, 2)
+			RETURNING id
+		)
+		INSERT INTO `+orch+`.sagabox_outbox (message_id, ordering_key, kind, type, routing_key, saga_id, payload, created_at, publish_attempts, last_error)
+		SELECT gen_random_uuid(), s.id::text, 'command', 'loyalty.award', 'loyalty.award', s.id, '\x7b7d', now() - interval '10 minutes', 40,
+		       'rabbitmq: message unroutable (no queue is bound for it)'
+		FROM s`)
+	require.NoError(t, err)
+	for _, page := range []string{"/sagas", "/outbox"} {
+		code, body := get(t, c, srv.URL+page)
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, `id="held"`, "the notice on %s", page)
+		require.Contains(t, body, `<span class="held" data-type="checkout">2 <code>checkout</code></span>`)
+		require.Contains(t, body, "sagabox doctor")
+	}
+	_, body := get(t, c, srv.URL+"/outbox")
+	m := regexp.MustCompile(`(?s)<tr class="waiting-type" data-type="loyalty.award">(.*?)</tr>`).FindStringSubmatch(body)
+	require.NotNil(t, m, body)
+	require.Contains(t, m[1], "<td>command</td><td>2</td>")
+	require.Contains(t, m[1], "<td>40</td>")
+	require.Contains(t, m[1], "message unroutable")
+}

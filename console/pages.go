@@ -211,7 +211,8 @@ func (c *console) sagaList(w http.ResponseWriter, r *http.Request) {
 		Sagas    []sagaRow
 		Next     string
 		First    string
-	}{f, statuses, rows, next, first})
+		Held     []store.SagaCount
+	}{f, statuses, rows, next, first, c.heldSagas(r.Context())})
 }
 
 // statusOf maps a read error to an HTTP status.
@@ -334,13 +335,40 @@ func traceID(traceparent string) string {
 	return parts[1]
 }
 
+// waitingTypes is how many types of unpublished commands the outbox page
+// lists per schema.
+const waitingTypes = 20
+
+// heldSagas returns, by saga type, the sagas of the orchestrator's schema
+// that have waited past their deadline for an unpublished command or
+// compensation (store.Store.UnpublishedOverdue): the notice on the sagas
+// and outbox pages. Nil on an error: the notice is a hint, the pages show
+// without it.
+func (c *console) heldSagas(ctx context.Context) []store.SagaCount {
+	for _, sc := range c.schemas {
+		if sc.name != c.cfg.Schema {
+			continue
+		}
+		counts, err := sc.store.UnpublishedOverdue(ctx, orchestrator.OverdueGrace)
+		if err != nil {
+			c.log.Warn("console: count the sagas waiting for unpublished messages", "schema", sc.name, "err", err)
+			return nil
+		}
+		return counts
+	}
+	return nil
+}
+
 // schemaOutbox is the outbox page's section of one schema.
 type schemaOutbox struct {
 	Schema string
 	Error  string
 	Stats  store.OutboxStats
-	Dead   []store.DeadRow
-	Inbox  []store.Attempt
+	// Waiting is the commands and compensations waiting to be published,
+	// by type.
+	Waiting []store.OutboxTypeBacklog
+	Dead    []store.DeadRow
+	Inbox   []store.Attempt
 	// DeadNext and InboxNext link to the next page of Dead and of Inbox
 	// when this one is full.
 	DeadNext, InboxNext string
@@ -373,8 +401,10 @@ func (c *console) outbox(w http.ResponseWriter, r *http.Request) {
 		so := schemaOutbox{Schema: sc.name}
 		var err error
 		if so.Stats, err = sc.store.OutboxStats(ctx); err == nil {
-			if so.Dead, err = sc.store.DeadRows(ctx, page.DeadAfter, c.cfg.PageSize); err == nil {
-				so.Inbox, err = sc.store.Attempts(ctx, true, page.InboxAfter, c.cfg.PageSize)
+			if so.Waiting, err = sc.store.OutboxUnpublishedByType(ctx, waitingTypes); err == nil {
+				if so.Dead, err = sc.store.DeadRows(ctx, page.DeadAfter, c.cfg.PageSize); err == nil {
+					so.Inbox, err = sc.store.Attempts(ctx, true, page.InboxAfter, c.cfg.PageSize)
+				}
 			}
 		}
 		if err != nil {
@@ -392,7 +422,8 @@ func (c *console) outbox(w http.ResponseWriter, r *http.Request) {
 		Schemas  []schemaOutbox
 		PageSize int
 		Page     outboxPage
-	}{out, c.cfg.PageSize, page})
+		Held     []store.SagaCount
+	}{out, c.cfg.PageSize, page, c.heldSagas(ctx)})
 }
 
 // outboxQuery reads the outbox page's query: schema, and dead_after and

@@ -26,8 +26,10 @@ import (
 var ErrNotFound = message.ErrNotFound
 
 // OverdueGrace is how long past its deadline a running or compensating saga
-// must be to count in the sagabox.sagas.overdue gauge. A healthy sweeper
-// fires a deadline within SweepInterval.
+// must be to count in the sagabox.sagas.overdue gauge (a healthy sweeper
+// fires a deadline within SweepInterval), and how long a saga's command or
+// compensation must have waited unpublished, past the saga's deadline or
+// without one, to count in sagabox.sagas.unpublished_overdue.
 const OverdueGrace = time.Minute
 
 // startWakeDelays are the follow-up wake-ups of the relay after a Start: the
@@ -77,6 +79,9 @@ type Client struct {
 
 	// outage keeps the broker's outages out of step timeouts.
 	outage outageClock
+
+	// routes is what routeLoop learnt of the commands' routes.
+	routes routeState
 
 	// room remembers, per definition, the last admission count a Start
 	// read, so that Starts far below the limit need not count again (see
@@ -228,6 +233,16 @@ func (c *Client) Run(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: %w", err)
 	}
 	defer func() { _ = overdue.Unregister() }()
+	held, err := c.tel.RegisterUnpublishedGauge(c.db, c.sagaTypes(), OverdueGrace, c.now)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = held.Unregister() }()
+	routes, err := c.tel.RegisterRouteGauge(c.cfg.Schema, c.gaugeRoutes)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	defer func() { _ = routes.Unregister() }()
 	queued, err := c.tel.RegisterQueuedGauges(c.db, c.now)
 	if err != nil {
 		return fmt.Errorf("orchestrator: %w", err)
@@ -244,7 +259,7 @@ func (c *Client) Run(ctx context.Context) error {
 	c.log.Info("orchestrator started", "queue", spec.Name, "schema", c.cfg.Schema, "definitions", c.definitionNames(), "workers", c.cfg.Workers)
 	// loopConns counts the loops here that hold a connection (the sweeper
 	// and the admission): keep it in step with them.
-	err = c.engine.Run(ctx, spec, c.sweepLoop, c.admitLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) })
+	err = c.engine.Run(ctx, spec, c.sweepLoop, c.admitLoop, func(ctx, _ context.Context) { c.wakeAfterStarts(ctx) }, c.routeLoop)
 	if err != nil {
 		c.log.Error("orchestrator stopped: subscription failed", "err", err)
 		return fmt.Errorf("orchestrator: %w", err)

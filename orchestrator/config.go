@@ -127,6 +127,14 @@ type Config struct {
 	// Defaults to DefaultSweepBatch (100).
 	SweepBatch int
 
+	// RouteCheckInterval is how often Run checks again the commands (and
+	// compensations) of its definitions that no queue took when it
+	// started, until a queue takes each (see the broker's
+	// transport.RouteChecker; Run logs each one, and the
+	// sagabox.commands.unroutable gauge shows them). Defaults to
+	// DefaultRouteCheckInterval (1m); negative checks at start only.
+	RouteCheckInterval time.Duration
+
 	// Clock returns the current time. Every decision of the Client (step
 	// deadlines, timers, history and row timestamps) reads it, so that tests
 	// can drive time. Defaults to time.Now.
@@ -178,7 +186,8 @@ type Config struct {
 	// MeterProvider creates the Client's metrics (sagas started and
 	// finished, step and saga durations, deadlines fired, retries,
 	// replies handled, duplicates, dead letters, relay publishing, outbox
-	// backlog, overdue sagas). Defaults to the global provider.
+	// backlog, overdue sagas, sagas waiting for unpublished messages,
+	// commands no queue takes). Defaults to the global provider.
 	MeterProvider metric.MeterProvider
 }
 
@@ -307,6 +316,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.SweepBatch == 0 {
 		c.SweepBatch = DefaultSweepBatch
+	}
+	if c.RouteCheckInterval == 0 {
+		c.RouteCheckInterval = DefaultRouteCheckInterval
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now

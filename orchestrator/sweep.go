@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
@@ -117,8 +119,12 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 			return err
 		}
 		claimed = len(recs)
+		unpublished, err := c.unpublishedOf(ctx, t, recs)
+		if err != nil {
+			return err
+		}
 		for _, rec := range recs {
-			tr, err := c.fire(ctx, t, rec, now)
+			tr, err := c.fire(ctx, t, rec, now, unpublished[rec.ID])
 			var refused *timerRefusedError
 			switch {
 			case err == nil:
@@ -148,6 +154,64 @@ func (c *Client) sweepPass(ctx context.Context) (claimed, failed int, err error)
 	}
 	c.committed(ctx, trs...)
 	return claimed, failed, nil
+}
+
+// unpublishedOf returns the commands and compensations still unpublished
+// of the claimed sagas recs whose definition has a schedule-to-start
+// timeout (saga.WithScheduleToStartTimeout), by saga: their timers need to
+// know. Other sagas are claimed only when none of theirs is unpublished
+// (see driver.Executor.SagaClaimDue), so they cost nothing.
+func (c *Client) unpublishedOf(ctx context.Context, t driver.Tx, recs []driver.SagaRecord) (map[uuid.UUID][]driver.UnpublishedMessage, error) {
+	var ids []uuid.UUID
+	for _, rec := range recs {
+		if runner, err := c.registry.Lookup(rec.Type, rec.Version); err == nil && hasScheduleToStart(runner) {
+			ids = append(ids, rec.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	msgs, err := c.db.SagaUnpublished(ctx, t, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uuid.UUID][]driver.UnpublishedMessage, len(ids))
+	for _, m := range msgs {
+		out[m.SagaID] = append(out[m.SagaID], m)
+	}
+	return out, nil
+}
+
+// hasScheduleToStart reports whether a step of runner has a
+// schedule-to-start timeout.
+func hasScheduleToStart(runner saga.Runner) bool {
+	for _, st := range runner.Steps() {
+		if st.ScheduleToStartTimeout > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// refsOf names the unpublished messages msgs as the saga core does.
+func refsOf(msgs []driver.UnpublishedMessage) []saga.MessageRef {
+	out := make([]saga.MessageRef, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, saga.MessageRef{StepIndex: m.StepIndex, Phase: saga.Phase(m.Kind.Phase()), Attempt: m.Attempt})
+	}
+	return out
+}
+
+// withdrawn returns the message ids of the messages of msgs that the core
+// gave up on (refs).
+func withdrawn(msgs []driver.UnpublishedMessage, refs []saga.MessageRef) []uuid.UUID {
+	var ids []uuid.UUID
+	for _, m := range msgs {
+		if slices.Contains(refs, saga.MessageRef{StepIndex: m.StepIndex, Phase: saga.Phase(m.Kind.Phase()), Attempt: m.Attempt}) {
+			ids = append(ids, m.MessageID)
+		}
+	}
+	return ids
 }
 
 // timerRefusedError is an error of the saga core applying a timer: the
@@ -190,7 +254,7 @@ func (c *Client) countResends(ctx context.Context, tr transition, cause telemetr
 // (re-sends, compensations) stay in the saga's trace. A definition with
 // local steps runs under a savepoint of t, so that a failing saga leaves
 // none of its steps' writes behind.
-func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time) (_ transition, err error) {
+func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, now time.Time, unpublished []driver.UnpublishedMessage) (_ transition, err error) {
 	ctx, span := c.sagaSpan(ctx, "saga deadline", rec)
 	defer endSpan(span, &err)
 	runner, err := c.registry.Lookup(rec.Type, rec.Version)
@@ -208,7 +272,7 @@ func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, n
 	if sp != nil {
 		defer sp.Rollback(context.WithoutCancel(ctx))
 	}
-	res, err := runner.Apply(scope, s.Instance(), saga.Event{Kind: saga.EventTimer, At: now})
+	res, err := runner.Apply(scope, s.Instance(), saga.Event{Kind: saga.EventTimer, At: now, Unpublished: refsOf(unpublished)})
 	if err != nil {
 		return transition{}, &timerRefusedError{err}
 	}
@@ -216,7 +280,7 @@ func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, n
 		// The row's deadline has passed but the core sees nothing due: the
 		// row's deadline is out of step with the step states. Rewrite it
 		// from them so the saga is not claimed in a loop.
-		res.Instance.Deadline = earliestDeadline(res.Instance.Steps)
+		res.Instance.Deadline = saga.EarliestDeadline(res.Instance.Steps)
 		if !res.Instance.Deadline.After(now) {
 			c.log.Error("saga has a past deadline that its steps do not explain; clearing it", "saga_id", rec.ID.String(), "reason", res.IgnoreReason)
 			res.Instance.Deadline = time.Time{}
@@ -228,22 +292,19 @@ func (c *Client) fire(ctx context.Context, t driver.Tx, rec driver.SagaRecord, n
 		return transition{}, err
 	}
 	tr.phase, tr.at = s.Phase, now
+	if len(res.Withdraw) > 0 {
+		tr.write.Withdraw = withdrawn(unpublished, res.Withdraw)
+		for _, r := range res.Withdraw {
+			c.log.Warn("a step's command was not published within its schedule-to-start timeout: withdrawn from the outbox, the saga compensates",
+				"saga_id", rec.ID.String(), "saga_type", rec.Type, "step", s.Steps[r.StepIndex].Name, "attempt", r.Attempt, "last_error", res.Instance.LastError)
+		}
+	}
 	if sp != nil {
 		if err := sp.Commit(ctx); err != nil {
 			return transition{}, err
 		}
 	}
 	return tr, nil
-}
-
-func earliestDeadline(steps []saga.StepState) time.Time {
-	var d time.Time
-	for _, st := range steps {
-		if !st.Deadline.IsZero() && (d.IsZero() || st.Deadline.Before(d)) {
-			d = st.Deadline
-		}
-	}
-	return d
 }
 
 // dueBefore returns the time deadlines are due before at now: now, or

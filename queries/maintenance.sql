@@ -92,7 +92,38 @@ WHERE saga_type = ANY(@saga_types::text[]) AND status IN ('running', 'compensati
 GROUP BY saga_type, status;
 
 -- name: SagaCountOverdue :one
--- Running or compensating sagas whose deadline passed before @before: the
--- sweeper is behind or not running.
-SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
-WHERE deadline < @before::timestamptz AND status IN ('running', 'compensating');
+-- Running or compensating sagas whose deadline passed before @before and
+-- that the sweeper would claim (see SagaClaimDue): the sweeper is behind or
+-- not running. A saga held by an unpublished message is not the sweeper's
+-- to fire (SagaCountUnpublishedOverdue counts those).
+SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.deadline < @before::timestamptz AND s.status IN ('running', 'compensating')
+  AND (
+      NOT EXISTS (
+          SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
+          WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
+            AND o.kind IN ('command', 'compensation')
+      )
+      OR EXISTS (
+          SELECT 1 FROM jsonb_array_elements(s.steps) AS st
+          WHERE (st->>'start_by')::timestamptz < @before::timestamptz
+      )
+  );
+
+-- name: SagaCountUnpublishedOverdue :many
+-- Running or compensating sagas, by type, that wait for a command or
+-- compensation written before @before and still unpublished, past their
+-- deadline (before @before) or without one: no deadline fires while a
+-- saga's message is unpublished, so without a schedule-to-start timeout
+-- they wait for the message for ever. Driven by the outbox's unpublished
+-- rows, few when all is well.
+SELECT s.saga_type, count(DISTINCT s.id)::bigint AS count
+FROM /* TEMPLATE: schema */sagabox_outbox o
+JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
+WHERE o.published_at IS NULL
+  AND o.kind IN ('command', 'compensation')
+  AND o.created_at < @before::timestamptz
+  AND s.status IN ('running', 'compensating')
+  AND (s.deadline IS NULL OR s.deadline < @before::timestamptz)
+GROUP BY s.saga_type
+ORDER BY s.saga_type;

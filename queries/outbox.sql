@@ -144,6 +144,33 @@ WHERE ordering_key = ANY(CAST(@saga_ids::uuid[] AS text[]))
   AND published_at IS NULL AND dead_at IS NULL
   AND kind IN ('command', 'compensation');
 
+-- name: OutboxWithdrawMessages :execrows
+-- Deletes the commands and compensations @message_ids of sagas @saga_ids
+-- that no relay has published yet: the saga gave up on them (a
+-- schedule-to-start timeout). A row a relay is publishing at this moment
+-- may still go out; its settle finds no row.
+DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE ordering_key = ANY(CAST(@saga_ids::uuid[] AS text[]))
+  AND message_id = ANY(@message_ids::uuid[])
+  AND published_at IS NULL AND dead_at IS NULL
+  AND kind IN ('command', 'compensation');
+
+-- name: OutboxUnpublishedByType :many
+-- The commands and compensations waiting in the outbox, unpublished, by
+-- type, most first (up to @max types): how many, since when, the most
+-- publish attempts one had and the last error a relay recorded for the
+-- newest that has one. A type no queue takes shows here, retried for ever.
+SELECT o.type, o.kind,
+       count(*)::bigint AS count,
+       min(o.created_at)::timestamptz AS oldest,
+       max(o.publish_attempts)::integer AS attempts,
+       coalesce((array_agg(o.last_error ORDER BY o.id DESC) FILTER (WHERE o.last_error <> ''))[1], '')::text AS last_error
+FROM /* TEMPLATE: schema */sagabox_outbox o
+WHERE o.published_at IS NULL AND o.kind IN ('command', 'compensation')
+GROUP BY o.type, o.kind
+ORDER BY count(*) DESC, o.type, o.kind
+LIMIT @max::integer;
+
 -- name: OutboxPresent :many
 -- Returns which of the rows @ids are still in the outbox: a row a relay in
 -- log mode keeps retrying is dropped from its retries once it is gone

@@ -134,7 +134,10 @@ ORDER BY l.id;
 -- whose command or compensation is still in the outbox, unpublished, is
 -- not due: the time a command waits for the relay or the broker is not the
 -- participant's (its deadline is pushed back once it is published, see
--- SagaShiftDeadlines), and a re-send would only queue behind it.
+-- SagaShiftDeadlines), and a re-send would only queue behind it; unless a
+-- step's schedule-to-start timeout has passed (its "start_by" in the
+-- steps' state, saga.StepState.StartBy): the saga is due then, and its
+-- timer finds out whether that step's command is still unpublished.
 SELECT s.* FROM /* TEMPLATE: schema */sagabox_saga s
 WHERE s.deadline <= @now::timestamptz
   AND s.deadline IS NOT NULL
@@ -142,10 +145,16 @@ WHERE s.deadline <= @now::timestamptz
   AND (s.saga_type, s.version) IN (
       SELECT unnest(@saga_types::text[]), unnest(@versions::integer[])
   )
-  AND NOT EXISTS (
-      SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
-      WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
-        AND o.kind IN ('command', 'compensation')
+  AND (
+      NOT EXISTS (
+          SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
+          WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
+            AND o.kind IN ('command', 'compensation')
+      )
+      OR EXISTS (
+          SELECT 1 FROM jsonb_array_elements(s.steps) AS st
+          WHERE (st->>'start_by')::timestamptz <= @now::timestamptz
+      )
   )
 ORDER BY s.deadline
 LIMIT @max::integer
@@ -405,6 +414,20 @@ SELECT * FROM /* TEMPLATE: schema */sagabox_saga_history
 WHERE saga_id = @saga_id::uuid
 ORDER BY id;
 
+-- name: SagaUnpublished :many
+-- The commands and compensations of sagas @saga_ids still in the outbox,
+-- not yet published, in the order they were written: what a timer needs to
+-- tell a schedule-to-start timeout that expired from one whose command went
+-- out. A saga's messages have its id (as text) as their ordering key: the
+-- lookup reads the index of unpublished rows by key.
+SELECT o.saga_id::uuid AS saga_id, o.message_id, o.kind, o.step_index, o.attempt, o.created_at
+FROM /* TEMPLATE: schema */sagabox_outbox o
+WHERE o.ordering_key = ANY(CAST(@saga_ids::uuid[] AS text[]))
+  AND o.saga_id = ANY(@saga_ids::uuid[])
+  AND o.published_at IS NULL
+  AND o.kind IN ('command', 'compensation')
+ORDER BY o.id;
+
 -- name: SagaShiftDeadlines :exec
 -- Pushes back the deadlines of steps whose command or compensation was
 -- published late (held in the outbox by a broker outage or a backlog), by
@@ -416,8 +439,13 @@ ORDER BY id;
 -- transition.
 UPDATE /* TEMPLATE: schema */sagabox_saga s
 SET steps = /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds),
-    deadline = /* TEMPLATE: schema */sagabox_earliest_deadline(
-        /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds)),
+    -- The saga's deadline is the earliest of the steps' deadlines and
+    -- schedule-to-start deadlines (saga.EarliestDeadline); LEAST ignores
+    -- a null.
+    deadline = least(
+        /* TEMPLATE: schema */sagabox_earliest_deadline(
+            /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds)),
+        (SELECT min((e->>'start_by')::timestamptz) FROM jsonb_array_elements(s.steps) AS e WHERE e ? 'start_by')),
     revision = s.revision + 1
 FROM (
     SELECT r.saga_id, array_agg(r.step_index) AS step_index, array_agg(r.phase) AS phase,

@@ -70,7 +70,14 @@ type Runner interface {
 	// deadline; with none left, compensation starts with the step's own
 	// compensation (it may have run; the participant's barrier makes it a
 	// no-op otherwise), then the earlier steps in reverse order. For a
-	// compensation with a compensation timeout, it is re-sent.
+	// compensation with a compensation timeout, it is re-sent. While
+	// ev.Unpublished lists a message of the saga, no such deadline fires;
+	// a step's schedule-to-start timeout (WithScheduleToStartTimeout)
+	// does, when its command in flight is listed: an action then counts as
+	// timed out with no attempt left (the span's unpublished actions are
+	// listed in Result.Withdraw), a compensation as failed. A StartBy
+	// passed whose command is not listed (it was published) is cleared, with
+	// no history.
 	//
 	// EventRetry (operator) re-sends what is in flight with attempt+1: the
 	// action of a running saga, the compensation of a compensating one, or
@@ -364,14 +371,30 @@ func (m *machine[D]) finish() (Result, error) {
 		return Result{}, fmt.Errorf("encode data of saga %s: %w", m.inst.ID, err)
 	}
 	m.inst.Data = b
-	m.inst.Deadline = time.Time{}
-	for _, st := range m.inst.Steps {
-		if !st.Deadline.IsZero() && (m.inst.Deadline.IsZero() || st.Deadline.Before(m.inst.Deadline)) {
-			m.inst.Deadline = st.Deadline
+	for k := range m.inst.Steps {
+		// Only a command in flight can wait to be published.
+		if st := &m.inst.Steps[k]; st.Status != StepRunning && st.Status != StepCompensating {
+			st.StartBy = time.Time{}
 		}
 	}
+	m.inst.Deadline = EarliestDeadline(m.inst.Steps)
 	m.res.Instance = m.inst
 	return m.res, nil
+}
+
+// EarliestDeadline returns the earliest Deadline or StartBy of steps: the
+// instance's Deadline, when the next EventTimer is due. Zero when none is
+// set.
+func EarliestDeadline(steps []StepState) time.Time {
+	var d time.Time
+	for _, st := range steps {
+		for _, t := range [2]time.Time{st.Deadline, st.StartBy} {
+			if !t.IsZero() && (d.IsZero() || t.Before(d)) {
+				d = t
+			}
+		}
+	}
+	return d
 }
 
 // record appends a history entry at the current time. e.StepIndex must be
@@ -535,6 +558,7 @@ func (m *machine[D]) sendAction(i, attempt int) error {
 		return m.errorf(i, "build action request: %w", err)
 	}
 	st.Status, st.Attempt, st.Deadline, st.Run = StepRunning, attempt, m.after(s.timeout), m.inst.Run
+	st.StartBy = m.after(s.startTimeout)
 	m.res.Emit = append(m.res.Emit, Outgoing{
 		Type: s.action.command, Phase: PhaseAction, Step: s.name, StepIndex: i, Attempt: attempt, Run: m.inst.Run, Payload: payload,
 	})
@@ -551,6 +575,7 @@ func (m *machine[D]) sendCompensation(i, attempt int) error {
 		return m.errorf(i, "build compensation request: %w", err)
 	}
 	st.Status, st.CompensationAttempt, st.Deadline = StepCompensating, attempt, m.after(s.compTimeout)
+	st.StartBy = m.after(s.startTimeout)
 	m.inst.Status, m.inst.Phase, m.inst.CurrentStep = StatusCompensating, PhaseCompensation, s.spanStart
 	m.res.Emit = append(m.res.Emit, Outgoing{
 		Type: s.compensation.command, Phase: PhaseCompensation, Step: s.name, StepIndex: i, Attempt: attempt, Run: st.Run, Payload: payload,
@@ -877,26 +902,56 @@ func (m *machine[D]) timer() error {
 	}
 	i := m.inst.CurrentStep
 	start, end := m.span(i)
-	var due []int
+	held := len(m.ev.Unpublished) > 0
+	var due, expired []int
 	var next time.Time
-	for k := start; k < end; k++ {
-		d := m.inst.Steps[k].Deadline
-		switch {
-		case d.IsZero():
-		case !m.now.Before(d):
-			due = append(due, k)
-		case next.IsZero() || d.Before(next):
-			next = d
+	later := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
 		}
 	}
+	cleared := false
+	for k := start; k < end; k++ {
+		st := &m.inst.Steps[k]
+		if by := st.StartBy; !by.IsZero() {
+			switch {
+			case m.now.Before(by):
+				later(by)
+			case m.unpublished(k):
+				expired = append(expired, k)
+			default:
+				// Published in time: nothing more to watch.
+				st.StartBy, cleared = time.Time{}, true
+			}
+		}
+		switch d := st.Deadline; {
+		case d.IsZero():
+		case m.now.Before(d):
+			later(d)
+		case held:
+			// The time a message waits unpublished is not the
+			// participant's, and a re-send would wait behind it.
+		default:
+			due = append(due, k)
+		}
+	}
+	if len(expired) > 0 {
+		return m.unpublishedTimedOut(start, end, expired)
+	}
 	if len(due) == 0 {
+		if cleared {
+			return nil // a schedule-to-start timeout that did not expire: no history
+		}
 		what := fmt.Sprintf("step %q", m.def.steps[i].name)
 		if end-start > 1 {
 			what = fmt.Sprintf("group %q", m.def.steps[i].group)
 		}
-		if next.IsZero() {
+		switch {
+		case held:
+			m.ignore(fmt.Sprintf("timer: %s waits for %d unpublished message(s) of the saga", what, len(m.ev.Unpublished)))
+		case next.IsZero():
 			m.ignore(fmt.Sprintf("timer: %s has no deadline", what))
-		} else {
+		default:
 			m.ignore(fmt.Sprintf("timer: %s deadline %s not reached", what, next.Format(time.RFC3339Nano)))
 		}
 		return nil
@@ -920,6 +975,67 @@ func (m *machine[D]) timer() error {
 		m.ignore(fmt.Sprintf("timer: step %q is %s", m.def.steps[due[0]].name, m.inst.Steps[due[0]].Status))
 	}
 	return nil
+}
+
+// unpublished reports whether the command step k has in flight (its
+// action's attempt while running, its compensation's while compensating)
+// is listed by the timer as still unpublished.
+func (m *machine[D]) unpublished(k int) bool {
+	st := m.inst.Steps[k]
+	ref := MessageRef{StepIndex: k, Phase: PhaseAction, Attempt: st.Attempt}
+	switch st.Status {
+	case StepRunning:
+	case StepCompensating:
+		ref.Phase, ref.Attempt = PhaseCompensation, st.CompensationAttempt
+	default:
+		return false
+	}
+	return slices.Contains(m.ev.Unpublished, ref)
+}
+
+// unpublishedTimedOut handles the steps expired of the span [start, end),
+// whose command in flight was not published within their schedule-to-start
+// timeout. An action counts as timed out at once, whatever attempts it has
+// left: the span's unpublished actions are withdrawn and it unwinds (each
+// step in flight is compensated through the participant's barrier, in case
+// its command went out at the last moment). A compensation counts as
+// failed: once the span's other compensations have settled the saga fails,
+// for an operator; it stays in the outbox and goes out when it can.
+func (m *machine[D]) unpublishedTimedOut(start, end int, expired []int) error {
+	action := false
+	for _, k := range expired {
+		s, st := m.def.steps[k], &m.inst.Steps[k]
+		st.StartBy = time.Time{}
+		detail := fmt.Sprintf("not published within %s (schedule-to-start timeout)", s.startTimeout)
+		if st.Status == StepRunning {
+			action = true
+			reason := fmt.Sprintf("step %q: command %q not published within %s (schedule-to-start timeout): no queue takes it, or the broker or the relay is down",
+				s.name, s.action.command, s.startTimeout)
+			st.LastError = reason
+			if m.inst.LastError == "" || k == expired[0] {
+				m.inst.LastError = reason
+			}
+			m.record(HistoryEntry{Event: HistoryTimedOut, StepIndex: k, Phase: PhaseAction, Attempt: st.Attempt, Detail: detail})
+			if s.compensation == nil {
+				st.Status, st.FinishedAt, st.Deadline = StepTimedOut, m.now, time.Time{}
+				m.record(HistoryEntry{Event: HistoryCompensationSkipped, StepIndex: k, Phase: PhaseCompensation, Detail: "no compensation"})
+			}
+			continue
+		}
+		reason := fmt.Sprintf("compensation %q of step %q not published within %s (schedule-to-start timeout): no queue takes it, or the broker or the relay is down; it stays in the outbox until it can go out: retry the saga then",
+			s.compensation.command, s.name, s.startTimeout)
+		st.Status, st.FinishedAt, st.Deadline, st.LastError = StepCompensationFailed, m.now, time.Time{}, reason
+		m.record(HistoryEntry{Event: HistoryTimedOut, StepIndex: k, Phase: PhaseCompensation, Attempt: st.CompensationAttempt, Detail: detail})
+	}
+	if !action {
+		return m.settleCompensation(start, end)
+	}
+	for _, r := range m.ev.Unpublished {
+		if r.Phase == PhaseAction && r.StepIndex >= start && r.StepIndex < end {
+			m.res.Withdraw = append(m.res.Withdraw, r)
+		}
+	}
+	return m.unwind(start, end)
 }
 
 // stepTimer handles the passed deadline of step i.

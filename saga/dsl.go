@@ -44,8 +44,12 @@ type StepSpec[D any] struct {
 	hasTimeout     bool
 	compTimeout    time.Duration
 	hasCompTimeout bool
-	retry          RetryPolicy
-	hasRetry       bool
+	// startTimeout bounds how long each command of the step (action or
+	// compensation) may stay unpublished (WithScheduleToStartTimeout).
+	startTimeout    time.Duration
+	hasStartTimeout bool
+	retry           RetryPolicy
+	hasRetry        bool
 
 	// isGroup marks a parallel group built by Parallel; branches are its
 	// steps. New flattens groups: the definition's steps are the branches,
@@ -75,7 +79,8 @@ type phaseSpec[D any] struct {
 }
 
 // StepOption configures a step. Options are created by Invoke, Compensate,
-// WithTimeout, WithCompensationTimeout, WithRetry and When.
+// WithTimeout, WithCompensationTimeout, WithScheduleToStartTimeout,
+// WithRetry and When.
 type StepOption[D any] interface {
 	applyStep(s *StepSpec[D])
 }
@@ -180,6 +185,38 @@ func WithCompensationTimeout[D any](timeout time.Duration) StepOption[D] {
 	})
 }
 
+// WithScheduleToStartTimeout sets the longest time each command of the
+// step (every attempt of its action, and its compensation) may stay
+// unpublished: written to the orchestrator's outbox but not yet taken by
+// the broker (Temporal's schedule-to-start timeout). A step's other
+// timeouts count from the moment the broker has the command, so without
+// this option a command that cannot be published (no queue takes it, the
+// broker or the relay is down) holds its saga for ever.
+//
+// When it expires for the action, the step counts as timed out at once,
+// whatever attempts its retry policy has left (a re-send would wait behind
+// the first): the unpublished command is withdrawn from the outbox and the
+// saga compensates, starting with the step's own compensation, sent through
+// the participant's barrier in case the command went out at the last
+// moment. When it expires for the compensation, the compensation counts as
+// failed and the saga ends failed, for an operator (a compensation is never
+// given up on: it stays in the outbox and goes out when it can, and the
+// operator's retry sends it again).
+//
+// Off by default, for a reason: a broker outage, a blocked broker or a
+// stalled relay that lasts longer than timeout compensates (or fails) sagas
+// that nothing was wrong with. The orchestrator does not count the time its
+// own broker connection is down (see orchestrator.OutageRecoveryGrace), but
+// it cannot tell a blocked broker or a backlog from a missing queue. Set it
+// well above the longest outage you ride out, or leave it off and rely on
+// the alert on sagas waiting for unpublished messages (docs/operations.md).
+func WithScheduleToStartTimeout[D any](timeout time.Duration) StepOption[D] {
+	return stepOptionFunc[D](func(s *StepSpec[D]) {
+		s.startTimeout = timeout
+		s.hasStartTimeout = true
+	})
+}
+
 // WithRetry sets the step's retry policy (see RetryPolicy). Zero fields take
 // their defaults. A policy allowing more than one attempt needs WithTimeout.
 func WithRetry[D any](p RetryPolicy) StepOption[D] {
@@ -239,6 +276,9 @@ type StepInfo struct {
 	Timeout time.Duration
 	// CompensationTimeout is the compensation's re-send timeout; 0 if none.
 	CompensationTimeout time.Duration
+	// ScheduleToStartTimeout is the longest time each command of the step
+	// may stay unpublished (WithScheduleToStartTimeout); 0 if none.
+	ScheduleToStartTimeout time.Duration
 	// Retry is the step's retry policy with defaults applied.
 	Retry RetryPolicy
 	// Conditional is true when the step has a When predicate.
@@ -449,6 +489,14 @@ func (s *StepSpec[D]) problems() []string {
 			p = append(p, fmt.Sprintf("retry policy allows %d attempts but the step has no timeout, so nothing would ever trigger a retry", n))
 		}
 	}
+	if s.hasStartTimeout {
+		switch {
+		case s.startTimeout <= 0:
+			p = append(p, fmt.Sprintf("schedule-to-start timeout %s is not positive; omit WithScheduleToStartTimeout for none", s.startTimeout))
+		case s.isLocal && s.compensation == nil:
+			p = append(p, "a local step sends no command, so it cannot have a schedule-to-start timeout (WithScheduleToStartTimeout)")
+		}
+	}
 	if s.hasCompTimeout {
 		switch {
 		case s.compTimeout <= 0:
@@ -474,14 +522,15 @@ func (def *Definition[D]) Steps() []StepInfo {
 	infos := make([]StepInfo, len(def.steps))
 	for i, s := range def.steps {
 		info := StepInfo{
-			Name:                s.name,
-			Local:               s.isLocal,
-			Timeout:             s.timeout,
-			CompensationTimeout: s.compTimeout,
-			Retry:               s.retry,
-			Conditional:         s.when != nil,
-			WaitEvent:           s.waitEvent,
-			Group:               s.group,
+			Name:                   s.name,
+			Local:                  s.isLocal,
+			Timeout:                s.timeout,
+			CompensationTimeout:    s.compTimeout,
+			ScheduleToStartTimeout: s.startTimeout,
+			Retry:                  s.retry,
+			Conditional:            s.when != nil,
+			WaitEvent:              s.waitEvent,
+			Group:                  s.group,
 		}
 		if s.action != nil && !s.isLocal {
 			info.Action = s.action.command

@@ -68,6 +68,9 @@ func (s *StepSpec[D]) waitProblems() []string {
 	if s.hasRetry {
 		p = append(p, "a wait step cannot have a retry policy (WithRetry)")
 	}
+	if s.hasStartTimeout {
+		p = append(p, "a wait step sends no command, so it cannot have a schedule-to-start timeout (WithScheduleToStartTimeout)")
+	}
 	if s.timeout < 0 || (s.hasTimeout && s.timeout == 0) {
 		p = append(p, fmt.Sprintf("timeout %s is not positive; omit WithTimeout to wait forever", s.timeout))
 	}

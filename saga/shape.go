@@ -91,6 +91,10 @@ type ShapeNode struct {
 	// compensation's reply before re-sending it; 0 for none. JSON:
 	// compensation_timeout_seconds.
 	CompensationTimeout time.Duration `json:"-"`
+	// ScheduleToStartTimeout is the longest time each command of the step
+	// may stay unpublished (WithScheduleToStartTimeout); 0 for none. JSON:
+	// schedule_to_start_timeout_seconds.
+	ScheduleToStartTimeout time.Duration `json:"-"`
 	// Retry is the action's retry policy with its defaults applied
 	// (NodeStep); nil for other kinds. JSON: retry, with max_attempts,
 	// initial_interval_seconds, backoff_coefficient and
@@ -113,6 +117,7 @@ type shapeNodeJSON struct {
 	Event                      string      `json:"event,omitempty"`
 	TimeoutSeconds             float64     `json:"timeout_seconds,omitempty"`
 	CompensationTimeoutSeconds float64     `json:"compensation_timeout_seconds,omitempty"`
+	ScheduleToStartSeconds     float64     `json:"schedule_to_start_timeout_seconds,omitempty"`
 	Retry                      *retryJSON  `json:"retry,omitempty"`
 	Conditional                bool        `json:"conditional,omitempty"`
 	Branches                   []ShapeNode `json:"branches,omitempty"`
@@ -134,7 +139,7 @@ func (n ShapeNode) MarshalJSON() ([]byte, error) {
 	j := shapeNodeJSON{
 		Kind: n.Kind, Name: n.Name, Index: n.Index, Action: n.Action, Compensation: n.Compensation, Event: n.Event,
 		TimeoutSeconds: seconds(n.Timeout), CompensationTimeoutSeconds: seconds(n.CompensationTimeout),
-		Conditional: n.Conditional, Branches: n.Branches,
+		ScheduleToStartSeconds: seconds(n.ScheduleToStartTimeout), Conditional: n.Conditional, Branches: n.Branches,
 	}
 	if r := n.Retry; r != nil {
 		j.Retry = &retryJSON{
@@ -155,7 +160,7 @@ func (n *ShapeNode) UnmarshalJSON(b []byte) error {
 	*n = ShapeNode{
 		Kind: j.Kind, Name: j.Name, Index: j.Index, Action: j.Action, Compensation: j.Compensation, Event: j.Event,
 		Timeout: fromSeconds(j.TimeoutSeconds), CompensationTimeout: fromSeconds(j.CompensationTimeoutSeconds),
-		Conditional: j.Conditional, Branches: j.Branches,
+		ScheduleToStartTimeout: fromSeconds(j.ScheduleToStartSeconds), Conditional: j.Conditional, Branches: j.Branches,
 	}
 	if r := j.Retry; r != nil {
 		n.Retry = &RetryPolicy{
@@ -193,7 +198,8 @@ func ShapeOf(r Runner) Shape {
 func nodeOf(i int, info StepInfo) ShapeNode {
 	n := ShapeNode{
 		Kind: NodeStep, Name: info.Name, Index: i, Action: info.Action, Compensation: info.Compensation,
-		Timeout: info.Timeout, CompensationTimeout: info.CompensationTimeout, Conditional: info.Conditional,
+		Timeout: info.Timeout, CompensationTimeout: info.CompensationTimeout, ScheduleToStartTimeout: info.ScheduleToStartTimeout,
+		Conditional: info.Conditional,
 	}
 	switch {
 	case info.Local:

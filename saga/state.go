@@ -136,6 +136,13 @@ type StepState struct {
 	// attempt's timeout (StepRunning, StepCompensating) or of the backoff
 	// (StepWaitingRetry). Zero when no timer is due.
 	Deadline time.Time `json:"deadline,omitzero"`
+	// StartBy is when the command in flight (the action's attempt
+	// Attempt, or the compensation's attempt CompensationAttempt) must
+	// have been published for the step's schedule-to-start timeout
+	// (WithScheduleToStartTimeout) not to expire: the time it was sent plus
+	// the timeout. Zero without one, and once a timer found the command
+	// published.
+	StartBy time.Time `json:"start_by,omitzero"`
 	// StartedAt is when the step was first sent, run or skipped.
 	StartedAt time.Time `json:"started_at,omitzero"`
 	// FinishedAt is when the step last reached a settled status (succeeded,
@@ -189,8 +196,8 @@ type Instance struct {
 	Data json.RawMessage `json:"data"`
 	// Steps holds one state per step of the definition, in order.
 	Steps []StepState `json:"steps"`
-	// Deadline is the earliest Deadline of the steps: when the orchestrator
-	// must deliver an EventTimer. Zero when no timer is due.
+	// Deadline is the earliest Deadline or StartBy of the steps: when the
+	// orchestrator must deliver an EventTimer. Zero when no timer is due.
 	Deadline time.Time `json:"deadline,omitzero"`
 	// LastError is the most recent failure reason: a rejection, a timeout,
 	// an abort or a compensation failure.
@@ -208,7 +215,8 @@ const (
 	// action, or a compensation that could not be performed).
 	EventReplyFailure EventKind = "reply-failure"
 	// EventTimer: Instance.Deadline has passed. Delivered by the
-	// orchestrator's deadline sweeper; early or stale timers are ignored.
+	// orchestrator's deadline sweeper, with the saga's messages still
+	// unpublished (Event.Unpublished); early or stale timers are ignored.
 	EventTimer EventKind = "timer"
 	// EventRetry: an operator asks to re-send what is in flight, or, for a
 	// failed saga, the compensation that failed.
@@ -272,6 +280,21 @@ type Event struct {
 	MessageID uuid.UUID
 	// At is when the event happened (the orchestrator's clock). Required.
 	At time.Time
+	// Unpublished lists the saga's commands and compensations that are
+	// still in the orchestrator's outbox, not yet published to the broker,
+	// when the timer fires. EventTimer only. While one is listed no step
+	// deadline fires (the time a command waits unpublished is not the
+	// participant's, and a re-send would wait behind it); only
+	// schedule-to-start timeouts do (WithScheduleToStartTimeout).
+	Unpublished []MessageRef
+}
+
+// MessageRef names one command or compensation a saga sent: its step, its
+// phase and its attempt.
+type MessageRef struct {
+	StepIndex int
+	Phase     Phase
+	Attempt   int
 }
 
 // Outgoing is a command or compensation that the orchestrator must put in
@@ -401,6 +424,10 @@ type Result struct {
 	Instance Instance
 	// Emit lists the messages to write to the outbox, in order.
 	Emit []Outgoing
+	// Withdraw lists messages of Event.Unpublished that the saga gave up on
+	// (a schedule-to-start timeout): delete them from the outbox, in the
+	// same transaction, unless a relay has published them meanwhile.
+	Withdraw []MessageRef
 	// History lists the entries to append to the saga's history.
 	History []HistoryEntry
 	// Ignored is true when the event changed nothing (a stale or duplicate

@@ -34,6 +34,31 @@ func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
 	return (&executor{s}).OutboxStats(ctx)
 }
 
+// SagaCount is the number of sagas of one type (in one status, where it
+// applies).
+type SagaCount = driver.SagaCount
+
+// OutboxTypeBacklog is the unpublished commands (or compensations) of one
+// type in an outbox.
+type OutboxTypeBacklog = driver.OutboxTypeBacklog
+
+// UnpublishedOverdue counts, by saga type, the running or compensating sagas
+// that have waited longer than grace for a command or compensation still
+// unpublished, past their deadline or without one: no deadline fires while
+// a saga's message is unpublished, so they wait for it (for ever, unless the
+// step has a schedule-to-start timeout). The sagabox.sagas.unpublished_overdue
+// gauge reports the same.
+func (s *Store) UnpublishedOverdue(ctx context.Context, grace time.Duration) ([]SagaCount, error) {
+	return (&executor{s}).SagaCountUnpublishedOverdue(ctx, time.Now().Add(-grace))
+}
+
+// OutboxUnpublishedByType returns the commands and compensations waiting in
+// the schema's outbox, unpublished, by type, most first, at most max types:
+// a type no queue takes shows here with the relay's last error.
+func (s *Store) OutboxUnpublishedByType(ctx context.Context, max int) ([]OutboxTypeBacklog, error) {
+	return (&executor{s}).OutboxUnpublishedByType(ctx, max)
+}
+
 // InboxStats is a summary of an inbox.
 type InboxStats struct {
 	// Total is the number of processed messages still kept.

@@ -269,6 +269,22 @@ func (s *executor) SagaClaimDue(ctx context.Context, t driver.Tx, now time.Time,
 	return sagaRecords(rows), nil
 }
 
+// SagaUnpublished implements driver.Executor.
+func (s *executor) SagaUnpublished(ctx context.Context, t driver.Tx, ids []uuid.UUID) ([]driver.UnpublishedMessage, error) {
+	rows, err := s.queries.SagaUnpublished(ctx, txOf(t).exec(ctx, false), nonNil(ids))
+	if err != nil {
+		return nil, fmt.Errorf("read the unpublished messages of %d sagas in schema %q: %w", len(ids), s.schema, err)
+	}
+	out := make([]driver.UnpublishedMessage, len(rows))
+	for i, r := range rows {
+		out[i] = driver.UnpublishedMessage{
+			SagaID: r.SagaID, MessageID: r.MessageID, Kind: message.Kind(r.Kind), StepIndex: int(r.StepIndex),
+			Attempt: int(r.Attempt), CreatedAt: r.CreatedAt,
+		}
+	}
+	return out, nil
+}
+
 // backgroundTimeouts bounds the statements of a background transaction so
 // that a stuck lock or a slow plan cannot hold it forever.
 const backgroundTimeouts = "select set_config('statement_timeout', '30s', true), set_config('lock_timeout', '10s', true)"
@@ -361,11 +377,16 @@ func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, 
 	var msgs []message.Message
 	var h historyCols
 	var withdraw []uuid.UUID
+	withdrawMsgs := &dbsqlc.OutboxWithdrawMessagesParams{}
 	p := &dbsqlc.SagaWriteParams{Now: now}
 	for i := range trs {
 		tr := &trs[i]
 		if tr.WithdrawUnsent && tr.Saga != nil {
 			withdraw = append(withdraw, tr.Saga.ID)
+		}
+		if len(tr.Withdraw) > 0 && tr.Saga != nil {
+			withdrawMsgs.SagaIds = append(withdrawMsgs.SagaIds, tr.Saga.ID)
+			withdrawMsgs.MessageIds = append(withdrawMsgs.MessageIds, tr.Withdraw...)
 		}
 		for j := range tr.History {
 			h.add(&tr.History[j])
@@ -409,6 +430,11 @@ func (s *executor) writeTransitions(ctx context.Context, db, ahead dbsqlc.DBTX, 
 	if len(withdraw) > 0 {
 		if _, err := s.queries.OutboxWithdraw(ctx, ahead, withdraw); err != nil {
 			return nil, fmt.Errorf("withdraw the unsent messages of %d terminated sagas in schema %q: %w", len(withdraw), s.schema, err)
+		}
+	}
+	if len(withdrawMsgs.MessageIds) > 0 {
+		if _, err := s.queries.OutboxWithdrawMessages(ctx, ahead, withdrawMsgs); err != nil {
+			return nil, fmt.Errorf("withdraw %d unsent messages of %d sagas in schema %q: %w", len(withdrawMsgs.MessageIds), len(withdrawMsgs.SagaIds), s.schema, err)
 		}
 	}
 	row, err := s.queries.SagaWrite(ctx, db, p)

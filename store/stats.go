@@ -3,8 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
+	"github.com/sagabox/sagabox/message"
 	"github.com/sagabox/sagabox/store/driver"
 )
 
@@ -54,6 +56,42 @@ func (s *executor) SagaCountOpen(ctx context.Context, sagaTypes []string) ([]dri
 	out := make([]driver.SagaCount, len(rows))
 	for i, r := range rows {
 		out[i] = driver.SagaCount{Type: r.SagaType, Status: r.Status, Count: r.Count}
+	}
+	return out, nil
+}
+
+// SagaCountUnpublishedOverdue implements driver.Executor.
+func (s *executor) SagaCountUnpublishedOverdue(ctx context.Context, before time.Time) ([]driver.SagaCount, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.SagaCountUnpublishedOverdue(ctx, db, before)
+	if err != nil {
+		return nil, fmt.Errorf("count sagas waiting for unpublished messages in schema %q: %w", s.schema, err)
+	}
+	out := make([]driver.SagaCount, len(rows))
+	for i, r := range rows {
+		out[i] = driver.SagaCount{Type: r.SagaType, Count: r.Count}
+	}
+	return out, nil
+}
+
+// OutboxUnpublishedByType implements driver.Executor.
+func (s *executor) OutboxUnpublishedByType(ctx context.Context, max int) ([]driver.OutboxTypeBacklog, error) {
+	db, err := s.pooled()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.queries.OutboxUnpublishedByType(ctx, db, int32(min(max, math.MaxInt32)))
+	if err != nil {
+		return nil, fmt.Errorf("unpublished commands by type in schema %q: %w", s.schema, err)
+	}
+	out := make([]driver.OutboxTypeBacklog, len(rows))
+	for i, r := range rows {
+		out[i] = driver.OutboxTypeBacklog{
+			Type: r.Type, Kind: message.Kind(r.Kind), Count: r.Count, Oldest: r.Oldest, Attempts: int(r.Attempts), LastError: r.LastError,
+		}
 	}
 	return out, nil
 }

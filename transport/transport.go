@@ -244,6 +244,19 @@ type Availability interface {
 	Unavailable() time.Time
 }
 
+// RouteChecker is implemented by a Broker that can tell whether a command
+// would reach a queue, without any Handler seeing anything. A command no
+// queue takes (its service not deployed, a typo in its name) is retried as
+// unroutable for ever and its saga waits: the orchestrator checks its
+// definitions' commands when it starts, and `sagabox doctor` those the
+// schema's recorded definitions name.
+type RouteChecker interface {
+	// Routable reports, for each of commands (command and compensation
+	// types: their routing keys on the commands exchange), whether a queue
+	// takes it. The map has one entry per distinct command.
+	Routable(ctx context.Context, commands []string) (map[string]bool, error)
+}
+
 // Broker is a Publisher and Subscriber over one connection.
 type Broker interface {
 	Publisher

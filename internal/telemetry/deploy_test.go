@@ -29,6 +29,9 @@ func (fakeStats) OutboxStats(context.Context) (driver.OutboxStats, error) {
 	return driver.OutboxStats{Backlog: 1, OldestAge: time.Second}, nil
 }
 func (fakeStats) SagaCountOverdue(context.Context, time.Time) (int64, error) { return 0, nil }
+func (fakeStats) SagaCountUnpublishedOverdue(context.Context, time.Time) ([]driver.SagaCount, error) {
+	return []driver.SagaCount{{Type: "checkout", Count: 2}}, nil
+}
 func (fakeStats) SagaCountOpen(context.Context, []string) ([]driver.SagaCount, error) {
 	return nil, nil
 }
@@ -66,6 +69,16 @@ func exported(t *testing.T) (metrics, labels map[string]bool) {
 		func() error { _, err := tel.RegisterSagaGauges(st, []string{"checkout"}); return err },
 		func() error { _, err := tel.RegisterQueuedGauges(st, time.Now); return err },
 		func() error { _, err := tel.RegisterSlotGauges(st, "sagabox_orders", "sagabox_orders"); return err },
+		func() error {
+			_, err := tel.RegisterUnpublishedGauge(st, []string{"checkout"}, time.Minute, time.Now)
+			return err
+		},
+		func() error {
+			_, err := tel.RegisterRouteGauge("orders", func() []telemetry.Route {
+				return []telemetry.Route{{SagaType: "checkout", Command: "loyalty.award"}}
+			})
+			return err
+		},
 	} {
 		require.NoError(t, register())
 	}

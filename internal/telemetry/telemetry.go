@@ -165,6 +165,8 @@ type Telemetry struct {
 	oldestAge metric.Float64ObservableGauge
 	dead      metric.Int64ObservableGauge
 	overdue   metric.Int64ObservableGauge
+	held      metric.Int64ObservableGauge
+	routes    metric.Int64ObservableGauge
 	queued    metric.Int64ObservableGauge
 	queueAge  metric.Float64ObservableGauge
 	open      metric.Int64ObservableGauge
@@ -191,6 +193,8 @@ const (
 	MetricSagasStarted         = "sagabox.sagas.started"
 	MetricSagasFinished        = "sagabox.sagas.finished"
 	MetricSagasOverdue         = "sagabox.sagas.overdue"
+	MetricSagasUnpublished     = "sagabox.sagas.unpublished_overdue"
+	MetricCommandsUnroutable   = "sagabox.commands.unroutable"
 	MetricStepDuration         = "sagabox.saga.step.duration"
 	MetricSagaDuration         = "sagabox.saga.duration"
 	MetricAdmissionWait        = "sagabox.saga.admission_wait"
@@ -211,7 +215,7 @@ var MetricNames = []string{
 	MetricDeadLetters, MetricRetries, MetricSagasStarted, MetricSagasFinished, MetricSagasOverdue,
 	MetricStepDuration, MetricSagaDuration, MetricDeadlinesFired, MetricSagasOpen, MetricOperatorPending,
 	MetricHandlerDuration, MetricAdmissionWait, MetricSagasQueued, MetricQueuedOldestAge,
-	MetricRelaySlotLag, MetricRelaySlotActive,
+	MetricRelaySlotLag, MetricRelaySlotActive, MetricSagasUnpublished, MetricCommandsUnroutable,
 }
 
 // Handler outcomes (AttrOutcome on sagabox.handler.duration).
@@ -326,7 +330,15 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Telemetry, error) {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	if t.overdue, err = t.meter.Int64ObservableGauge(MetricSagasOverdue, metric.WithUnit("{saga}"),
-		metric.WithDescription("Running or compensating sagas whose deadline passed more than a grace period ago (the sweeper is not keeping up or not running).")); err != nil {
+		metric.WithDescription("Running or compensating sagas whose deadline passed more than a grace period ago and that the sweeper would fire (it is not keeping up or not running); those held by an unpublished message are sagabox.sagas.unpublished_overdue.")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.held, err = t.meter.Int64ObservableGauge(MetricSagasUnpublished, metric.WithUnit("{saga}"),
+		metric.WithDescription("Running or compensating sagas, by type, that have waited more than a grace period for a command or compensation still unpublished, past their deadline or without one: no deadline fires while it is unpublished (a queue missing, the broker or the relay down).")); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if t.routes, err = t.meter.Int64ObservableGauge(MetricCommandsUnroutable, metric.WithUnit("{command}"),
+		metric.WithDescription("1 for a command (or compensation) of a saga type that no queue takes, as last checked (at start, then until a queue takes it); 0 once one does.")); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	if t.slotLag, err = t.meter.Int64ObservableGauge(MetricRelaySlotLag, metric.WithUnit("By"),
@@ -411,6 +423,64 @@ func (t *Telemetry) RegisterOverdueGauge(st driver.Executor, grace time.Duration
 	}, t.overdue)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: register overdue saga gauge: %w", err)
+	}
+	return reg, nil
+}
+
+// RegisterUnpublishedGauge reports, at every collection, for each of
+// sagaTypes, how many running or compensating sagas of st have waited
+// since before now() - grace for a command or compensation still
+// unpublished, past their deadline or without one
+// (sagabox.sagas.unpublished_overdue, zeros included).
+func (t *Telemetry) RegisterUnpublishedGauge(st driver.Executor, sagaTypes []string, grace time.Duration, now func() time.Time) (metric.Registration, error) {
+	schema := AttrSchema.String(st.Schema())
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		counts, err := st.SagaCountUnpublishedOverdue(ctx, now().Add(-grace))
+		if err != nil {
+			return err
+		}
+		n := make(map[string]int64, len(counts))
+		for _, c := range counts {
+			n[c.Type] = c.Count
+		}
+		for _, typ := range sagaTypes {
+			o.ObserveInt64(t.held, n[typ], metric.WithAttributes(schema, AttrSagaType.String(typ)))
+		}
+		return nil
+	}, t.held)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register unpublished saga gauge: %w", err)
+	}
+	return reg, nil
+}
+
+// Route is a command of a saga type and whether a queue takes it, as last
+// checked.
+type Route struct {
+	SagaType string
+	Command  string
+	Routable bool
+}
+
+// RegisterRouteGauge reports, at every collection, each route routes
+// returns (sagabox.commands.unroutable): 1 for a command no queue takes, 0
+// for one a queue takes.
+func (t *Telemetry) RegisterRouteGauge(schema string, routes func() []Route) (metric.Registration, error) {
+	s := AttrSchema.String(schema)
+	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, r := range routes() {
+			v := int64(1)
+			if r.Routable {
+				v = 0
+			}
+			o.ObserveInt64(t.routes, v, metric.WithAttributes(s, AttrSagaType.String(r.SagaType), AttrMessageType.String(r.Command)))
+		}
+		return nil
+	}, t.routes)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: register route gauge: %w", err)
 	}
 	return reg, nil
 }

@@ -114,6 +114,9 @@ func describe(n saga.ShapeNode, st *stepLook) string {
 	if n.Timeout > 0 {
 		parts = append(parts, "timeout "+duration(n.Timeout))
 	}
+	if n.ScheduleToStartTimeout > 0 {
+		parts = append(parts, "times out when a command stays unpublished "+duration(n.ScheduleToStartTimeout))
+	}
 	if r := n.Retry; r != nil && r.MaxAttempts > 1 {
 		parts = append(parts, fmt.Sprintf("up to %d attempts, the first re-send after %s", r.MaxAttempts, duration(r.InitialInterval)))
 	}

@@ -355,3 +355,12 @@ func TestGraphDrawsWhatItDoesNotKnow(t *testing.T) {
 	require.Contains(t, sagapic.GraphDOT(empty, nil), "start -> finish;")
 	require.Contains(t, sagapic.GraphMermaid(empty, nil), "start --> finish")
 }
+
+// A step's schedule-to-start timeout is in its box's tooltip.
+func TestGraphSVGScheduleToStartInTheTooltip(t *testing.T) {
+	t.Parallel()
+	sh := saga.Shape{Format: saga.ShapeFormat, Name: "s", Version: 1, Nodes: []saga.ShapeNode{
+		{Kind: saga.NodeStep, Name: "award", Action: "loyalty.award", ScheduleToStartTimeout: 10 * time.Minute},
+	}}
+	require.Contains(t, sagapic.GraphSVG(sh, nil), "award: sends loyalty.award; times out when a command stays unpublished 10m")
+}

@@ -13,12 +13,18 @@
 //	sagatest.ExpectCompensation(s, release)
 //	sagatest.ReplySuccess(s, release, saga.None{})
 //	s.RequireStatus(saga.StatusCompensated)
+//
+// Messages are published as soon as the saga emits them, unless the test
+// holds them back (HoldPublishing): that is how a scenario plays a broker
+// outage, or a command no queue takes, and a step's schedule-to-start
+// timeout (saga.WithScheduleToStartTimeout).
 package sagatest
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +55,18 @@ type Scenario[D any] struct {
 	last    *saga.Outgoing
 	history []saga.HistoryEntry
 	msgSeq  int
+	// holding is set by HoldPublishing: emitted messages of the types
+	// holdTypes (all when empty) join held.
+	holding   bool
+	holdTypes []string
+	held      []heldMessage
+}
+
+// heldMessage is an emitted message still unpublished (HoldPublishing),
+// and when it was emitted.
+type heldMessage struct {
+	ref saga.MessageRef
+	at  time.Time
 }
 
 // New returns a scenario for def with its clock at Epoch. Local steps get
@@ -121,8 +139,83 @@ func (s *Scenario[D]) Deliver(ev saga.Event) saga.Result {
 
 func (s *Scenario[D]) take(res saga.Result) {
 	s.inst = res.Instance
+	for _, r := range res.Withdraw {
+		// Withdrawn from the outbox: never delivered.
+		s.held = slices.DeleteFunc(s.held, func(h heldMessage) bool { return h.ref == r })
+		s.queue = slices.DeleteFunc(s.queue, func(o saga.Outgoing) bool { return refOf(o) == r })
+	}
 	s.queue = append(s.queue, res.Emit...)
+	if s.holding {
+		for _, o := range res.Emit {
+			if len(s.holdTypes) == 0 || slices.Contains(s.holdTypes, o.Type) {
+				s.held = append(s.held, heldMessage{ref: refOf(o), at: s.now})
+			}
+		}
+	}
 	s.history = append(s.history, res.History...)
+}
+
+func refOf(o saga.Outgoing) saga.MessageRef {
+	return saga.MessageRef{StepIndex: o.StepIndex, Phase: o.Phase, Attempt: o.Attempt}
+}
+
+// HoldPublishing keeps the messages the saga emits from now on
+// unpublished, as the orchestrator's outbox does while the broker is down
+// or the relay is stalled, until Publish; with commands, only the messages
+// of those command types, as for commands no queue takes. The test
+// can still take and answer them (Next, ExpectCommand, …). Meanwhile
+// Advance delivers timers as the orchestrator's sweeper does: no step
+// deadline fires, only schedule-to-start timeouts
+// (saga.WithScheduleToStartTimeout), each timer listing the held messages
+// in Event.Unpublished. A message the saga withdraws (Result.Withdraw) is
+// dropped: it is never delivered.
+func (s *Scenario[D]) HoldPublishing(commands ...string) {
+	s.holding, s.holdTypes = true, slices.Clone(commands)
+}
+
+// Publish publishes the messages held back since HoldPublishing, now, and
+// stops holding: as the orchestrator does for a command published late,
+// the deadline of each step still waiting for one of them is pushed back
+// by the time it waited, since a step's timeout counts from when the broker
+// has its command.
+func (s *Scenario[D]) Publish() {
+	s.t.Helper()
+	s.requireStarted()
+	for _, h := range s.held {
+		st := &s.inst.Steps[h.ref.StepIndex]
+		waiting := (h.ref.Phase == saga.PhaseAction && st.Status == saga.StepRunning && st.Attempt == h.ref.Attempt) ||
+			(h.ref.Phase == saga.PhaseCompensation && st.Status == saga.StepCompensating && st.CompensationAttempt == h.ref.Attempt)
+		if waiting && !st.Deadline.IsZero() {
+			st.Deadline = st.Deadline.Add(s.now.Sub(h.at))
+		}
+	}
+	s.inst.Deadline = saga.EarliestDeadline(s.inst.Steps)
+	s.held, s.holding, s.holdTypes = nil, false, nil
+}
+
+// Unpublished returns the messages held unpublished (see HoldPublishing).
+func (s *Scenario[D]) Unpublished() []saga.MessageRef {
+	out := make([]saga.MessageRef, len(s.held))
+	for i, h := range s.held {
+		out[i] = h.ref
+	}
+	return out
+}
+
+// nextTimer returns when the orchestrator's sweeper would deliver the next
+// timer: at the instance's deadline, or, while messages are held
+// unpublished, at the earliest schedule-to-start deadline (zero: none).
+func (s *Scenario[D]) nextTimer() time.Time {
+	if len(s.held) == 0 {
+		return s.inst.Deadline
+	}
+	var due time.Time
+	for _, st := range s.inst.Steps {
+		if !st.StartBy.IsZero() && (due.IsZero() || st.StartBy.Before(due)) {
+			due = st.StartBy
+		}
+	}
+	return due
 }
 
 func (s *Scenario[D]) requireStarted() {
@@ -259,7 +352,8 @@ func (s *Scenario[D]) replyEvent(msg saga.Outgoing, kind saga.EventKind, payload
 }
 
 // Advance moves the clock forward by d, firing each deadline that falls
-// due on the way at its own time, as a prompt deadline sweeper would.
+// due on the way at its own time, as a prompt deadline sweeper would
+// (while messages are held unpublished, see HoldPublishing).
 func (s *Scenario[D]) Advance(d time.Duration) {
 	s.t.Helper()
 	if d < 0 {
@@ -268,7 +362,7 @@ func (s *Scenario[D]) Advance(d time.Duration) {
 	s.requireStarted()
 	target := s.now.Add(d)
 	for range maxTimersPerAdvance {
-		due := s.inst.Deadline
+		due := s.nextTimer()
 		if due.IsZero() || due.After(target) {
 			s.now = target
 			return
@@ -276,7 +370,7 @@ func (s *Scenario[D]) Advance(d time.Duration) {
 		if due.After(s.now) {
 			s.now = due
 		}
-		res := s.Deliver(saga.Event{Kind: saga.EventTimer, At: s.now})
+		res := s.Deliver(saga.Event{Kind: saga.EventTimer, At: s.now, Unpublished: s.Unpublished()})
 		if res.Ignored {
 			s.t.Fatalf("sagatest: timer at %s ignored: %s", s.now, res.IgnoreReason)
 		}
@@ -333,6 +427,7 @@ func Restarted[D any](s *Scenario[D], def *saga.Definition[D]) *Scenario[D] {
 	n := New(s.t, def)
 	n.id, n.now, n.inst, n.started = s.id, s.now, s.inst, true
 	n.queue, n.history, n.msgSeq = append(n.queue, s.queue...), append(n.history, s.history...), s.msgSeq
+	n.holding, n.holdTypes, n.held = s.holding, s.holdTypes, slices.Clone(s.held)
 	return n
 }
 

@@ -196,3 +196,42 @@ func TestScenarioApplyReturnsErrors(t *testing.T) {
 	require.Equal(t, 1, s.Next().Attempt)
 	require.Equal(t, 2, s.Next().Attempt, "the retry re-sent the command")
 }
+
+// HoldPublishing keeps messages unpublished: step timeouts wait, a
+// schedule-to-start timeout fires, a withdrawn message is dropped.
+func TestScenarioHoldPublishing(t *testing.T) {
+	t.Parallel()
+	def := saga.MustNew("booking", 1,
+		saga.Step("hold",
+			saga.Invoke(hold, func(b *Booking) HoldReq { return HoldReq{Guest: b.Guest} }, func(b *Booking, r HoldReply) { b.RoomID = r.RoomID }),
+			saga.Compensate(free, func(b *Booking) FreeReq { return FreeReq{RoomID: b.RoomID} }),
+			saga.WithTimeout[Booking](time.Minute),
+			saga.WithScheduleToStartTimeout[Booking](5*time.Minute),
+		),
+	)
+	s := sagatest.New(t, def)
+	s.HoldPublishing(hold.Name()) // only hotel.hold has no queue
+	s.Start(Booking{Guest: "ann"})
+	require.Equal(t, []saga.MessageRef{{StepIndex: 0, Phase: saga.PhaseAction, Attempt: 1}}, s.Unpublished())
+	s.Advance(4 * time.Minute)
+	s.RequireStepStatus("hold", saga.StepRunning)
+	s.Advance(time.Minute)
+	s.RequireStepStatus("hold", saga.StepCompensating)
+	require.Empty(t, s.Unpublished(), "the hold was withdrawn, the free is not held")
+	require.Len(t, s.Pending(), 1, "the withdrawn hold is never delivered")
+	sagatest.ExpectCompensation(s, free)
+	sagatest.ReplySuccess(s, free, saga.None{})
+	s.RequireStatus(saga.StatusCompensated)
+
+	// Published late: the step's timeout counts from the publish.
+	s = sagatest.New(t, def)
+	s.HoldPublishing()
+	s.Start(Booking{Guest: "bob"})
+	s.Advance(3 * time.Minute)
+	s.Publish()
+	require.Empty(t, s.Unpublished())
+	s.Advance(59 * time.Second)
+	s.RequireStepStatus("hold", saga.StepRunning)
+	s.Advance(time.Second)
+	s.RequireStatus(saga.StatusCompensating)
+}

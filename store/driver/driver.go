@@ -145,6 +145,9 @@ type Executor interface {
 	// sagas that others hold, under the statement and lock timeouts of
 	// background work.
 	SagaClaimDue(ctx context.Context, t Tx, now time.Time, max int, keys []SagaKey) ([]SagaRecord, error)
+	// SagaUnpublished returns, in t, the commands and compensations of the
+	// sagas ids still in the outbox, not yet published, in write order.
+	SagaUnpublished(ctx context.Context, t Tx, ids []uuid.UUID) ([]UnpublishedMessage, error)
 	// SagaWrite writes trs in t in one statement, sent with t's next
 	// round trip: Commit (the usual case: one round trip for the write and
 	// COMMIT), or the next operation's statement. A saga whose revision
@@ -312,6 +315,14 @@ type Executor interface {
 	// SagaCountOverdue counts running or compensating sagas whose deadline
 	// is before before.
 	SagaCountOverdue(ctx context.Context, before time.Time) (int64, error)
+	// SagaCountUnpublishedOverdue counts, by type (SagaCount.Status
+	// empty), the running or compensating sagas that wait for a command or
+	// compensation written before before and still unpublished, past their
+	// deadline (before before) or without one.
+	SagaCountUnpublishedOverdue(ctx context.Context, before time.Time) ([]SagaCount, error)
+	// OutboxUnpublishedByType returns the unpublished commands and
+	// compensations by type, most first, at most max types.
+	OutboxUnpublishedByType(ctx context.Context, max int) ([]OutboxTypeBacklog, error)
 
 	// OperationRequest records the operator request op.
 	OperationRequest(ctx context.Context, op NewOperation) (Operation, error)

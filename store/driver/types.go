@@ -44,6 +44,33 @@ type SagaCount struct {
 	Count  int64
 }
 
+// UnpublishedMessage is a saga's command or compensation still in the
+// outbox, not yet published.
+type UnpublishedMessage struct {
+	SagaID    uuid.UUID
+	MessageID uuid.UUID
+	Kind      message.Kind
+	StepIndex int
+	Attempt   int
+	// CreatedAt is when it was written.
+	CreatedAt time.Time
+}
+
+// OutboxTypeBacklog is the unpublished commands (or compensations) of one
+// type in an outbox.
+type OutboxTypeBacklog struct {
+	Type  string
+	Kind  message.Kind
+	Count int64
+	// Oldest is when the oldest of them was written.
+	Oldest time.Time
+	// Attempts is the most publish attempts one of them had.
+	Attempts int
+	// LastError is the last error a relay recorded for the newest one
+	// that has one; empty if none has.
+	LastError string
+}
+
 // OutboxRow is a claimed outbox row: the message and its publishing state.
 type OutboxRow struct {
 	// ID is the row's position in write order.
@@ -260,6 +287,10 @@ type Transition struct {
 	// relay has published yet, in the same transaction: the saga was
 	// terminated and sends nothing more.
 	WithdrawUnsent bool
+	// Withdraw deletes the saga's commands and compensations with these
+	// message ids that no relay has published yet, in the same
+	// transaction, before Messages are written: the saga gave up on them.
+	Withdraw []uuid.UUID
 }
 
 // SagaFilter selects sagas for SagaList.

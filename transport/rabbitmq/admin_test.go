@@ -43,3 +43,23 @@ func TestBrowseReturnsAfterTheMessagesAreBack(t *testing.T) {
 		require.Equal(t, n, q.Messages, "browse %d", i)
 	}
 }
+
+// A tool checks routes from outside: no command is routable in a namespace
+// no service ever started, and a command is once its queue is declared.
+func TestAdminRoutable(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	cfg := amqptest.Config(t)
+	adm, err := rabbitmq.DialAdmin(ctx, rabbitmq.Config{URL: cfg.URL, Namespace: cfg.Namespace})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = adm.Close() })
+	got, err := adm.Routable(ctx, []string{"svc.do", "nobody.listens"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"svc.do": false, "nobody.listens": false}, got, "no exchange yet")
+
+	b := amqptest.NewBroker(t, cfg)
+	require.NoError(t, b.Declare(ctx, spec))
+	got, err = adm.Routable(ctx, []string{"svc.do", "nobody.listens"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"svc.do": true, "nobody.listens": false}, got)
+}

@@ -149,6 +149,9 @@ func (b *Broker) handleBatch(ctx context.Context, name, queue string, h transpor
 	raws := make([]amqp.Delivery, 0, len(batch))
 	dels := make([]*transport.Delivery, 0, len(batch))
 	for _, d := range batch {
+		if b.dropProbe(queue, d, acks) {
+			continue
+		}
 		del, err := DecodeDelivery(d)
 		if err != nil {
 			b.malformed(ctx, queue, d, err)

@@ -229,6 +229,9 @@ func (b *Broker) consumeOne(ctx context.Context, name, queue string, h transport
 // delivery settled otherwise is reported to it; without, d is acknowledged
 // on its own.
 func (b *Broker) handle(ctx context.Context, name, queue string, h transport.Handler, d amqp.Delivery, acks *ackWindow) {
+	if b.dropProbe(queue, d, acks) {
+		return
+	}
 	del, err := DecodeDelivery(d)
 	if err != nil {
 		b.malformed(ctx, queue, d, err)

@@ -68,7 +68,8 @@ type DeadLetter struct {
 
 // Run runs the conformance suite. newBroker must return a broker in a
 // namespace of its own that also implements Inspector; the suite's
-// subtests run in parallel, each with its own broker.
+// subtests run in parallel, each with its own broker. A broker that
+// implements transport.RouteChecker is checked against it too.
 func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 	s := suite{newBroker: newBroker}
 	for _, tc := range []struct {
@@ -91,6 +92,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) transport.Broker) {
 		{"BatchConcurrencyRespected", s.batchConcurrency},
 		{"SubscribeReturnsOnCancelAfterDrainingBatches", s.cancelBatches},
 		{"DeclareIdempotent", s.declareIdempotent},
+		{"RoutesCheckedUnseen", s.routes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -794,4 +796,63 @@ func (s suite) declareIdempotent(t *testing.T) {
 	c := newCollector()
 	subscribe(t, b, c, nil)
 	c.next(t)
+}
+
+// routes checks a transport.RouteChecker: a command is routable once a
+// queue takes it and not before, a command no queue takes never is, and
+// whatever the check does never reaches a handler (single or batched) nor
+// a dead-letter queue.
+func (s suite) routes(t *testing.T) {
+	b, in := s.broker(t)
+	rc, ok := b.(transport.RouteChecker)
+	if !ok {
+		t.Logf("transporttest: %T does not implement transport.RouteChecker: nothing to check", b)
+		return
+	}
+	ctx := ctxT(t)
+	before, err := rc.Routable(ctx, []string{"svc.do", "nobody.listens"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"svc.do": false, "nobody.listens": false}, before, "no queue declared yet")
+
+	require.NoError(t, b.Declare(ctx, spec))
+	got, err := rc.Routable(ctx, []string{"svc.do", "svc.undo", "nobody.listens", "svc.do"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"svc.do": true, "svc.undo": true, "nobody.listens": false}, got)
+	empty, err := rc.Routable(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, empty)
+
+	// The probes wait in the queue ahead of these; a batching subscriber
+	// takes them together.
+	first := []message.Message{Command("svc.do"), Command("svc.undo"), Command("svc.do")}
+	require.NoError(t, b.Publish(ctx, first...))
+	marker := Command("svc.do")
+	h := newBatchHandler(func(d *transport.Delivery) transport.Outcome {
+		if d.MessageID == marker.MessageID {
+			return transport.DeadLetter("marker")
+		}
+		return transport.Ack()
+	})
+	subscribe(t, b, h, &transport.SubscribeOpts{MaxBatch: 8})
+	for range first {
+		next(t, h.handled)
+	}
+	// An idle queue hands its deliveries one by one.
+	_, err = rc.Routable(ctx, []string{"svc.do"})
+	require.NoError(t, err)
+	last := Command("svc.do")
+	require.NoError(t, b.Publish(ctx, last))
+	require.Equal(t, last.MessageID, next(t, h.handled))
+	_, seen := h.snapshot()
+	want := map[uuid.UUID]int{last.MessageID: 1}
+	for _, m := range first {
+		want[m.MessageID] = 1
+	}
+	require.Equal(t, want, seen, "the handler saw the commands and nothing else")
+
+	// Nothing was dead-lettered before the marker.
+	require.NoError(t, b.Publish(ctx, marker))
+	dl, err := in.NextDeadLetter(ctx, spec.Name)
+	require.NoError(t, err)
+	require.Equal(t, marker.MessageID.String(), dl.MessageID, "a probe was dead-lettered")
 }

@@ -239,17 +239,74 @@ func (q *Queries) SagaCountOpen(ctx context.Context, db DBTX, sagaTypes []string
 }
 
 const sagaCountOverdue = `-- name: SagaCountOverdue :one
-SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga
-WHERE deadline < $1::timestamptz AND status IN ('running', 'compensating')
+SELECT count(*)::bigint FROM /* TEMPLATE: schema */sagabox_saga s
+WHERE s.deadline < $1::timestamptz AND s.status IN ('running', 'compensating')
+  AND (
+      NOT EXISTS (
+          SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
+          WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
+            AND o.kind IN ('command', 'compensation')
+      )
+      OR EXISTS (
+          SELECT 1 FROM jsonb_array_elements(s.steps) AS st
+          WHERE (st->>'start_by')::timestamptz < $1::timestamptz
+      )
+  )
 `
 
-// Running or compensating sagas whose deadline passed before @before: the
-// sweeper is behind or not running.
+// Running or compensating sagas whose deadline passed before @before and
+// that the sweeper would claim (see SagaClaimDue): the sweeper is behind or
+// not running. A saga held by an unpublished message is not the sweeper's
+// to fire (SagaCountUnpublishedOverdue counts those).
 func (q *Queries) SagaCountOverdue(ctx context.Context, db DBTX, before time.Time) (int64, error) {
 	row := db.QueryRow(ctx, sagaCountOverdue, before)
 	var column_1 int64
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const sagaCountUnpublishedOverdue = `-- name: SagaCountUnpublishedOverdue :many
+SELECT s.saga_type, count(DISTINCT s.id)::bigint AS count
+FROM /* TEMPLATE: schema */sagabox_outbox o
+JOIN /* TEMPLATE: schema */sagabox_saga s ON s.id = o.saga_id
+WHERE o.published_at IS NULL
+  AND o.kind IN ('command', 'compensation')
+  AND o.created_at < $1::timestamptz
+  AND s.status IN ('running', 'compensating')
+  AND (s.deadline IS NULL OR s.deadline < $1::timestamptz)
+GROUP BY s.saga_type
+ORDER BY s.saga_type
+`
+
+type SagaCountUnpublishedOverdueRow struct {
+	SagaType string
+	Count    int64
+}
+
+// Running or compensating sagas, by type, that wait for a command or
+// compensation written before @before and still unpublished, past their
+// deadline (before @before) or without one: no deadline fires while a
+// saga's message is unpublished, so without a schedule-to-start timeout
+// they wait for the message for ever. Driven by the outbox's unpublished
+// rows, few when all is well.
+func (q *Queries) SagaCountUnpublishedOverdue(ctx context.Context, db DBTX, before time.Time) ([]*SagaCountUnpublishedOverdueRow, error) {
+	rows, err := db.Query(ctx, sagaCountUnpublishedOverdue, before)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaCountUnpublishedOverdueRow{}
+	for rows.Next() {
+		var i SagaCountUnpublishedOverdueRow
+		if err := rows.Scan(&i.SagaType, &i.Count); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const sagaDeleteFinishedBefore = `-- name: SagaDeleteFinishedBefore :execrows

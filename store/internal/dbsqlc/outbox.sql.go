@@ -364,6 +364,59 @@ func (q *Queries) OutboxPresent(ctx context.Context, db DBTX, ids []int64) ([]in
 	return items, nil
 }
 
+const outboxUnpublishedByType = `-- name: OutboxUnpublishedByType :many
+SELECT o.type, o.kind,
+       count(*)::bigint AS count,
+       min(o.created_at)::timestamptz AS oldest,
+       max(o.publish_attempts)::integer AS attempts,
+       coalesce((array_agg(o.last_error ORDER BY o.id DESC) FILTER (WHERE o.last_error <> ''))[1], '')::text AS last_error
+FROM /* TEMPLATE: schema */sagabox_outbox o
+WHERE o.published_at IS NULL AND o.kind IN ('command', 'compensation')
+GROUP BY o.type, o.kind
+ORDER BY count(*) DESC, o.type, o.kind
+LIMIT $1::integer
+`
+
+type OutboxUnpublishedByTypeRow struct {
+	Type      string
+	Kind      string
+	Count     int64
+	Oldest    time.Time
+	Attempts  int32
+	LastError string
+}
+
+// The commands and compensations waiting in the outbox, unpublished, by
+// type, most first (up to @max types): how many, since when, the most
+// publish attempts one had and the last error a relay recorded for the
+// newest that has one. A type no queue takes shows here, retried for ever.
+func (q *Queries) OutboxUnpublishedByType(ctx context.Context, db DBTX, max int32) ([]*OutboxUnpublishedByTypeRow, error) {
+	rows, err := db.Query(ctx, outboxUnpublishedByType, max)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*OutboxUnpublishedByTypeRow{}
+	for rows.Next() {
+		var i OutboxUnpublishedByTypeRow
+		if err := rows.Scan(
+			&i.Type,
+			&i.Kind,
+			&i.Count,
+			&i.Oldest,
+			&i.Attempts,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const outboxWithdraw = `-- name: OutboxWithdraw :execrows
 DELETE FROM /* TEMPLATE: schema */sagabox_outbox
 WHERE ordering_key = ANY(CAST($1::uuid[] AS text[]))
@@ -379,6 +432,31 @@ WHERE ordering_key = ANY(CAST($1::uuid[] AS text[]))
 // moment may still go out; its settle finds no row.
 func (q *Queries) OutboxWithdraw(ctx context.Context, db DBTX, sagaIds []uuid.UUID) (int64, error) {
 	result, err := db.Exec(ctx, outboxWithdraw, sagaIds)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const outboxWithdrawMessages = `-- name: OutboxWithdrawMessages :execrows
+DELETE FROM /* TEMPLATE: schema */sagabox_outbox
+WHERE ordering_key = ANY(CAST($1::uuid[] AS text[]))
+  AND message_id = ANY($2::uuid[])
+  AND published_at IS NULL AND dead_at IS NULL
+  AND kind IN ('command', 'compensation')
+`
+
+type OutboxWithdrawMessagesParams struct {
+	SagaIds    []uuid.UUID
+	MessageIds []uuid.UUID
+}
+
+// Deletes the commands and compensations @message_ids of sagas @saga_ids
+// that no relay has published yet: the saga gave up on them (a
+// schedule-to-start timeout). A row a relay is publishing at this moment
+// may still go out; its settle finds no row.
+func (q *Queries) OutboxWithdrawMessages(ctx context.Context, db DBTX, arg *OutboxWithdrawMessagesParams) (int64, error) {
+	result, err := db.Exec(ctx, outboxWithdrawMessages, arg.SagaIds, arg.MessageIds)
 	if err != nil {
 		return 0, err
 	}

@@ -77,10 +77,16 @@ WHERE s.deadline <= $1::timestamptz
   AND (s.saga_type, s.version) IN (
       SELECT unnest($2::text[]), unnest($3::integer[])
   )
-  AND NOT EXISTS (
-      SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
-      WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
-        AND o.kind IN ('command', 'compensation')
+  AND (
+      NOT EXISTS (
+          SELECT 1 FROM /* TEMPLATE: schema */sagabox_outbox o
+          WHERE o.ordering_key = s.id::text AND o.published_at IS NULL
+            AND o.kind IN ('command', 'compensation')
+      )
+      OR EXISTS (
+          SELECT 1 FROM jsonb_array_elements(s.steps) AS st
+          WHERE (st->>'start_by')::timestamptz <= $1::timestamptz
+      )
   )
 ORDER BY s.deadline
 LIMIT $4::integer
@@ -101,7 +107,10 @@ type SagaClaimDueParams struct {
 // whose command or compensation is still in the outbox, unpublished, is
 // not due: the time a command waits for the relay or the broker is not the
 // participant's (its deadline is pushed back once it is published, see
-// SagaShiftDeadlines), and a re-send would only queue behind it.
+// SagaShiftDeadlines), and a re-send would only queue behind it; unless a
+// step's schedule-to-start timeout has passed (its "start_by" in the
+// steps' state, saga.StepState.StartBy): the saga is due then, and its
+// timer finds out whether that step's command is still unpublished.
 func (q *Queries) SagaClaimDue(ctx context.Context, db DBTX, arg *SagaClaimDueParams) ([]*SagaboxSaga, error) {
 	rows, err := db.Query(ctx, sagaClaimDue,
 		arg.Now,
@@ -784,8 +793,13 @@ func (q *Queries) SagaReleaseStartKey(ctx context.Context, db DBTX, arg *SagaRel
 const sagaShiftDeadlines = `-- name: SagaShiftDeadlines :exec
 UPDATE /* TEMPLATE: schema */sagabox_saga s
 SET steps = /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds),
-    deadline = /* TEMPLATE: schema */sagabox_earliest_deadline(
-        /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds)),
+    -- The saga's deadline is the earliest of the steps' deadlines and
+    -- schedule-to-start deadlines (saga.EarliestDeadline); LEAST ignores
+    -- a null.
+    deadline = least(
+        /* TEMPLATE: schema */sagabox_earliest_deadline(
+            /* TEMPLATE: schema */sagabox_shift_deadlines(s.steps, l.step_index, l.phase, l.attempt, l.delay_seconds)),
+        (SELECT min((e->>'start_by')::timestamptz) FROM jsonb_array_elements(s.steps) AS e WHERE e ? 'start_by')),
     revision = s.revision + 1
 FROM (
     SELECT r.saga_id, array_agg(r.step_index) AS step_index, array_agg(r.phase) AS phase,
@@ -1039,6 +1053,57 @@ func (q *Queries) SagaTryLockConcurrencyKeys(ctx context.Context, db DBTX, arg *
 			return nil, err
 		}
 		items = append(items, concurrency_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sagaUnpublished = `-- name: SagaUnpublished :many
+SELECT o.saga_id::uuid AS saga_id, o.message_id, o.kind, o.step_index, o.attempt, o.created_at
+FROM /* TEMPLATE: schema */sagabox_outbox o
+WHERE o.ordering_key = ANY(CAST($1::uuid[] AS text[]))
+  AND o.saga_id = ANY($1::uuid[])
+  AND o.published_at IS NULL
+  AND o.kind IN ('command', 'compensation')
+ORDER BY o.id
+`
+
+type SagaUnpublishedRow struct {
+	SagaID    uuid.UUID
+	MessageID uuid.UUID
+	Kind      string
+	StepIndex int32
+	Attempt   int32
+	CreatedAt time.Time
+}
+
+// The commands and compensations of sagas @saga_ids still in the outbox,
+// not yet published, in the order they were written: what a timer needs to
+// tell a schedule-to-start timeout that expired from one whose command went
+// out. A saga's messages have its id (as text) as their ordering key: the
+// lookup reads the index of unpublished rows by key.
+func (q *Queries) SagaUnpublished(ctx context.Context, db DBTX, sagaIds []uuid.UUID) ([]*SagaUnpublishedRow, error) {
+	rows, err := db.Query(ctx, sagaUnpublished, sagaIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []*SagaUnpublishedRow{}
+	for rows.Next() {
+		var i SagaUnpublishedRow
+		if err := rows.Scan(
+			&i.SagaID,
+			&i.MessageID,
+			&i.Kind,
+			&i.StepIndex,
+			&i.Attempt,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -136,7 +136,8 @@ func (a *app) rootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&a.schema, "schema", schema, "schema of the service to operate on (env SAGABOX_SCHEMA)")
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON instead of tables (one schema for every command: docs/operations.md)")
 	root.AddCommand(a.migrateCommand(), a.outboxCommand(), a.inboxCommand(), a.sagaCommand(), a.opsCommand(),
-		a.dlqCommand(), a.namespaceCommand(), a.relayCommand(), a.rolesCommand(), a.benchCommand(), a.uiCommand(), a.versionCommand())
+		a.dlqCommand(), a.namespaceCommand(), a.relayCommand(), a.rolesCommand(), a.benchCommand(), a.uiCommand(), a.versionCommand(),
+		a.doctorCommand())
 	for _, group := range root.Commands() {
 		strictGroup(group)
 	}

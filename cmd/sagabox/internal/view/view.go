@@ -299,3 +299,41 @@ type DefinitionList struct {
 	Schema      string       `json:"schema"`
 	Definitions []Definition `json:"definitions"`
 }
+
+// Doctor is `sagabox doctor`: what it checked and what it found.
+type Doctor struct {
+	Schema    string        `json:"schema"`
+	Namespace string        `json:"namespace"`
+	Checks    []DoctorCheck `json:"checks"`
+	// Findings are the problems found, each with what to do; empty when
+	// there is nothing to fix.
+	Findings []Finding `json:"findings"`
+}
+
+// DoctorCheck is one check of `sagabox doctor` and its result.
+type DoctorCheck struct {
+	Check  string `json:"check"`
+	Result string `json:"result"`
+}
+
+// Finding is a problem `sagabox doctor` found. Check names the check
+// ("schema", "routes", "unpublished", "relay-slot", "dead-rows",
+// "dead-letters"); the fields that locate it are left out when they do
+// not apply.
+type Finding struct {
+	Check   string `json:"check"`
+	Problem string `json:"problem"`
+	Fix     string `json:"fix"`
+	// SagaType, Version, Step and Phase locate a command in a definition
+	// (routes) or the sagas concerned (unpublished).
+	SagaType string `json:"saga_type,omitempty"`
+	Version  int    `json:"version,omitempty"`
+	Step     string `json:"step,omitempty"`
+	Phase    string `json:"phase,omitempty"`
+	// RoutingKey is the command concerned (its routing key).
+	RoutingKey string `json:"routing_key,omitempty"`
+	// Queue is the queue concerned (dead-letters).
+	Queue string `json:"queue,omitempty"`
+	// Count is how many sagas, messages or bytes.
+	Count int64 `json:"count,omitempty"`
+}
