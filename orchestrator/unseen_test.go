@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagabox/sagabox/internal/telemetry"
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/amqptest"
 	"github.com/sagabox/sagabox/internal/testkit/telemetrytest"
 	"github.com/sagabox/sagabox/orchestrator"
@@ -93,11 +94,11 @@ func TestUnroutableCommandsReportedAtStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), amqptest.Timeout)
 	defer cancel()
 	require.NoError(t, e.broker.Declare(ctx, inv.QueueSpec()))
-	run(t, inv.Run)
+	testkit.Run(t, inv.Run)
 	e.runOrchestrator(cfg)
 
 	const noQueue = "no queue takes a command of a saga definition"
-	waitFor(t, 30*time.Second, "both payment commands reported", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "both payment commands reported", func() bool {
 		_, charge := logs.find(slog.LevelWarn, noQueue, map[string]string{"routing_key": "payment.charge"})
 		_, refund := logs.find(slog.LevelWarn, noQueue, map[string]string{"routing_key": "payment.refund"})
 		return charge && refund
@@ -121,8 +122,8 @@ func TestUnroutableCommandsReportedAtStart(t *testing.T) {
 
 	// The payment service comes up: it declares its queue, the next check
 	// finds it.
-	run(t, e.payment(true).Run)
-	waitFor(t, 30*time.Second, "the gauge clears", func() bool {
+	testkit.Run(t, e.payment(true).Run)
+	testkit.WaitFor(t, 30*time.Second, "the gauge clears", func() bool {
 		return unroutable("payment.charge") == 0 && unroutable("payment.refund") == 0
 	})
 	_, logged := logs.find(slog.LevelInfo, "a queue now takes a command", map[string]string{"routing_key": "payment.charge", "step": "charge"})
@@ -168,7 +169,7 @@ func unseenEnv(t *testing.T, def *saga.Definition[Order], mods ...func(*orchestr
 		mod(&cfg)
 	}
 	for _, p := range []*participant.Client{e.inventory(false), e.payment(true)} {
-		run(t, p.Run)
+		testkit.Run(t, p.Run)
 	}
 	return e, e.runOrchestrator(cfg), clock, meter
 }
@@ -177,7 +178,7 @@ func unseenEnv(t *testing.T, def *saga.Definition[Order], mods ...func(*orchestr
 // unpublished: no queue takes it.
 func (e *env) waitAtShip(c *orchestrator.Client, id uuid.UUID) {
 	e.t.Helper()
-	waitFor(e.t, 30*time.Second, "the ship command retried as unroutable", func() bool {
+	testkit.WaitFor(e.t, 30*time.Second, "the ship command retried as unroutable", func() bool {
 		s, err := c.Get(context.Background(), id)
 		require.NoError(e.t, err)
 		return s.Steps[2].Status == saga.StepRunning &&
@@ -206,7 +207,7 @@ func TestScheduleToStartCompensatesInsteadOfStalling(t *testing.T) {
 	// Past the step's own timeout: it does not fire, the command is not
 	// the participant's yet. The saga shows as waiting for it.
 	clock.Advance(3 * time.Minute)
-	waitFor(t, 30*time.Second, "the saga counted as waiting for an unpublished message", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga counted as waiting for an unpublished message", func() bool {
 		return unpublishedOverdue(t, meter) == 1
 	})
 	s, err := c.Get(context.Background(), st.ID)
@@ -229,7 +230,7 @@ func TestScheduleToStartCompensatesInsteadOfStalling(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"ship: not published within 10m0s (schedule-to-start timeout)"}, timedOut)
-	waitFor(t, 30*time.Second, "the gauge clears", func() bool { return unpublishedOverdue(t, meter) == 0 })
+	testkit.WaitFor(t, 30*time.Second, "the gauge clears", func() bool { return unpublishedOverdue(t, meter) == 0 })
 }
 
 // Without the timeout the saga waits for its command, for as long as it
@@ -246,7 +247,7 @@ func TestUnpublishedCommandWaitsAndShows(t *testing.T) {
 	require.Zero(t, unpublishedOverdue(t, meter), "not for long enough yet")
 
 	clock.Advance(2 * time.Minute)
-	waitFor(t, 30*time.Second, "the saga counted as waiting for an unpublished message", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the saga counted as waiting for an unpublished message", func() bool {
 		return unpublishedOverdue(t, meter) == 1
 	})
 	overdue, ok := meter.Collect(t).Gauge(telemetry.MetricSagasOverdue)
@@ -258,7 +259,7 @@ func TestUnpublishedCommandWaitsAndShows(t *testing.T) {
 
 	shipping, err := newShipping(e)
 	require.NoError(t, err)
-	run(t, shipping.Run)
+	testkit.Run(t, shipping.Run)
 	waitStatus(t, c, st.ID, saga.StatusCompleted, 30*time.Second)
 	e.checkBusiness(o, saga.StatusCompleted)
 	require.Zero(t, unpublishedOverdue(t, meter))
@@ -277,7 +278,7 @@ func TestScheduleToStartPublishedLateWithinTheTimeout(t *testing.T) {
 
 	shipping, err := newShipping(e)
 	require.NoError(t, err)
-	run(t, shipping.Run)
+	testkit.Run(t, shipping.Run)
 	s := waitStatus(t, c, st.ID, saga.StatusCompleted, 30*time.Second)
 	require.Empty(t, s.LastError)
 	e.checkBusiness(o, saga.StatusCompleted)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagabox/sagabox/internal/testkit"
 	"github.com/sagabox/sagabox/internal/testkit/dbtest"
 )
 
@@ -30,13 +31,13 @@ func TestCheckoutWithoutLoyaltyIsReportedAtStart(t *testing.T) {
 		wg.Wait()
 	})
 	for _, svc := range []string{"inventory", "payment", "shipping"} { // no loyalty
-		var out lockedBuffer
+		var out testkit.Buffer
 		wg.Go(func() { run(ctx, append(append([]string{}, common...), "-service", svc), &out, &out) })
 		require.Eventually(t, func() bool { return strings.Contains(out.String(), "service running") },
 			60*time.Second, 20*time.Millisecond, "%s did not start:\n%s", svc, out.String())
 	}
 
-	var out, errOut lockedBuffer
+	var out, errOut testkit.Buffer
 	code := run(context.Background(), append(append([]string{}, common...), "-service", "orders"), &out, &errOut)
 	require.Equal(t, 1, code, "the sagas cannot end:\n%s\n%s", out.String(), errOut.String())
 	require.Equal(t, summary{sagas: 3, running: 3}, parseSummary(t, out.String()), out.String())
